@@ -1,0 +1,49 @@
+# The README's commands. Each target installs what it needs into .venv (ignored by git).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.deps-installed
+CUTLASS := third_party/cutlass/include/cute
+CUTLASS_VERSION := 4.2.0.0
+
+.PHONY: demo test test-real build bench cuda-check cutlass clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev,bench]" --no-build-isolation
+	touch $(STAMP)
+
+build: $(STAMP)
+	FLASHMAP_CUDA=$${FLASHMAP_CUDA:-0} $(BIN)/python setup.py -q build_ext --inplace
+
+demo: build
+	$(BIN)/flashmap demo
+
+test: build
+	$(BIN)/python -m pytest -q python_tests
+	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) cuda-check; else echo "nvcc not found: CUDA compile check skipped"; fi
+
+test-real: build
+	$(BIN)/python -m pytest -q -m slow python_tests
+
+bench: build
+	$(BIN)/python -m pytest -q benches --benchmark-only
+
+$(CUTLASS): | $(STAMP)
+	mkdir -p third_party/dl
+	$(BIN)/pip download -q --no-deps nvidia-cutlass==$(CUTLASS_VERSION) -d third_party/dl
+	$(BIN)/python scripts/unpack_cutlass.py third_party/dl third_party/cutlass
+
+cutlass: $(CUTLASS)
+
+# Compiles every csrc/**/*.cu for sm_90a against CUTLASS, without torch (and writes compile_commands.json).
+cuda-check: $(CUTLASS)
+	CUDA_HOME=$$(scripts/cuda_home.sh) && $(BIN)/cmake -S . -B build-cmake -G Ninja \
+	  -DCMAKE_CUDA_COMPILER=$$CUDA_HOME/bin/nvcc -DCUTLASS_DIR=$(CURDIR)/third_party/cutlass >/dev/null \
+	  && $(BIN)/cmake --build build-cmake -j 2
+
+clean:
+	rm -rf build build-cmake flashmap_ext/*.so

@@ -1,0 +1,33 @@
+"""`flashmap` command line: one subcommand per module in flashmap_ext/commands/.
+
+Each command module exposes `add_parser(subparsers)` (which sets `func` via set_defaults) so this file
+never grows with the commands.
+"""
+import argparse
+import importlib
+import sys
+
+COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flashmap", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"flashmap_ext.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"flashmap_ext.commands.{name}":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
