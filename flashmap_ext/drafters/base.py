@@ -1,0 +1,43 @@
+"""The interface every drafter offers the decoding loop (speculate.generate, DESIGN.md §7).
+
+Conventions shared by all drafters:
+- `target_layer_ids` are 0-based indices of target decoder layers whose *outputs* are tapped (HF
+  `hidden_states[i + 1]`, never the final normed state), as DFlash's `target_layer_ids`.
+- "memory" is the drafter's incremental context cache (DESIGN.md §5.3). It holds one entry per committed
+  position whose target KV is valid, i.e. every committed token except the current anchor.
+- Drafts never see the verifier's randomness: drafter noise comes from its own Philox stream keyed by
+  (seed, position) (DESIGN.md §3.1).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class BlockDrafter(Protocol):
+    #: Maximum number of draft tokens proposed per round (the verify block is anchor + these).
+    num_draft_tokens: int
+    #: Target layers to tap (0-based decoder-layer outputs); empty if the drafter needs no features.
+    target_layer_ids: Sequence[int]
+
+    def new_memory(self, batch_size: int, device: torch.device) -> Any:
+        """An empty context cache for `batch_size` sequences."""
+
+    def extend_memory(self, memory: Any, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
+        """Appends committed positions to `memory` in place.
+
+        token_ids: [B, T] int64, the committed tokens whose target KV is now valid.
+        taps: [B, T, len(target_layer_ids) * d_target], the target's tapped hidden states at those
+            positions concatenated in `target_layer_ids` order (None when `target_layer_ids` is empty).
+        """
+
+    def draft(self, memory: Any, anchor_tokens: torch.Tensor, *, num_tokens: int,
+              seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Proposes `num_tokens` (<= num_draft_tokens) tokens following each anchor.
+
+        anchor_tokens: [B] int64, the last committed token (not yet in memory).
+        seed, position: [B] int64, the request seed and the absolute position of the anchor.
+        Returns draft_tokens [B, num_tokens] int64 (-1 = no proposal for that slot and the rest).
+        """
