@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 build: $(STAMP)
-	FLASHMAP_CUDA=$${FLASHMAP_CUDA:-0} $(BIN)/python setup.py -q build_ext --inplace
+	FLASHMAP_CUDA=$${FLASHMAP_CUDA:-0} flock .build.lock $(BIN)/python setup.py -q build_ext --inplace
 
 demo: build
 	$(BIN)/flashmap demo
