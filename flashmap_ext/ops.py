@@ -4,11 +4,17 @@ Dimension letters: B batch, K draft length (slots), V vocabulary, d hidden size.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import torch
 
 _verify_op = torch.ops.flashmap.verify.default
+
+Scalar = Union[int, float, torch.Tensor]
+STATUS_NONFINITE = 1   # a NaN or +inf logit among the valid ids of some slot
+STATUS_NO_FINITE = 2   # some slot has no finite logit among the valid ids
+STATUS_FALLBACK = 4    # residual mass was 0, the token was sampled from p (informational)
+STATUS_ERRORS = STATUS_NONFINITE | STATUS_NO_FINITE
 
 
 class VerifyOutput(NamedTuple):
@@ -19,18 +25,152 @@ class VerifyOutput(NamedTuple):
 
 @torch.library.register_fake("flashmap::verify")
 def _verify_fake(target_logits, draft_tokens, temperature, top_k, top_p, seed, position,
-                 draft_probs, valid_vocab, uniforms):
+                 draft_probs=None, valid_vocab=0, uniforms=None):
+    torch._check(target_logits.dim() == 3, lambda: "target_logits must be [B, K+1, V]")
     B, K1, _ = target_logits.shape
-    torch._check(draft_tokens.shape[1] == K1 - 1)
+    torch._check(draft_tokens.dim() == 2 and draft_tokens.shape[1] == K1 - 1,
+                 lambda: "draft_tokens must be [B, K]")
     dev = target_logits.device
-    return (target_logits.new_empty((B, K1), dtype=torch.int64),
+    return (torch.empty((B, K1), dtype=torch.int64, device=dev),
             torch.empty((B,), dtype=torch.int32, device=dev),
             torch.empty((B,), dtype=torch.int32, device=dev))
 
 
-def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature=0.0, top_k=0,
-           top_p=1.0, seed=0, position=0, draft_probs: Optional[torch.Tensor] = None,
-           valid_vocab: Optional[int] = None, uniforms: Optional[torch.Tensor] = None,
-           check: bool = True) -> VerifyOutput:
-    """Placeholder signature; the full docstring and argument normalisation land with issue 2."""
-    raise NotImplementedError
+def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A python scalar or a [B] tensor -> a contiguous [B] tensor of `dtype` on `device`."""
+    if not isinstance(value, torch.Tensor):
+        return torch.full((B,), value, dtype=dtype, device=device)
+    if value.shape != (B,):
+        raise ValueError(f"verify: {name} must be a python scalar or a [B] = [{B}] tensor, "
+                         f"got shape {tuple(value.shape)}")
+    if value.dtype.is_floating_point != dtype.is_floating_point or value.dtype == torch.bool:
+        raise TypeError(f"verify: {name} must be {dtype} (got {value.dtype})")
+    if value.device != torch.device(device):
+        raise ValueError(f"verify: {name} is on {value.device}, target_logits on {device}")
+    return value.to(dtype).contiguous()
+
+
+def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
+    if not isinstance(target_logits, torch.Tensor) or target_logits.dim() != 3:
+        raise ValueError("verify: target_logits must be a [B, K+1, V] tensor")
+    if target_logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"verify: target_logits must be bf16, fp16 or fp32 (got {target_logits.dtype})")
+    B, K1, V = target_logits.shape
+    if B < 1 or V < 1:
+        raise ValueError(f"verify: target_logits [B, K+1, V] needs B >= 1 and V >= 1, got {(B, K1, V)}")
+    if draft_tokens.shape != (B, K1 - 1):
+        raise ValueError(f"verify: draft_tokens must be [B, K] = [{B}, {K1 - 1}] (target_logits is "
+                         f"[B, K+1, V] = {list(target_logits.shape)}), got {list(draft_tokens.shape)}")
+    if draft_tokens.dtype != torch.int64:
+        raise TypeError(f"verify: draft_tokens must be int64 (got {draft_tokens.dtype})")
+    if draft_probs is not None:
+        if draft_probs.shape != (B, K1 - 1, V):
+            raise ValueError(f"verify: draft_probs must be [B, K, V] = [{B}, {K1 - 1}, {V}], "
+                             f"got {list(draft_probs.shape)}")
+        if draft_probs.dtype != torch.float32:
+            raise TypeError(f"verify: draft_probs must be float32 (got {draft_probs.dtype})")
+    if uniforms is not None and uniforms.shape != (B, K1):
+        raise ValueError(f"verify: uniforms must be [B, K+1] = [{B}, {K1}], got {list(uniforms.shape)}")
+
+
+def _raise_on_bad_rows(status: torch.Tensor) -> None:
+    bad = (status & STATUS_ERRORS) != 0
+    if bool(bad.any()):  # host sync: only with check=True
+        rows = torch.nonzero(bad).flatten().tolist()
+        raise ValueError(f"verify: target_logits rows {rows[:16]}{' ...' if len(rows) > 16 else ''} "
+                         "hold NaN or +inf logits, or a slot with no finite logit among the valid ids "
+                         "(status bits 1 = NaN/+inf, 2 = no finite logit)")
+
+
+def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature: Scalar = 0.0,
+           top_k: Scalar = 0, top_p: Scalar = 1.0, seed: Scalar = 0, position: Scalar = 0,
+           draft_probs: Optional[torch.Tensor] = None, valid_vocab: Optional[int] = None,
+           uniforms: Optional[torch.Tensor] = None, check: bool = True) -> VerifyOutput:
+    """Fused acceptance step of chain speculative decoding (DESIGN.md §3.1).
+
+    Lossless rejection sampling after Leviathan et al. 2023 (arXiv:2211.17192) and Chen et al. 2023
+    (arXiv:2302.01318). Per batch row, slots i = 0..K-1 are judged in order until the first rejection:
+    greedy rows (temperature == 0) accept iff the draft equals argmax of row i (lowest index on ties,
+    as torch.argmax) and emit that argmax at the first mismatch. Sampling rows use p = softmax(logits / T)
+    filtered by top-k then top-p (ties at either threshold kept) and renormalised:
+    point-mass drafts (draft_probs None) accept iff u < p(x) and on rejection emit a sample of p with x
+    removed; drafts with draft_probs q accept iff u·q(x) < p(x) and emit a sample of max(p - q, 0)
+    normalised. When all K are accepted, the bonus token comes from row K. K = 0 is the plain sampler.
+
+    Args:
+        target_logits: [B, K+1, V] bf16/fp16/fp32, stride(-1) == 1 preferred — target logits of the
+            anchor and the K drafts (row i scores slot i).
+        draft_tokens: [B, K] int64 — drafted ids; -1 (or any id outside [0, valid_vocab)) means no
+            draft: that slot and every later one are rejected.
+        temperature: scalar or [B] fp32; 0 (or negative) = greedy row; tiny values (1e-6) still sample.
+        top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off.
+        top_p: scalar or [B] fp32 in (0, 1]; 1 = off.
+        seed: scalar or [B] int64 — Philox key of the row's coins.
+        position: scalar or [B] int64 — absolute position of slot 0; slot i's coins use counter
+            (position + i, stream), streams ACCEPT = 0 and RESAMPLE = 1 (the drafter owns 2). Never
+            keyed by batch row: a row's output does not depend on its batch-mates.
+        draft_probs: optional [B, K, V] fp32 — the q each draft was really sampled from.
+        valid_vocab: ids >= valid_vocab (padding rows of the LM head) are never emitted; default V.
+        uniforms: optional [B, K+1] fp64 in [0, 1) — injected coins (tests): K accept coins, then the
+            one resample coin used at whichever slot emits.
+        check: raise ValueError naming the rows whose status has an error bit (forces a host sync;
+            a CUDA-graph-captured loop passes False and reads `status` itself).
+
+    Returns:
+        VerifyOutput(tokens [B, K+1] int64 (accepted drafts, then the emitted token, then -1),
+        num_accepted [B] int32 (bonus excluded), status [B] int32 bit flags: 1 NaN/+inf logit,
+        2 a slot without a finite logit (both errors; the row still gets token 0), 4 residual mass was
+        0 and p was sampled instead (informational)).
+
+    Raises:
+        ValueError / TypeError naming the argument for bad shapes, dtypes or devices; ValueError
+        naming the rows for error statuses when check=True.
+    """
+    _check_shapes(target_logits, draft_tokens, draft_probs, uniforms)
+    B, _, V = target_logits.shape
+    dev = target_logits.device
+    if valid_vocab is not None and not 1 <= int(valid_vocab) <= V:
+        raise ValueError(f"verify: valid_vocab must be in [1, V] = [1, {V}], got {valid_vocab}")
+    if uniforms is not None:
+        uniforms = uniforms.to(torch.float64)
+    out = _verify_op(target_logits, draft_tokens,
+                     _per_row("temperature", temperature, B, torch.float32, dev),
+                     _per_row("top_k", top_k, B, torch.int32, dev),
+                     _per_row("top_p", top_p, B, torch.float32, dev),
+                     _per_row("seed", seed, B, torch.int64, dev),
+                     _per_row("position", position, B, torch.int64, dev),
+                     draft_probs, V if valid_vocab is None else int(valid_vocab), uniforms)
+    result = VerifyOutput(*out)
+    if check:
+        _raise_on_bad_rows(result.status)
+    return result
+
+
+def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0, top_p: Scalar = 1.0,
+           seed: Scalar = 0, position: Scalar = 0, valid_vocab: Optional[int] = None,
+           check: bool = True) -> torch.Tensor:
+    """Plain (non-speculative) sampler: `verify` with K = 0, the same filters and the RESAMPLE stream.
+
+    Args: logits [B, V] bf16/fp16/fp32; the rest as in `verify` (position = the position sampled).
+    Returns: tokens [B] int64 (argmax for temperature 0, lowest index on ties).
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"sample: logits must be [B, V], got shape {list(logits.shape)}")
+    drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
+    out = verify(logits.unsqueeze(1), drafts, temperature=temperature, top_k=top_k, top_p=top_p,
+                 seed=seed, position=position, valid_vocab=valid_vocab, check=check)
+    return out.tokens[:, 0]
+
+
+def _register_reference_cpu_kernel() -> None:
+    """Until the C++ CPU kernel is built, the float64 reference serves as the CPU kernel."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key("flashmap::verify", "CPU"):
+        return
+    from flashmap_ext.reference import verify_reference
+
+    @torch.library.register_kernel("flashmap::verify", "cpu")
+    def _verify_cpu(*args):
+        return tuple(t.clone() for t in verify_reference(*args))
+
+
+_register_reference_cpu_kernel()
