@@ -1,0 +1,111 @@
+"""Regenerate the responses of a conversations file with the target itself (`flashmap data regenerate`).
+
+What the target would say is what the drafter must predict (research/dflash.md §3: SpecForge and DFlash
+train on target-regenerated responses, temperature 0, thinking off for Qwen3-8B). Each conversation is cut
+after its last user turn and answered by the target; the output jsonl holds the same `id`, the kept
+messages plus the new assistant turn, `enable_thinking` and `finish` ("stop" or "length").
+
+Resumable: the output is appended one batch at a time (flushed and fsynced); a rerun skips ids already in
+it and repairs a torn last line left by an interruption.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from typing import Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
+
+
+def done_ids(out_path: str) -> set[str]:
+    """Ids already written to `out_path`; truncates a torn last line (interrupted write) in place."""
+    if not os.path.exists(out_path):
+        return set()
+    with open(out_path, "rb") as f:
+        data = f.read()
+    keep = data.rfind(b"\n") + 1
+    if keep != len(data):
+        with open(out_path, "r+b") as f:
+            f.truncate(keep)
+    return {json.loads(line)["id"] for line in data[:keep].decode("utf-8").splitlines() if line.strip()}
+
+
+def _prompt_messages(messages: list[dict]) -> list[dict] | None:
+    """Messages up to and including the last user turn; None when there is no user turn."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    return None if last is None else list(messages[:last + 1])
+
+
+def _batches(records: Iterator[dict], skip: set[str], size: int, limit: int | None) -> Iterator[list[dict]]:
+    batch, taken = [], 0
+    for record in records:
+        if limit is not None and taken >= limit:
+            break
+        taken += 1
+        if record["id"] in skip or _prompt_messages(record.get("messages", [])) is None:
+            continue
+        batch.append(record)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+@torch.no_grad()
+def _generate(model, prompts: list[list[int]], pad_id: int, stops: set[int], max_new_tokens: int,
+              temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
+    """Left-padded batched HF generate. Returns per prompt (tokens before the first stop, stopped?)."""
+    width = max(map(len, prompts))
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
+        dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                         eos_token_id=sorted(stops), **sampling)
+    results = []
+    for row in out[:, width:].tolist():
+        end = next((j for j, t in enumerate(row) if t in stops), None)
+        results.append((row if end is None else row[:end], end is not None))
+    return results
+
+
+def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, max_new_tokens: int = 512,
+               temperature: float = 0.0, top_p: float = 1.0, enable_thinking: bool = False, seed: int = 0,
+               limit: int | None = None, progress: bool = True) -> int:
+    """Answers every conversation of `data` (jsonl) with `model` (an HF causal LM) into `out` (jsonl).
+
+    temperature 0 = greedy; otherwise sampling seeded per batch from (`seed`, first id of the batch).
+    `limit` caps the number of input records considered. Returns the number of records written by this
+    call (0 when everything was already done). Raises ValueError for batch_size < 1 or max_new_tokens < 1.
+    """
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size ({batch_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
+    skip, stops, written = done_ids(out), stop_token_ids(tokenizer), 0
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bar = tqdm(desc="regenerate", unit="conv", disable=not progress)
+    for batch in _batches(read_jsonl(data), skip, batch_size, limit):
+        prompts = [_prompt_messages(r["messages"]) for r in batch]
+        thinking = [bool(r.get("enable_thinking", enable_thinking)) for r in batch]
+        tokens = [prompt_ids(tokenizer, p, t) for p, t in zip(prompts, thinking)]
+        torch.manual_seed(seed * 2**32 + zlib.crc32(batch[0]["id"].encode()))
+        answers = _generate(model, tokens, pad_id, stops, max_new_tokens, temperature, top_p)
+        lines = []
+        for record, msgs, think, (ids, stopped) in zip(batch, prompts, thinking, answers):
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            lines.append(json.dumps({"id": record["id"], "enable_thinking": think, "finish": "stop" if stopped
+                                     else "length", "messages": msgs + [{"role": "assistant", "content": text}]},
+                                    ensure_ascii=False) + "\n")
+        with open(out, "a", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        written += len(lines)
+        bar.update(len(lines))
+    bar.close()
+    return written
