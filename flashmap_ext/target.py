@@ -1,0 +1,154 @@
+"""Adapter over a Hugging Face causal LM used as the verifier (DESIGN.md §6).
+
+What the decoding loop needs from the target, and nothing more:
+- `forward(input_ids, cache, num_logits=n, tap_layer_ids=ids)`: one forward over new tokens that appends
+  their K/V to `cache`, returns logits only for the last `n` positions (`logits_to_keep`) and the outputs
+  of the tapped decoder layers (forward hooks; `output_hidden_states` would materialise every layer).
+- `rollback(cache, n)`: drops the last n positions from the KV cache (`DynamicCache.crop(-n)`; a negative
+  count is the form that works across transformers 5.17–5.24, positive lengths raise in newer releases).
+
+Works for any `AutoModelForCausalLM` whose decoder layers sit in `get_decoder().layers` (Qwen3, Qwen2,
+Llama, ...), in fp32, bf16 or fp16, on whatever device the model lives on.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TargetOutput(NamedTuple):
+    logits: torch.Tensor          # [B, num_logits, V], model dtype
+    taps: Optional[torch.Tensor]  # [B, T, len(tap_layer_ids) * d], model dtype; None without taps
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    """Maps 'fp32'|'bf16'|'fp16' (or a torch.dtype) to a torch.dtype; raises ValueError otherwise."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"dtype must be one of fp32, bf16, fp16 (got {dtype!r})")
+
+
+class Target:
+    """A causal LM plus the bookkeeping the speculative loop needs.
+
+    Attributes:
+        model: the wrapped `PreTrainedModel` (eval mode, no grad).
+        layers: its decoder layers (`nn.ModuleList`), the modules that taps hook.
+        embed_tokens, lm_head: the input embedding and output projection (frozen; drafters share them).
+        num_layers, hidden_size, vocab_size (logit width V), max_positions (context length in tokens).
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model.eval().requires_grad_(False)
+        self.config = model.config.get_text_config(decoder=True)
+        self.layers = _decoder_layers(model)
+        self.embed_tokens = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.num_layers = len(self.layers)
+        self.hidden_size = int(self.config.hidden_size)
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 2**62)
+        # transformers renamed `past_key_values` to `cache` (the old name is removed in 5.40)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self):
+        """An empty KV cache (`DynamicCache`) for one call of the decoding loop."""
+        from transformers import DynamicCache
+        return DynamicCache(config=self.model.config)
+
+    def forward(self, input_ids: torch.Tensor, cache, *, num_logits: int = 1,
+                tap_layer_ids: Sequence[int] = ()) -> TargetOutput:
+        """Runs the target over new tokens, appending their K/V to `cache`.
+
+        Args:
+            input_ids: [B, T] int64, the tokens following those already in `cache` (T >= 1).
+            cache: the KV cache from `new_cache()`; updated in place.
+            num_logits: number of trailing positions whose logits are computed (1 <= n <= T).
+            tap_layer_ids: 0-based decoder layers whose outputs are returned (HF hidden_states[i + 1]).
+        Returns:
+            TargetOutput(logits [B, num_logits, V], taps [B, T, len(ids) * d] concatenated in id order).
+        Raises:
+            ValueError: a layer id out of range or num_logits outside [1, T].
+        """
+        if not 1 <= num_logits <= input_ids.shape[1]:
+            raise ValueError(f"num_logits must be in [1, {input_ids.shape[1]}] (got {num_logits})")
+        captured: list = [None] * len(tap_layer_ids)
+        with torch.inference_mode(), self._taps(tap_layer_ids, captured):
+            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=num_logits,
+                             **{self._cache_kwarg: cache})
+        taps = torch.cat(captured, dim=-1) if captured else None
+        return TargetOutput(out.logits, taps)
+
+    @staticmethod
+    def rollback(cache, num_tokens: int) -> None:
+        """Drops the last `num_tokens` positions (>= 0) from `cache` in place."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
+        if num_tokens:
+            cache.crop(-num_tokens)
+
+    @contextlib.contextmanager
+    def _taps(self, layer_ids: Sequence[int], captured: list):
+        """Forward hooks that store layer `layer_ids[j]`'s output hidden state in `captured[j]`."""
+        handles = []
+        try:
+            for j, i in enumerate(layer_ids):
+                if not 0 <= i < self.num_layers:
+                    raise ValueError(f"tap layer id {i} out of range for a {self.num_layers}-layer target")
+                handles.append(self.layers[i].register_forward_hook(_store(captured, j)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _store(captured: list, j: int):
+    def hook(module, args, output):
+        captured[j] = output[0] if isinstance(output, (tuple, list)) else output
+    return hook
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder layers (expected get_decoder().layers)")
+    return layers
+
+
+def load_target(name_or_path: str, dtype="fp32", device: Optional[str | torch.device] = None) -> Target:
+    """Loads a causal LM from a hub name, a local directory or a local .gguf file and wraps it.
+
+    Args:
+        name_or_path: e.g. "Qwen/Qwen3-8B", "/models/qwen3", or "/models/qwen.gguf" (dequantised by
+            transformers' GGUF support; needs the `gguf` package).
+        dtype: "fp32" | "bf16" | "fp16" or a torch.dtype.
+        device: where to put the model (default: cuda if available, else cpu).
+    """
+    from transformers import AutoModelForCausalLM
+    dtype = resolve_dtype(dtype)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kwargs = {}
+    if str(name_or_path).endswith(".gguf"):
+        name_or_path, kwargs["gguf_file"] = os.path.split(os.path.abspath(name_or_path))
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+    return Target(model.to(device))

@@ -1,0 +1,99 @@
+"""Test drafters implementing drafters/base.py::BlockDrafter with known acceptance behaviour.
+
+- OracleDrafter: proposes the target's own greedy continuation, computed by plain full-recompute greedy
+  decoding of the HF model on a copy of the context (so at T = 0 every slot is accepted).
+- ScheduledRejectDrafter: the oracle's proposal with slot j corrupted, j taken in turn from a schedule
+  (j = K means no corruption), so a round accepts exactly j drafts; j = 0 always is "always wrong".
+- RandomDrafter: uniform random ids keyed by (seed, position), sometimes -1 or >= V (invalid slots).
+
+Every double records its memory: the committed token ids and taps it was given, so tests can check the
+loop's memory contract (memory = all committed tokens except the anchor, taps = HF hidden_states[i + 1]).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Memory:
+    token_ids: list = field(default_factory=list)   # committed ids, in order
+    taps: list = field(default_factory=list)        # [1, T, n * d] chunks
+    calls: int = 0                                  # draft calls so far (this generate call only)
+
+
+class RecordingDrafter:
+    """Base: keeps the memory contract; `last_memory` is the memory of the latest generate call."""
+
+    def __init__(self, num_draft_tokens: int, target_layer_ids=(0, 1)):
+        self.num_draft_tokens = num_draft_tokens
+        self.target_layer_ids = tuple(target_layer_ids)
+        self.last_memory = None
+
+    def new_memory(self, batch_size, device):
+        assert batch_size == 1
+        self.last_memory = Memory()
+        return self.last_memory
+
+    def extend_memory(self, memory, token_ids, taps):
+        assert token_ids.dim() == 2 and token_ids.shape[0] == 1
+        memory.token_ids.extend(token_ids[0].tolist())
+        if taps is not None:
+            assert taps.shape[:2] == token_ids.shape
+            memory.taps.append(taps.clone())
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        assert num_tokens <= self.num_draft_tokens
+        assert int(position[0]) == len(memory.token_ids), "position must be the anchor's absolute position"
+        memory.calls += 1
+        return self.propose(memory, int(anchor_tokens[0]), num_tokens, int(seed[0]), int(position[0]))
+
+
+class OracleDrafter(RecordingDrafter):
+    def __init__(self, model, num_draft_tokens: int, target_layer_ids=(0, 1)):
+        super().__init__(num_draft_tokens, target_layer_ids)
+        self.model = model
+
+    def propose(self, memory, anchor, k, seed, position):
+        return greedy_continuation(self.model, memory.token_ids + [anchor], k)[None]
+
+
+class ScheduledRejectDrafter(OracleDrafter):
+    def __init__(self, model, num_draft_tokens: int, schedule, target_layer_ids=(0, 1)):
+        super().__init__(model, num_draft_tokens, target_layer_ids)
+        self.schedule = list(schedule)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+
+    def reject_slot(self, call: int) -> int:
+        return self.schedule[(call - 1) % len(self.schedule)]
+
+    def propose(self, memory, anchor, k, seed, position):
+        drafts = super().propose(memory, anchor, k, seed, position)
+        j = self.reject_slot(memory.calls)
+        if j < k:
+            drafts[0, j] = (drafts[0, j] + 1) % self.vocab_size
+        return drafts
+
+
+class RandomDrafter(RecordingDrafter):
+    def __init__(self, vocab_size: int, num_draft_tokens: int, target_layer_ids=(0, 1), invalid=True):
+        super().__init__(num_draft_tokens, target_layer_ids)
+        self.vocab_size, self.invalid = vocab_size, invalid
+
+    def propose(self, memory, anchor, k, seed, position):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + position)
+        lo, hi = (-1, self.vocab_size + 2) if self.invalid else (0, self.vocab_size)
+        return torch.randint(lo, hi, (1, k), generator=gen)
+
+
+@torch.no_grad()
+def greedy_continuation(model, context: list, n: int) -> torch.Tensor:
+    """[n] int64: plain greedy decoding with a full recompute per token (no KV cache)."""
+    ids = torch.tensor([context], dtype=torch.int64)
+    out = []
+    for _ in range(n):
+        nxt = model(input_ids=ids).logits[0, -1].argmax()
+        out.append(int(nxt))
+        ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+    return torch.tensor(out, dtype=torch.int64)
