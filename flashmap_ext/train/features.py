@@ -1,0 +1,243 @@
+"""Feature cache: the target's tapped hidden states for every training sequence, streamed to disk (DESIGN §8).
+
+One target forward per sequence (no LM head, no KV cache) with forward hooks on the decoder layers in
+`target_layer_ids` (0-based; tap = the layer's output = HF `hidden_states[i + 1]`), concatenated in id
+order into `taps [T, n_taps·d]`. Layout of a cache directory:
+
+    manifest.json        format version, target, target_layer_ids, hidden_size, feature_dim, dtype, extra meta
+    index.jsonl          one line per sequence: {"id", "shard", "offset", "length"}  (offsets in tokens)
+    taps-NNNNN.bin       raw [tokens, feature_dim] rows in `dtype` (bf16 stored as its 16 bits)
+    ids-NNNNN.bin        int32 token ids;  mask-NNNNN.bin  uint8 loss mask
+
+A sequence's bytes are written (and flushed) before its index line, so the index never points at missing
+data; a rerun truncates shard bytes past the last indexed sequence, drops a torn index line and skips ids
+already indexed. Nothing accumulates in memory: memory use is flat in the number of sequences.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+FORMAT_VERSION = 1
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: np.float32}
+
+
+def _shard_paths(root: str, shard: int) -> dict[str, str]:
+    return {k: os.path.join(root, f"{k}-{shard:05d}.bin") for k in ("taps", "ids", "mask")}
+
+
+@contextlib.contextmanager
+def tap_hooks(layers: Sequence[torch.nn.Module], layer_ids: Sequence[int], captured: list):
+    """Forward hooks storing `layers[layer_ids[j]]`'s output hidden state in `captured[j]`.
+
+    Raises ValueError naming the bad id when one is outside [0, len(layers)).
+    """
+    handles = []
+
+    def store(j):
+        def hook(module, args, output):
+            captured[j] = output[0] if isinstance(output, (tuple, list)) else output
+        return hook
+    try:
+        for j, i in enumerate(layer_ids):
+            if not 0 <= i < len(layers):
+                raise ValueError(f"target_layer_ids: {i} out of range for a {len(layers)}-layer target")
+            handles.append(layers[i].register_forward_hook(store(j)))
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.inference_mode()
+def compute_taps(model: torch.nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+    """taps [B, T, len(layer_ids)·d] in the model's dtype for input_ids [B, T] int64 (HF causal LM).
+
+    Runs only the decoder (`get_decoder()`): no LM head, no KV cache.
+    """
+    decoder = model.get_decoder()
+    captured: list = [None] * len(layer_ids)
+    with tap_hooks(decoder.layers, layer_ids, captured):
+        decoder(input_ids=input_ids.to(model.get_input_embeddings().weight.device), use_cache=False)
+    return torch.cat(captured, dim=-1)
+
+
+class FeatureWriter:
+    """Appends sequences to a cache directory, resuming one that already exists (see module docstring).
+
+    Args:
+        root: the cache directory (created if missing).
+        meta: manifest fields; `target_layer_ids`, `feature_dim` and `dtype` ("bf16"|"fp16"|"fp32") are
+            required. An existing cache must have the same values for these, else ValueError.
+        shard_tokens: rows per shard file before a new shard starts.
+    """
+
+    def __init__(self, root: str, meta: dict, shard_tokens: int = 1 << 20):
+        for key in ("target_layer_ids", "feature_dim", "dtype"):
+            if key not in meta:
+                raise ValueError(f"meta: missing {key!r}")
+        if meta["dtype"] not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} (got {meta['dtype']!r})")
+        os.makedirs(root, exist_ok=True)
+        self.root, self.shard_tokens = root, shard_tokens
+        self.meta = {"format_version": FORMAT_VERSION, **meta}
+        self.dtype = DTYPES[meta["dtype"]]
+        self._check_or_write_manifest()
+        self.done, self.shard, self.used = self._recover()
+        self._index = open(os.path.join(root, "index.jsonl"), "a", encoding="utf-8")
+        self._files = None
+
+    def _check_or_write_manifest(self):
+        path = os.path.join(self.root, "manifest.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            for key in ("format_version", "target_layer_ids", "feature_dim", "dtype"):
+                if old.get(key) != self.meta[key]:
+                    raise ValueError(f"{path}: existing cache has {key}={old.get(key)!r}, asked for "
+                                     f"{self.meta[key]!r}; use another --out")
+            return
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.meta, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def _recover(self) -> tuple[set[str], int, int]:
+        """Reads the index (dropping a torn line), truncates shard bytes past the last indexed row."""
+        entries = list(_read_index(self.root, repair=True))
+        shard = max((e["shard"] for e in entries), default=0)
+        used = max((e["offset"] + e["length"] for e in entries if e["shard"] == shard), default=0)
+        row = {"taps": self.meta["feature_dim"] * self.dtype.itemsize, "ids": 4, "mask": 1}
+        for kind, path in _shard_paths(self.root, shard).items():
+            if os.path.exists(path):
+                os.truncate(path, used * row[kind])
+        return {e["id"] for e in entries}, shard, used
+
+    def add(self, id: str, input_ids: Sequence[int], loss_mask: Sequence[int], taps: torch.Tensor) -> None:
+        """Writes one sequence: taps [T, feature_dim] (any float dtype; cast to the cache dtype), T = len(ids)."""
+        t = len(input_ids)
+        if taps.shape != (t, self.meta["feature_dim"]) or len(loss_mask) != t:
+            raise ValueError(f"sequence {id!r}: taps {tuple(taps.shape)}, {t} ids and {len(loss_mask)} mask "
+                             f"entries; expected taps ({t}, {self.meta['feature_dim']})")
+        if self.used and self.used + t > self.shard_tokens:
+            self.close_shard()
+            self.shard, self.used = self.shard + 1, 0
+        if self._files is None:
+            self._files = {k: open(p, "ab") for k, p in _shard_paths(self.root, self.shard).items()}
+        self._files["taps"].write(taps.detach().to("cpu", self.dtype).contiguous().view(torch.uint8).numpy().tobytes())
+        self._files["ids"].write(np.asarray(input_ids, dtype=np.int32).tobytes())
+        self._files["mask"].write(np.asarray(loss_mask, dtype=np.uint8).tobytes())
+        for f in self._files.values():
+            f.flush()
+        self._index.write(json.dumps({"id": id, "shard": self.shard, "offset": self.used, "length": t}) + "\n")
+        self._index.flush()
+        self.used += t
+        self.done.add(id)
+
+    def close_shard(self):
+        for f in (self._files or {}).values():
+            os.fsync(f.fileno())
+            f.close()
+        self._files = None
+
+    def close(self):
+        self.close_shard()
+        os.fsync(self._index.fileno())
+        self._index.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _read_index(root: str, repair: bool = False) -> Iterable[dict]:
+    path = os.path.join(root, "index.jsonl")
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        data = f.read()
+    keep = data.rfind(b"\n") + 1
+    if repair and keep != len(data):
+        os.truncate(path, keep)
+    for line in data[:keep].decode("utf-8").splitlines():
+        if line.strip():
+            yield json.loads(line)
+
+
+class FeatureCache(torch.utils.data.Dataset):
+    """Read side of a cache directory: memory-mapped shards, one item per indexed sequence.
+
+    Item i: {"id": str, "input_ids": [T] int64, "loss_mask": [T] bool, "taps": [T, feature_dim] in the cache
+    dtype}. Shards are mapped lazily, so a Dataset copied into DataLoader workers opens its own maps.
+    """
+
+    def __init__(self, root: str):
+        path = os.path.join(root, "manifest.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{root}: not a feature cache (no manifest.json); run `flashmap features`")
+        with open(path) as f:
+            self.meta = json.load(f)
+        if self.meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: format_version {self.meta.get('format_version')} != {FORMAT_VERSION}")
+        self.root, self.dtype = root, DTYPES[self.meta["dtype"]]
+        self.entries = list(_read_index(root))
+        self._maps: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _map(self, shard: int, kind: str, dtype, width: int | None = None) -> np.memmap:
+        key = (shard, kind)
+        if key not in self._maps:
+            path = _shard_paths(self.root, shard)[kind]
+            rows = os.path.getsize(path) // (np.dtype(dtype).itemsize * (width or 1))
+            self._maps[key] = np.memmap(path, dtype=dtype, mode="r", shape=(rows, width) if width else (rows,))
+        return self._maps[key]
+
+    def __getitem__(self, i: int) -> dict:
+        e = self.entries[i]
+        sl = slice(e["offset"], e["offset"] + e["length"])
+        taps = torch.from_numpy(np.array(self._map(e["shard"], "taps", _NUMPY[self.dtype],
+                                                   self.meta["feature_dim"])[sl]))
+        return {"id": e["id"],
+                "input_ids": torch.from_numpy(np.array(self._map(e["shard"], "ids", np.int32)[sl])).long(),
+                "loss_mask": torch.from_numpy(np.array(self._map(e["shard"], "mask", np.uint8)[sl])).bool(),
+                "taps": taps.view(self.dtype)}
+
+    def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
+        return {**self.__dict__, "_maps": {}}
+
+
+def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_ids: Sequence[int], *,
+                   dtype: str = "bf16", meta: dict | None = None, shard_tokens: int = 1 << 20,
+                   progress: bool = True) -> int:
+    """Runs the target once per sample (objects with .id, .input_ids, .loss_mask) and streams taps to `root`.
+
+    model: an HF causal LM, or an adapter exposing it as `.model`. Samples whose id is already in the
+    cache are skipped (resume). Returns the number of sequences written by this call. The progress bar
+    counts tokens, so its rate is tokens/s.
+    """
+    model = model if hasattr(model, "get_decoder") else model.model
+    hidden = model.get_input_embeddings().weight.shape[1]
+    meta = {**(meta or {}), "target_layer_ids": list(layer_ids), "hidden_size": hidden,
+            "feature_dim": hidden * len(layer_ids), "dtype": dtype}
+    written = 0
+    with FeatureWriter(root, meta, shard_tokens) as writer, \
+            tqdm(desc="features", unit="tok", unit_scale=True, disable=not progress) as bar:
+        for s in samples:
+            if s.id in writer.done:
+                continue
+            ids = torch.tensor([s.input_ids], dtype=torch.long)
+            writer.add(s.id, s.input_ids, s.loss_mask, compute_taps(model, ids, layer_ids)[0])
+            written += 1
+            bar.update(len(s.input_ids))
+            bar.set_postfix(seqs=len(writer.done), refresh=False)
+    return written

@@ -1,0 +1,101 @@
+"""train/features.py: taps equal HF hidden states, shards round-trip, resume, flat memory."""
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import tiny_qwen3
+from flashmap_ext.train.data import Sample
+from flashmap_ext.train.features import FeatureCache, FeatureWriter, cache_features, compute_taps
+
+LAYERS = [0, 2, 3]
+
+
+def samples(n, vocab=111, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        t = 5 + i % 7
+        ids = torch.randint(0, vocab, (t,), generator=g).tolist()
+        out.append(Sample(f"s{i}", ids, [0] * 3 + [1] * (t - 3)))
+    return out
+
+
+def hf_taps(model, ids, layers):
+    """HF hidden_states[i + 1] (for the last layer that is after the final norm)."""
+    with torch.no_grad():
+        hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    return torch.cat([hs[i + 1][0] for i in layers], -1)
+
+
+def test_compute_taps_equal_hf_hidden_states(tiny_target):
+    ids = samples(1)[0].input_ids
+    torch.testing.assert_close(compute_taps(tiny_target, torch.tensor([ids]), [0, 2])[0],
+                               hf_taps(tiny_target, ids, [0, 2]), rtol=0, atol=0)
+    # the last layer's tap is its raw output: HF's last hidden state is that after the final norm
+    last = compute_taps(tiny_target, torch.tensor([ids]), [3])[0]
+    with torch.no_grad():
+        torch.testing.assert_close(tiny_target.model.norm(last), hf_taps(tiny_target, ids, [3]))
+    with pytest.raises(ValueError, match="target_layer_ids: 4"):
+        compute_taps(tiny_target, torch.tensor([ids]), [4])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_cache_roundtrip_across_shards(tiny_target, tmp_path, dtype):
+    data = samples(9)
+    n = cache_features(tiny_target, data, str(tmp_path), LAYERS, dtype=dtype, shard_tokens=20,
+                       meta={"target": "tiny"}, progress=False)
+    cache = FeatureCache(str(tmp_path))
+    assert n == 9 and len(cache) == 9 and cache.meta["target"] == "tiny" and cache.meta["feature_dim"] == 192
+    assert len({e["shard"] for e in cache.entries}) >= 3
+    for s, item in zip(data, cache):
+        assert item["id"] == s.id and item["input_ids"].tolist() == s.input_ids
+        assert item["loss_mask"].tolist() == [bool(m) for m in s.loss_mask]
+        assert item["taps"].dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+        ref = compute_taps(tiny_target, torch.tensor([s.input_ids]), LAYERS)[0]
+        torch.testing.assert_close(item["taps"], ref.to(item["taps"].dtype), rtol=0, atol=0)
+
+
+def test_resume_after_interruption_matches_straight_run(tiny_target, tmp_path):
+    data = samples(8)
+    straight, resumed = tmp_path / "a", tmp_path / "b"
+    cache_features(tiny_target, data, str(straight), LAYERS, shard_tokens=25, progress=False)
+    cache_features(tiny_target, data[:5], str(resumed), LAYERS, shard_tokens=25, progress=False)
+    last = max(int(p.name[5:10]) for p in resumed.glob("taps-*.bin"))
+    with open(resumed / f"taps-{last:05d}.bin", "ab") as f:  # a killed write: bytes without an index line
+        f.write(b"\x01" * 1000)
+    with open(resumed / "index.jsonl", "a") as f:
+        f.write('{"id": "s5", "sha')  # and a torn index line
+    calls = []
+    hook = tiny_target.model.layers[0].register_forward_hook(lambda *a: calls.append(1))
+    assert cache_features(tiny_target, data, str(resumed), LAYERS, shard_tokens=25, progress=False) == 3
+    hook.remove()
+    assert len(calls) == 3
+    a, b = FeatureCache(str(straight)), FeatureCache(str(resumed))
+    assert a.entries == b.entries
+    for x, y in zip(a, b):
+        assert x["id"] == y["id"] and torch.equal(x["taps"].float(), y["taps"].float())
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        cache_features(tiny_target, data, str(resumed), [1], progress=False)
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_writer_memory_flat_in_number_of_sequences(tmp_path):
+    feat, t = 4096, 64  # 512 KiB of fp16 taps per sequence, 48 MiB over the run
+    w = FeatureWriter(str(tmp_path), {"target_layer_ids": [0], "feature_dim": feat, "dtype": "fp16"},
+                      shard_tokens=t * 40)
+    taps = torch.randn(t, feat)
+    for i in range(96):
+        if i == 8:
+            base = _rss_bytes()
+        w.add(f"s{i}", [1] * t, [1] * t, taps)
+    growth = _rss_bytes() - base
+    w.close()
+    assert growth < 8 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 88 sequences of 0.5 MiB"
+    assert len(FeatureCache(str(tmp_path))) == 96
+    assert json.loads((tmp_path / "manifest.json").read_text())["dtype"] == "fp16"
