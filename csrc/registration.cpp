@@ -9,7 +9,7 @@ TORCH_LIBRARY(flashmap, m) {
   // status [B] int32 (bit flags, 0 = clean row).
   m.def(
       "verify(Tensor target_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
-      "Tensor seed, Tensor position, Tensor? draft_probs, int valid_vocab, Tensor? uniforms) "
+      "Tensor seed, Tensor position, Tensor? draft_probs=None, int valid_vocab=0, Tensor? uniforms=None) "
       "-> (Tensor tokens, Tensor num_accepted, Tensor status)");
 }
 

@@ -161,16 +161,3 @@ def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0
                  seed=seed, position=position, valid_vocab=valid_vocab, check=check)
     return out.tokens[:, 0]
 
-
-def _register_reference_cpu_kernel() -> None:
-    """Until the C++ CPU kernel is built, the float64 reference serves as the CPU kernel."""
-    if torch._C._dispatch_has_kernel_for_dispatch_key("flashmap::verify", "CPU"):
-        return
-    from flashmap_ext.reference import verify_reference
-
-    @torch.library.register_kernel("flashmap::verify", "cpu")
-    def _verify_cpu(*args):
-        return tuple(t.clone() for t in verify_reference(*args))
-
-
-_register_reference_cpu_kernel()
