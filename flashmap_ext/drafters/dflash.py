@@ -1,0 +1,258 @@
+"""DFlash block-diffusion drafter (baseline; DESIGN.md §1, research/dflash.md §1–2).
+
+One forward drafts a whole block: the block `[anchor, MASK × (block_size−1)]` at absolute positions
+`p … p+block_size−1` goes through Qwen3-style layers whose attention also sees "injected" context K/V:
+the target's tapped hidden states, fused once by `hidden_norm(fc(concat taps))`, projected by each
+layer's own k_proj/v_proj (+k_norm, RoPE at the context's absolute positions). The block attends to all
+context and bidirectionally to itself; slot k ≥ 1 predicts the token at p+k (same-position prediction),
+draft = argmax of the target's LM head. Embedding and LM head are the target's, frozen, never stored.
+Sources: z-lab/dflash `dflash/model.py` (inference), SpecForge `specforge/core/dflash.py` (training).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from flashmap_ext.drafters import hf_checkpoint as ckpt
+from flashmap_ext.drafters.dflash_blocks import train_attention_mask, train_block_inputs
+from flashmap_ext.drafters.dflash_config import DFlashConfig, build_target_layer_ids, target_shape
+from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from flashmap_ext.drafters.target_parts import TargetParts, hf_model
+
+
+@dataclass
+class DFlashMemory:
+    """Cached context K/V per layer, normed and rotated: buffers [B, G, capacity, hd] of which the first
+    `length` positions (the committed positions so far) are valid. Capacity doubles when full, so
+    appending is amortised O(new tokens) instead of a full copy per round (DynamicCache's torch.cat)."""
+    key_buffers: list[torch.Tensor]
+    value_buffers: list[torch.Tensor]
+    length: int = 0
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return [k[:, :, :self.length] for k in self.key_buffers]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [v[:, :, :self.length] for v in self.value_buffers]
+
+    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """kv: per layer (k, v) [B, G, T, hd] of T new positions."""
+        end = self.length + kv[0][0].shape[2]
+        for i, (k, v) in enumerate(kv):
+            if end > self.key_buffers[i].shape[2]:
+                self.key_buffers[i] = _grow(self.key_buffers[i], end)
+                self.value_buffers[i] = _grow(self.value_buffers[i], end)
+            self.key_buffers[i][:, :, self.length:end] = k
+            self.value_buffers[i][:, :, self.length:end] = v
+        self.length = end
+
+
+def _grow(buf: torch.Tensor, needed: int) -> torch.Tensor:
+    new = buf.new_empty(*buf.shape[:2], max(needed, 2 * buf.shape[2]), buf.shape[3])
+    new[:, :, :buf.shape[2]] = buf
+    return new
+
+
+class DFlashLayer(nn.Module):
+    """Pre-norm Qwen3 decoder layer whose attention gets the context K/V as a prefix."""
+
+    def __init__(self, c: DFlashConfig):
+        super().__init__()
+        self.self_attn = Attention(c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                                   c.head_dim, qk_norm=True, eps=c.rms_norm_eps, bias=c.attention_bias)
+        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)[0]
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash drafter implementing `flashmap_ext.drafters.base.BlockDrafter`.
+
+    Weights (released names): `layers.{i}.self_attn.{q,k,v,o}_proj`, `layers.{i}.self_attn.{q,k}_norm`,
+    `layers.{i}.mlp.{gate,up,down}_proj`, `layers.{i}.{input,post_attention}_layernorm`, `fc`,
+    `hidden_norm`, `norm`. Call `attach_target` (or pass `target`) before drafting or training.
+    """
+
+    def __init__(self, config: DFlashConfig, target: Any = None):
+        super().__init__()
+        c = self.config = config
+        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
+        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary = Rotary(c.head_dim, c.rope_theta)
+        init_weights(self, c.initializer_range)
+        self._target: TargetParts | None = None
+        if target is not None:
+            self.attach_target(target)
+
+    # --- BlockDrafter protocol -------------------------------------------------------------------
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.config.block_size - 1
+
+    @property
+    def target_layer_ids(self) -> Sequence[int]:
+        return self.config.target_layer_ids
+
+    def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> DFlashMemory:
+        """Empty context cache for `batch_size` sequences (all rows share one length)."""
+        c, w = self.config, self.fc.weight
+        empty = lambda: torch.empty(batch_size, c.num_key_value_heads, 64, c.head_dim,  # noqa: E731
+                                    dtype=w.dtype, device=device or w.device)
+        return DFlashMemory([empty() for _ in self.layers], [empty() for _ in self.layers])
+
+    @torch.no_grad()
+    def extend_memory(self, memory: DFlashMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
+        """Appends the K/V of T committed positions (at absolute positions L … L+T−1) to every layer.
+
+        token_ids: [B, T] int64 (unused: DFlash context is the taps alone); taps: [B, T, n_taps·d].
+        """
+        if taps is None:
+            raise ValueError("DFlash needs target taps to extend its memory")
+        b = memory.key_buffers[0].shape[0]
+        self._check_taps(taps, b, token_ids.shape[1] if token_ids is not None else taps.shape[1])
+        positions = memory.length + torch.arange(taps.shape[1], device=taps.device).expand(b, -1)
+        memory.append(self._context_kv(taps, positions))
+
+    @torch.no_grad()
+    def draft(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
+              seed: torch.Tensor | None = None, position: torch.Tensor) -> torch.Tensor:
+        """Greedy drafts [B, num_tokens] int64 (DFlash is deterministic: `seed` is unused). The full
+        block is always run (as in training) and its first `num_tokens` slots are returned."""
+        if not 0 <= num_tokens <= self.num_draft_tokens:
+            raise ValueError(f"num_tokens must be in [0, {self.num_draft_tokens}], got {num_tokens}")
+        hidden = self.block_hidden(memory, anchor_tokens, position)[:, :num_tokens]
+        return self.parts.logits(hidden).argmax(-1)
+
+    # --- inference pieces --------------------------------------------------------------------------
+    @torch.no_grad()
+    def draft_logits(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Logits [B, block_size−1, V] of the draft slots for anchors at absolute `position` [B]."""
+        return self.parts.logits(self.block_hidden(memory, anchor_tokens, position))
+
+    def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1 (no mask: the block
+        sees all of `memory` and itself)."""
+        bs, b = self.config.block_size, anchor_tokens.shape[0]
+        if anchor_tokens.dim() != 1 or position.shape != anchor_tokens.shape:
+            raise ValueError(f"anchor_tokens and position must both be [B]; got {tuple(anchor_tokens.shape)} "
+                             f"and {tuple(position.shape)}")
+        if memory.key_buffers[0].shape[0] != b:
+            raise ValueError(f"memory holds {memory.key_buffers[0].shape[0]} rows, anchors {b}")
+        ids = torch.full((b, bs), self.config.mask_token_id, dtype=torch.long, device=anchor_tokens.device)
+        ids[:, 0] = anchor_tokens
+        x = self.parts.embed(ids, self.fc.weight.dtype)
+        cos, sin = self.rotary(position[:, None] + torch.arange(bs, device=position.device), x.dtype)
+        for layer, k, v in zip(self.layers, memory.keys, memory.values):
+            x = layer(x, cos, sin, k, v)
+        return self.norm(x)[:, 1:]
+
+    def _context_kv(self, taps: torch.Tensor, positions: torch.Tensor):
+        """Per layer (k, v) [B, G, T, hd] of the fused taps at absolute `positions` [B, T]."""
+        ctx = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
+        cos, sin = self.rotary(positions, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def _check_taps(self, taps: torch.Tensor, batch: int, length: int) -> None:
+        width = len(self.config.target_layer_ids) * self.config.hidden_size
+        if taps.dim() != 3 or taps.shape != (batch, length, width):
+            raise ValueError(f"taps must be [B={batch}, T={length}, n_taps·d={width}], got {tuple(taps.shape)}")
+
+    # --- training ------------------------------------------------------------------------------------
+    def forward_train(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
+        """Logits [B, A, block_size−1, V] for A blocks per sequence in one forward (SpecForge-style).
+        See `forward_train_hidden` for the inputs."""
+        hidden = self.forward_train_hidden(taps, input_ids, anchor_pos)
+        return self.parts.logits(hidden)
+
+    def forward_train_hidden(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states [B, A, block_size−1, d] of the draft slots of A blocks.
+
+        taps [B, T, n_taps·d] (target taps at every position), input_ids [B, T] int64, anchor_pos [B, A]
+        int64 in [0, T) or −1 for a padded block. Block a is [input_ids[anchor], MASK…] at positions
+        anchor … anchor+block_size−1 and sees the context strictly before its anchor (as at inference,
+        where the anchor's own taps do not exist yet) and its own block; never another block.
+        """
+        b, t = input_ids.shape
+        self._check_taps(taps, b, t)
+        ids, block_pos = train_block_inputs(input_ids, anchor_pos, self.config)
+        mask = train_attention_mask(anchor_pos, t, self.config.block_size)
+        x = self.parts.embed(ids, self.fc.weight.dtype)
+        ctx_kv = self._context_kv(taps, torch.arange(t, device=taps.device).expand(b, -1))
+        cos, sin = self.rotary(block_pos, x.dtype)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask)
+        a, bs = anchor_pos.shape[1], self.config.block_size
+        return self.norm(x).view(b, a, bs, -1)[:, :, 1:]
+
+    # --- target, construction, checkpoints -----------------------------------------------------------
+    @property
+    def parts(self) -> TargetParts:
+        if self._target is None:
+            raise RuntimeError("no target attached: call attach_target(target) or pass target= first")
+        return self._target
+
+    def attach_target(self, target: Any) -> "DFlashDrafter":
+        """Uses `target`'s frozen embedding and LM head (held by reference, never stored)."""
+        parts = TargetParts(target)
+        if parts.dim != self.config.hidden_size:
+            raise ValueError(f"target hidden size {parts.dim} != drafter hidden_size {self.config.hidden_size}")
+        if parts.num_rows <= self.config.mask_token_id:
+            raise ValueError(f"mask_token_id {self.config.mask_token_id} outside the target's "
+                             f"{parts.num_rows}-row embedding table")
+        self._target = parts
+        return self
+
+    @classmethod
+    def for_target(cls, target: Any, *, tokenizer: Any = None, num_taps: int | None = None,
+                   **overrides: Any) -> "DFlashDrafter":
+        """A randomly initialised drafter shaped like `target`'s layers (DFlash recipe: 5 layers, block 16,
+        taps spread over layers 1…L−3). `mask_token_id`: from `overrides`, else `len(tokenizer)` (the
+        first padding row, as DFlash's 151669 for Qwen3) when the embedding table has spare rows; else
+        ValueError asking for one. Any DFlashConfig field may be overridden."""
+        model = hf_model(target)
+        rows = model.get_input_embeddings().weight.shape[0]
+        shape = target_shape(model.config)
+        n_layers = overrides.get("num_hidden_layers", 5)
+        if "target_layer_ids" not in overrides:
+            overrides["target_layer_ids"] = build_target_layer_ids(shape["num_target_layers"], num_taps or n_layers)
+        if "mask_token_id" not in overrides:
+            if tokenizer is None or len(tokenizer) >= rows:
+                raise ValueError(f"no spare embedding row known for the mask token (table has {rows} rows, "
+                                 f"tokenizer {'absent' if tokenizer is None else len(tokenizer)}): pass mask_token_id=")
+            overrides["mask_token_id"] = len(tokenizer)
+        config = DFlashConfig(**{**shape, "vocab_size": rows, **overrides})
+        weight = model.get_input_embeddings().weight
+        return cls(config, target).to(device=weight.device, dtype=weight.dtype)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> "DFlashDrafter":
+        """Loads a released-format DFlash checkpoint (config.json + safetensors). Weights keep their
+        stored dtype unless `dtype` is given; device defaults to the target's embedding device."""
+        config = DFlashConfig.from_hf_dict(ckpt.read_config(path))
+        weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path).items()
+                   if not k.endswith("rotary_emb.inv_freq")}
+        with torch.device("meta"):
+            drafter = cls(config)
+        ckpt.load_strict(drafter, weights, str(path))
+        if device is None and target is not None:
+            device = hf_model(target).get_input_embeddings().weight.device
+        drafter = drafter.to(device=device, dtype=dtype or weights["fc.weight"].dtype)
+        return drafter.attach_target(target) if target is not None else drafter
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Writes the released DFlash format: config.json + model.safetensors (no embedding/LM head)."""
+        config = {**self.config.to_hf_dict(), "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
+        ckpt.write_checkpoint(path, config, self)

@@ -1,0 +1,51 @@
+"""Training-time DFlash blocks: many anchors per sequence in one forward (SpecForge-style).
+
+Keys/values are laid out as [context (T positions) | block 0 | block 1 | …], queries as [block 0 | …].
+Rules (SpecForge `create_dflash_block_mask`, after PR #473 fixed `<=` to `<`):
+  1. block a sees context positions j < anchor_a, strictly (the anchor's taps do not exist at inference);
+  2. attention inside a block is bidirectional;
+  3. blocks never see each other.
+A padded block (anchor −1) sees only itself, so its softmax rows stay finite.
+"""
+from __future__ import annotations
+
+import torch
+
+from flashmap_ext.drafters.dflash_config import DFlashConfig
+
+
+def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:
+    """anchor_pos must be [B, A] int64 with entries in [0, T) or −1 (padding); ValueError otherwise."""
+    if anchor_pos.dim() != 2 or anchor_pos.shape[0] != batch or anchor_pos.dtype != torch.long:
+        raise ValueError(f"anchor_pos must be [B={batch}, A] int64, got {tuple(anchor_pos.shape)} {anchor_pos.dtype}")
+    if anchor_pos.numel() and (anchor_pos.min() < -1 or anchor_pos.max() >= length):
+        raise ValueError(f"anchor_pos entries must be in [0, T={length}) or -1 for padding")
+
+
+def train_block_inputs(input_ids: torch.Tensor, anchor_pos: torch.Tensor,
+                       config: DFlashConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block token ids and absolute positions, both [B, A·block_size] int64.
+
+    Block a = [input_ids[anchor_a], MASK × (block_size−1)] at positions anchor_a … anchor_a+block_size−1
+    (a padded block uses anchor 0)."""
+    if input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be [B, T] int64, got {tuple(input_ids.shape)} {input_ids.dtype}")
+    b, t = input_ids.shape
+    check_anchors(anchor_pos, b, t)
+    bs = config.block_size
+    anchors = anchor_pos.clamp(min=0)
+    ids = torch.full((b, anchors.shape[1], bs), config.mask_token_id, dtype=torch.long, device=input_ids.device)
+    ids[:, :, 0] = input_ids.gather(1, anchors)
+    positions = anchors[:, :, None] + torch.arange(bs, device=anchors.device)
+    return ids.flatten(1), positions.flatten(1)
+
+
+def train_attention_mask(anchor_pos: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """Dense visibility mask [B, 1, A·bs, T + A·bs] bool (True = may attend) for the layout above."""
+    b, a = anchor_pos.shape
+    device = anchor_pos.device
+    context = torch.arange(length, device=device) < anchor_pos[:, :, None]            # [B, A, T]
+    context = context.repeat_interleave(block_size, dim=1)                              # [B, A·bs, T]
+    block_of = torch.arange(a * block_size, device=device) // block_size
+    own = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)                    # [B, A·bs, A·bs]
+    return torch.cat([context, own], dim=2)[:, None]

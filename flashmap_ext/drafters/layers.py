@@ -1,0 +1,112 @@
+"""Qwen3/Llama building blocks shared by the DFlash and EAGLE-3 drafters.
+
+Numerics follow transformers' Qwen3 modules (`modeling_qwen3.py`): RMSNorm computes in fp32 and casts
+back; RoPE uses the rotate-half convention with cos/sin computed in fp32 and cast to the activation dtype.
+Parameter names (`q_proj`, `k_norm`, `gate_proj`, ...) match HF checkpoints so released weights load
+unchanged. Shapes: B batch, L tokens, H query heads, G key/value heads, hd head dim.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = w · x / sqrt(mean(x²) + eps), computed in fp32 (as `Qwen3RMSNorm`)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Default (unscaled) RoPE tables: positions [B, L] int64 -> (cos, sin) [B, L, hd] in `dtype`."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()  # no buffers: nothing to store, nothing left on a meta device after loading
+        self.head_dim, self.theta = head_dim, theta
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
+        inv_freq = 1.0 / self.theta ** (exponent / self.head_dim)
+        freqs = positions[..., None].float() * inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, L, hd]; cos/sin [B, L, hd]. Rotate-half RoPE (HF `apply_rotary_pos_emb`)."""
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) · up(x)), no biases (Qwen3MLP / LlamaMLP)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """GQA attention whose queries attend to a given K/V prefix followed by their own K/V.
+
+    `qk_norm=True` adds Qwen3's per-head RMSNorm on q and k (before RoPE). `in_dim` may differ from
+    the output width (EAGLE-3 feeds [embedding ‖ feature], 2·d wide, to q/k/v).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int, kv_heads: int, head_dim: int,
+                 qk_norm: bool, eps: float, bias: bool = False):
+        super().__init__()
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, out_dim, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+
+    def _heads(self, y: torch.Tensor, n: int, norm: RMSNorm | None) -> torch.Tensor:
+        y = y.view(*y.shape[:2], n, self.head_dim)
+        return (norm(y) if norm is not None else y).transpose(1, 2)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, L, in_dim] -> (k, v) [B, G, L, hd]; k normed and rotated (what a KV cache stores)."""
+        k = apply_rope(self._heads(self.k_proj(x), self.kv_heads, self.k_norm), cos, sin)
+        return k, self._heads(self.v_proj(x), self.kv_heads, None)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                prefix_k: torch.Tensor | None = None, prefix_v: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, L, in_dim]; prefix_k/v [B, G, P, hd] or None; mask: bool [B|1, 1, L, P+L], True = visible,
+        None = everything visible. Returns (out [B, L, out_dim], k_x, v_x [B, G, L, hd])."""
+        q = apply_rope(self._heads(self.q_proj(x), self.heads, self.q_norm), cos, sin)
+        k_x, v_x = self.kv(x, cos, sin)
+        k = k_x if prefix_k is None else torch.cat([prefix_k, k_x], dim=2)
+        v = v_x if prefix_v is None else torch.cat([prefix_v, v_x], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1)), k_x, v_x
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """HF-style init: Linear ~ N(0, std²), zero bias; norms keep their ones."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)

@@ -1,0 +1,90 @@
+"""DFlash training loss (DESIGN.md §8 `train dflash`; research/dflash.md §3).
+
+Per block: cross-entropy of slots k = 1 … block_size−1 (slot k predicts the token at anchor+k) with
+weights w_k = exp(−(k−1)/γ), γ = 7 for block 16 (5 for 10, 4 for 8: DFlash paper Eq. 4 / App. A.3.1,
+SpecForge `--loss-decay-gamma` help); loss = Σ w·CE / Σ w over unmasked labels (SpecForge
+`OnlineDFlashModel.forward`). LM-head logits are computed a chunk of anchors at a time under activation
+checkpointing, so [B, A, K, V] logits never exist at once (A = 512, V = 151,936 would be ~5 GB).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from flashmap_ext.drafters.dflash import DFlashDrafter
+
+IGNORE = -100
+_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def default_gamma(block_size: int) -> float:
+    """DFlash's decay γ for the published block sizes; otherwise 7·(block_size−1)/15 (our
+    extrapolation: the same decay per fraction of the block as γ = 7 at block 16)."""
+    return _GAMMA.get(block_size, 7.0 * (block_size - 1) / 15.0)
+
+
+def slot_weights(num_slots: int, gamma: float, device=None) -> torch.Tensor:
+    """[num_slots] fp32: w_k = exp(−(k−1)/γ) for k = 1 … num_slots."""
+    return torch.exp(-torch.arange(num_slots, dtype=torch.float32, device=device) / gamma)
+
+
+def _slot_ce(drafter: DFlashDrafter, hidden: torch.Tensor, labels: torch.Tensor):
+    """hidden [B, a, K, d], labels [B, a, K] -> (CE [B, a, K] fp32, 0 where masked; correct [B, a, K] bool)."""
+    logits = drafter.parts.logits(hidden).float()
+    ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="none")
+    return ce.view_as(labels), logits.argmax(-1) == labels
+
+
+def _check_batch(batch: dict, num_slots: int) -> None:
+    for key in ("input_ids", "taps", "anchor_pos", "labels"):
+        if key not in batch:
+            raise KeyError(f"batch has no {key!r} (expected input_ids, taps, anchor_pos, labels)")
+    labels, anchors = batch["labels"], batch["anchor_pos"]
+    if labels.dim() != 3 or labels.shape[:2] != anchors.shape or labels.dtype != torch.long:
+        raise ValueError(f"labels must be [B, A, K] int64 matching anchor_pos {tuple(anchors.shape)}, "
+                         f"got {tuple(labels.shape)} {labels.dtype}")
+    if labels.shape[2] < num_slots:
+        raise ValueError(f"labels hold K={labels.shape[2]} tokens per anchor; block_size−1 = {num_slots} needed")
+
+
+def dflash_loss(drafter: DFlashDrafter, batch: dict, generator: torch.Generator | None = None, *,
+                gamma: float | None = None, anchor_chunk: int = 64) -> tuple[torch.Tensor, dict]:
+    """Weighted block CE of `drafter` on one batch.
+
+    batch: `input_ids` [B, T] int64, `taps` [B, T, n_taps·d], `anchor_pos` [B, A] int64 (−1 = padded
+    block), `labels` [B, A, K] int64 = tokens at anchor+1 … anchor+K, −100 masked; K ≥ block_size−1
+    (the first block_size−1 are used). `generator` is unused (anchors come with the batch).
+    Returns (scalar loss with grad, metrics {loss, acc, accept_len, tokens} as floats): `acc` is top-1
+    accuracy over unmasked slots; `accept_len` = 1 + mean leading run of correct slots per block whose
+    first label is unmasked (a greedy acceptance-length estimate, bonus included).
+    """
+    del generator
+    k = drafter.num_draft_tokens
+    _check_batch(batch, k)
+    device = drafter.fc.weight.device
+    b = {key: batch[key].to(device) for key in ("input_ids", "taps", "anchor_pos", "labels")}
+    labels = b["labels"][:, :, :k]
+    hidden = drafter.forward_train_hidden(b["taps"], b["input_ids"], b["anchor_pos"])
+    ces, hits = [], []
+    for s in range(0, labels.shape[1], anchor_chunk):
+        args = (drafter, hidden[:, s:s + anchor_chunk], labels[:, s:s + anchor_chunk])
+        ce, hit = checkpoint(_slot_ce, *args, use_reentrant=False) if torch.is_grad_enabled() else _slot_ce(*args)
+        ces.append(ce)
+        hits.append(hit)
+    ce, hit = torch.cat(ces, 1), torch.cat(hits, 1)
+    valid = labels != IGNORE
+    w = slot_weights(k, gamma or default_gamma(drafter.config.block_size), device) * valid
+    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    return loss, _metrics(loss, hit & valid, valid)
+
+
+@torch.no_grad()
+def _metrics(loss: torch.Tensor, correct: torch.Tensor, valid: torch.Tensor) -> dict:
+    n = valid.sum().item()
+    run = correct.long().cumprod(-1).sum(-1).float()           # leading correct slots per block
+    scored = valid[..., 0]
+    return {"loss": loss.item(), "acc": correct.sum().item() / n if n else math.nan,
+            "accept_len": 1.0 + run[scored].mean().item() if scored.any() else math.nan, "tokens": n}
