@@ -11,7 +11,6 @@ Sources: z-lab/dflash `dflash/model.py` (inference), SpecForge `specforge/core/d
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -20,43 +19,12 @@ from torch import nn
 from flashmap_ext.drafters import hf_checkpoint as ckpt
 from flashmap_ext.drafters.dflash_blocks import train_attention_mask, train_block_inputs
 from flashmap_ext.drafters.dflash_config import DFlashConfig, build_target_layer_ids, target_shape
+from flashmap_ext.drafters.kv_cache import KVCache
 from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
 from flashmap_ext.drafters.target_parts import TargetParts, hf_model
 
 
-@dataclass
-class DFlashMemory:
-    """Cached context K/V per layer, normed and rotated: buffers [B, G, capacity, hd] of which the first
-    `length` positions (the committed positions so far) are valid. Capacity doubles when full, so
-    appending is amortised O(new tokens) instead of a full copy per round (DynamicCache's torch.cat)."""
-    key_buffers: list[torch.Tensor]
-    value_buffers: list[torch.Tensor]
-    length: int = 0
-
-    @property
-    def keys(self) -> list[torch.Tensor]:
-        return [k[:, :, :self.length] for k in self.key_buffers]
-
-    @property
-    def values(self) -> list[torch.Tensor]:
-        return [v[:, :, :self.length] for v in self.value_buffers]
-
-    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """kv: per layer (k, v) [B, G, T, hd] of T new positions."""
-        end = self.length + kv[0][0].shape[2]
-        for i, (k, v) in enumerate(kv):
-            if end > self.key_buffers[i].shape[2]:
-                self.key_buffers[i] = _grow(self.key_buffers[i], end)
-                self.value_buffers[i] = _grow(self.value_buffers[i], end)
-            self.key_buffers[i][:, :, self.length:end] = k
-            self.value_buffers[i][:, :, self.length:end] = v
-        self.length = end
-
-
-def _grow(buf: torch.Tensor, needed: int) -> torch.Tensor:
-    new = buf.new_empty(*buf.shape[:2], max(needed, 2 * buf.shape[2]), buf.shape[3])
-    new[:, :, :buf.shape[2]] = buf
-    return new
+DFlashMemory = KVCache  # per-layer context K/V of the committed positions
 
 
 class DFlashLayer(nn.Module):
@@ -108,9 +76,8 @@ class DFlashDrafter(nn.Module):
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> DFlashMemory:
         """Empty context cache for `batch_size` sequences (all rows share one length)."""
         c, w = self.config, self.fc.weight
-        empty = lambda: torch.empty(batch_size, c.num_key_value_heads, 64, c.head_dim,  # noqa: E731
-                                    dtype=w.dtype, device=device or w.device)
-        return DFlashMemory([empty() for _ in self.layers], [empty() for _ in self.layers])
+        return KVCache.empty(len(self.layers), batch_size, c.num_key_value_heads, c.head_dim, w.dtype,
+                             device or w.device)
 
     @torch.no_grad()
     def extend_memory(self, memory: DFlashMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
@@ -120,7 +87,7 @@ class DFlashDrafter(nn.Module):
         """
         if taps is None:
             raise ValueError("DFlash needs target taps to extend its memory")
-        b = memory.key_buffers[0].shape[0]
+        b = memory.batch
         self._check_taps(taps, b, token_ids.shape[1] if token_ids is not None else taps.shape[1])
         positions = memory.length + torch.arange(taps.shape[1], device=taps.device).expand(b, -1)
         memory.append(self._context_kv(taps, positions))
@@ -148,8 +115,8 @@ class DFlashDrafter(nn.Module):
         if anchor_tokens.dim() != 1 or position.shape != anchor_tokens.shape:
             raise ValueError(f"anchor_tokens and position must both be [B]; got {tuple(anchor_tokens.shape)} "
                              f"and {tuple(position.shape)}")
-        if memory.key_buffers[0].shape[0] != b:
-            raise ValueError(f"memory holds {memory.key_buffers[0].shape[0]} rows, anchors {b}")
+        if memory.batch != b:
+            raise ValueError(f"memory holds {memory.batch} rows, anchors {b}")
         ids = torch.full((b, bs), self.config.mask_token_id, dtype=torch.long, device=anchor_tokens.device)
         ids[:, 0] = anchor_tokens
         x = self.parts.embed(ids, self.fc.weight.dtype)
@@ -175,6 +142,10 @@ class DFlashDrafter(nn.Module):
         See `forward_train_hidden` for the inputs."""
         hidden = self.forward_train_hidden(taps, input_ids, anchor_pos)
         return self.parts.logits(hidden)
+
+    def forward(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
+        """`forward_train_hidden`, the module's call (so DDP/FSDP wrappers see the training forward)."""
+        return self.forward_train_hidden(taps, input_ids, anchor_pos)
 
     def forward_train_hidden(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B, A, block_size−1, d] of the draft slots of A blocks.

@@ -50,10 +50,12 @@ def _check_batch(batch: dict, num_slots: int) -> None:
         raise ValueError(f"labels hold K={labels.shape[2]} tokens per anchor; block_size−1 = {num_slots} needed")
 
 
-def dflash_loss(drafter: DFlashDrafter, batch: dict, generator: torch.Generator | None = None, *,
+def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator | None = None, *,
                 gamma: float | None = None, anchor_chunk: int = 64) -> tuple[torch.Tensor, dict]:
-    """Weighted block CE of `drafter` on one batch.
+    """Weighted block CE of a DFlash drafter on one batch.
 
+    model: a `DFlashDrafter`, or it wrapped by DDP/FSDP (called through `model(...)` so the wrapper's
+    hooks run; the unwrapped module supplies the config and the target's frozen head).
     batch: `input_ids` [B, T] int64, `taps` [B, T, n_taps·d], `anchor_pos` [B, A] int64 (−1 = padded
     block), `labels` [B, A, K] int64 = tokens at anchor+1 … anchor+K, −100 masked; K ≥ block_size−1
     (the first block_size−1 are used). `generator` is unused (anchors come with the batch).
@@ -62,12 +64,13 @@ def dflash_loss(drafter: DFlashDrafter, batch: dict, generator: torch.Generator 
     first label is unmasked (a greedy acceptance-length estimate, bonus included).
     """
     del generator
+    drafter: DFlashDrafter = getattr(model, "module", model)
     k = drafter.num_draft_tokens
     _check_batch(batch, k)
-    device = drafter.fc.weight.device
+    device = drafter.parts.embedding.weight.device
     b = {key: batch[key].to(device) for key in ("input_ids", "taps", "anchor_pos", "labels")}
     labels = b["labels"][:, :, :k]
-    hidden = drafter.forward_train_hidden(b["taps"], b["input_ids"], b["anchor_pos"])
+    hidden = model(b["taps"], b["input_ids"], b["anchor_pos"])
     ces, hits = [], []
     for s in range(0, labels.shape[1], anchor_chunk):
         args = (drafter, hidden[:, s:s + anchor_chunk], labels[:, s:s + anchor_chunk])

@@ -1,0 +1,52 @@
+"""A growable per-layer K/V cache for drafters (committed positions only; rejected ones never enter)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Cached context K/V per layer, normed and rotated: buffers [B, G, capacity, hd] of which the first
+    `length` positions (the committed positions so far) are valid. Capacity doubles when full, so
+    appending is amortised O(new tokens) instead of a full copy per round (DynamicCache's torch.cat)."""
+    key_buffers: list[torch.Tensor]
+    value_buffers: list[torch.Tensor]
+    length: int = 0
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        return [k[:, :, :self.length] for k in self.key_buffers]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [v[:, :, :self.length] for v in self.value_buffers]
+
+    @classmethod
+    def empty(cls, layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+              device: torch.device | str, capacity: int = 64) -> "KVCache":
+        """An empty cache of `layers` layers with room for `capacity` positions before growing."""
+        new = lambda: torch.empty(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # noqa: E731
+        return cls([new() for _ in range(layers)], [new() for _ in range(layers)])
+
+    @property
+    def batch(self) -> int:
+        return self.key_buffers[0].shape[0]
+
+    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """kv: per layer (k, v) [B, G, T, hd] of T new positions."""
+        end = self.length + kv[0][0].shape[2]
+        for i, (k, v) in enumerate(kv):
+            if end > self.key_buffers[i].shape[2]:
+                self.key_buffers[i] = _grow(self.key_buffers[i], end)
+                self.value_buffers[i] = _grow(self.value_buffers[i], end)
+            self.key_buffers[i][:, :, self.length:end] = k
+            self.value_buffers[i][:, :, self.length:end] = v
+        self.length = end
+
+
+def _grow(buf: torch.Tensor, needed: int) -> torch.Tensor:
+    new = buf.new_empty(*buf.shape[:2], max(needed, 2 * buf.shape[2]), buf.shape[3])
+    new[:, :, :buf.shape[2]] = buf
+    return new
