@@ -87,13 +87,31 @@ class RandomDrafter(RecordingDrafter):
         return torch.randint(lo, hi, (1, k), generator=gen)
 
 
-@torch.no_grad()
+_GREEDY: dict = {}   # id(model) -> {context tuple: continuation list}, full-recompute greedy results
+
+
 def greedy_continuation(model, context: list, n: int) -> torch.Tensor:
-    """[n] int64: plain greedy decoding with a full recompute per token (no KV cache)."""
+    """[n] int64: plain greedy decoding with a full recompute per token (no KV cache).
+
+    Memoised per model: a context that extends a known one along its greedy path reuses it (greedy
+    decoding is a deterministic function of the full context), so oracles stay cheap in tests.
+    """
+    known = _GREEDY.setdefault(id(model), {})
+    context = tuple(int(t) for t in context)
+    for ctx, cont in known.items():
+        m = len(context) - len(ctx)
+        if 0 <= m and m + n <= len(cont) and context[:len(ctx)] == ctx and context[len(ctx):] == tuple(cont[:m]):
+            return torch.tensor(cont[m:m + n], dtype=torch.int64)
+    known[context] = _greedy(model, context, n + 8)
+    return torch.tensor(known[context][:n], dtype=torch.int64)
+
+
+@torch.no_grad()
+def _greedy(model, context: tuple, n: int) -> list:
     ids = torch.tensor([context], dtype=torch.int64)
     out = []
     for _ in range(n):
         nxt = model(input_ids=ids).logits[0, -1].argmax()
         out.append(int(nxt))
         ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return torch.tensor(out, dtype=torch.int64)
+    return out

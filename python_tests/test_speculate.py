@@ -1,0 +1,243 @@
+"""The decoding loop's contract (DESIGN.md §7) on tiny random Qwen3 targets (CPU, no downloads).
+
+Independent references: plain greedy decoding with a full recompute per token (drafter_doubles.
+greedy_continuation) for T = 0, and the target's exact joint distribution of the first 3 tokens, by
+enumeration of every prefix in one batched forward, for T > 0.
+"""
+import functools
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_qwen3
+from drafter_doubles import (OracleDrafter, RandomDrafter, ScheduledRejectDrafter, greedy_continuation)
+from flashmap_ext.speculate import generate
+from flashmap_ext.target import Target
+
+K = 4            # draft length of the test drafters
+NEW = 2 * K + 5  # new tokens per identity run: several full rounds plus a budget-limited last one
+TAPS = (1, 2)    # not the last layer: HF's hidden_states[L] is after the final norm, our tap before it
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models on a shared 2-core machine: intra-op threads only add spin-wait contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_qwen3()
+
+
+def prompt_of(length: int, vocab: int = 111) -> list:
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length)).tolist()
+
+
+def greedy_reference(model, prompt: tuple, n: int) -> list:
+    return greedy_continuation(model, list(prompt), n).tolist()
+
+
+def make_drafter(kind: str, model):
+    if kind == "ar":
+        return None
+    if kind == "oracle":
+        return OracleDrafter(model, K, TAPS)
+    if kind == "always_wrong":
+        return ScheduledRejectDrafter(model, K, [0], TAPS)
+    if kind == "reject_in_turn":
+        return ScheduledRejectDrafter(model, K, range(K + 1), TAPS)
+    if kind == "random":
+        return RandomDrafter(model.config.vocab_size, K, TAPS)
+    raise ValueError(kind)
+
+
+def expected_accepts(kind: str, drafter, drafted: list) -> list:
+    """Accepted drafts per round that each double must reach at T = 0, or None if not determined."""
+    if kind == "oracle":
+        return drafted
+    if kind in ("always_wrong", "reject_in_turn"):
+        return [min(drafter.reject_slot(r + 1), k) for r, k in enumerate(drafted)]
+    return None
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2, 17, 300])
+@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random"])
+def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
+    prompt = prompt_of(prompt_len)
+    drafter = make_drafter(kind, model)
+    out = generate(model, drafter, prompt, NEW)
+    assert out.tokens == greedy_reference(model, tuple(prompt), NEW)
+    want = expected_accepts(kind, drafter, out.stats.drafted)
+    if want is not None:
+        assert out.stats.accepted == want
+    if drafter is not None:  # memory = every committed token except the final anchor
+        assert drafter.last_memory.token_ids == (prompt + out.tokens)[:-1]
+
+
+def test_memory_taps_are_the_tapped_layer_outputs(model):
+    """The taps the loop hands the drafter equal HF hidden_states[i + 1] of a full forward."""
+    prompt = prompt_of(17)
+    drafter = make_drafter("reject_in_turn", model)
+    out = generate(model, drafter, prompt, NEW)
+    ids = torch.tensor([(prompt + out.tokens)[:-1]])
+    with torch.no_grad():
+        hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+    want = torch.cat([hs[i + 1] for i in TAPS], dim=-1)
+    got = torch.cat(drafter.last_memory.taps, dim=1)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+# --- stop tokens and the token budget -----------------------------------------------------------------
+
+STOP_PROMPT = [79, 0, 94, 5, 29, 11]  # its greedy continuation starts with 2K + 2 distinct tokens
+
+
+@pytest.mark.parametrize("index", range(K + 2))
+def test_stop_token_ends_output_at_every_slot(model, index):
+    """index 0: the prefill's token; index 1 + s: slot s (s = K: the bonus) of the first, fully
+    accepted, round."""
+    ref = greedy_reference(model, tuple(STOP_PROMPT), 2 * K + 2)
+    assert len(set(ref)) == len(ref), "fixture drifted: pick a prompt with distinct greedy tokens"
+    seen = []
+    out = generate(model, OracleDrafter(model, K, TAPS), STOP_PROMPT, 2 * K + 2,
+                   stop_token_ids=[ref[index], 10_000], on_tokens=seen.append)
+    assert out.tokens == ref[:index + 1]
+    assert sum(seen, []) == out.tokens
+    assert out.stats.rounds == (0 if index == 0 else 1) and out.stats.accepted[:1] == [K][:out.stats.rounds]
+
+
+@pytest.mark.parametrize("budget", [1, 2, K - 1, K, K + 1, 2 * K + 1])
+def test_max_new_tokens_is_exact(model, budget):
+    out = generate(model, OracleDrafter(model, K, TAPS), STOP_PROMPT, budget)
+    assert out.tokens == greedy_reference(model, tuple(STOP_PROMPT), 2 * K + 2)[:budget]
+    remaining, drafted = budget - 1, []  # the last round drafts only what the budget allows
+    while remaining > 0:
+        drafted.append(min(K, remaining - 1))
+        remaining -= drafted[-1] + 1
+    assert out.stats.drafted == drafted and out.stats.accepted == drafted
+
+
+def test_zero_budget_returns_nothing(model):
+    assert generate(model, OracleDrafter(model, K, TAPS), [1, 2], 0).tokens == []
+
+
+# --- errors and independence of calls ---------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt", [[], torch.empty(0, dtype=torch.int64), torch.empty(1, 0, dtype=torch.int64)])
+def test_empty_prompt_raises(model, prompt):
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(model, None, prompt, 4)
+
+
+@pytest.mark.parametrize("prompt_len, budget", [(513, 1), (512, 1), (500, 13)])
+def test_prompt_longer_than_context_raises(model, prompt_len, budget):
+    assert model.config.max_position_embeddings == 512
+    with pytest.raises(ValueError, match="prompt too long.*512 positions"):
+        generate(model, None, [1] * prompt_len, budget)
+
+
+def test_bad_inputs_raise(model):
+    with pytest.raises(ValueError, match="batch size 1"):
+        generate(model, None, [[1, 2], [3, 4]], 4)
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 111\)"):
+        generate(model, None, [1, 111], 4)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, None, [1, 2], 4, temperature=-1.0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_consecutive_calls_equal_fresh_objects(model, temperature):
+    """A call never depends on an earlier one: same target/drafter objects == fresh ones."""
+    target, drafter = Target(model), make_drafter("random", model)
+    kw = dict(temperature=temperature, seed=7)
+    first = generate(target, drafter, prompt_of(17), NEW, **kw)
+    second = generate(target, drafter, prompt_of(2), NEW, **kw)
+    again = generate(target, drafter, prompt_of(17), NEW, **kw)
+    fresh = generate(Target(tiny_qwen3()), make_drafter("random", model), prompt_of(2), NEW, **kw)
+    assert second.tokens == fresh.tokens and second.stats.accepted == fresh.stats.accepted
+    assert again.tokens == first.tokens and again.stats.accepted == first.stats.accepted
+
+
+# --- T > 0: the distribution of the first 3 tokens is the target's ----------------------------------
+
+V_SMALL, TRIALS = 8, 1500
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """fp64 p after temperature, top-k (on logits) then top-p (smallest nucleus reaching top_p)."""
+    p = torch.softmax(logits.double() / temperature, dim=-1)
+    if top_k:
+        kth = p.topk(top_k, dim=-1).values[..., -1:]
+        p = torch.where(p >= kth, p, 0.0)
+        p = p / p.sum(-1, keepdim=True)
+    if top_p < 1:
+        sorted_p, order = p.sort(dim=-1, descending=True)
+        above = sorted_p.cumsum(-1) - sorted_p
+        keep = torch.zeros_like(p).scatter(-1, order, (above < top_p).double())
+        p = p * keep / (p * keep).sum(-1, keepdim=True)
+    return p
+
+
+def exact_joint(model, prompt: list, **filters) -> torch.Tensor:
+    """[V, V, V] P(t1, t2, t3 | prompt) from one forward over every (t1, t2) continuation."""
+    V = model.config.vocab_size
+    pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
+    ids = torch.cat([torch.tensor(prompt).expand(V * V, -1), pairs], dim=1)
+    with torch.no_grad():
+        p = filtered_probs(model(input_ids=ids).logits[:, -3:], **filters)   # [V*V, 3, V]
+    p1, p2, p3 = p[0, 0], p[::V, 1], p[:, 2].view(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple:
+    """(statistic, df) with bins of expected count < 5 merged, smallest first, into one bin."""
+    expected = probs.flatten() * counts.sum()
+    order = expected.argsort()
+    cum = expected[order].cumsum(0)
+    n_small = int((cum < 5).sum()) + 1 if expected.min() < 5 else 0
+    small, big = order[:n_small], order[n_small:]
+    obs = torch.cat([counts.flatten()[small].sum().view(1), counts.flatten()[big]]) if n_small else counts.flatten()
+    exp = torch.cat([expected[small].sum().view(1), expected[big]]) if n_small else expected
+    return float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
+
+
+@pytest.mark.parametrize("kind, filters", [
+    ("oracle", dict(temperature=0.7, top_k=0, top_p=1.0)),
+    ("random", dict(temperature=0.8, top_k=5, top_p=0.9)),
+])
+def test_sampling_matches_target_joint_distribution(kind, filters):
+    model = tiny_qwen3(vocab_size=V_SMALL, num_layers=2, seed=3)
+    prompt = [1, 2, 3]
+    drafter = (OracleDrafter(model, 2, TAPS[:1]) if kind == "oracle"
+               else RandomDrafter(V_SMALL, 2, TAPS[:1], invalid=False))
+    if kind == "oracle":  # memoised: contexts repeat across trials
+        drafter.propose = _memo_oracle(model)
+    target, counts = Target(model), torch.zeros(V_SMALL, V_SMALL, V_SMALL, dtype=torch.float64)
+    accepted = 0
+    for seed in range(TRIALS):
+        out = generate(target, drafter, prompt, 3, seed=seed, **filters)
+        counts[tuple(out.tokens)] += 1
+        accepted += sum(out.stats.accepted)
+    joint = exact_joint(model, prompt, **filters)
+    stat, df = chi_square(counts, joint)
+    assert stat < df + 10 * math.sqrt(2 * df), (stat, df)
+    assert 0.05 * TRIALS < accepted < 1.9 * TRIALS  # both the accept and the reject paths were taken
+    hotter = exact_joint(model, prompt, **{**filters, "temperature": 1.5 * filters["temperature"]})
+    stat_hot, df_hot = chi_square(counts, hotter)  # power: a wrong distribution is rejected
+    assert stat_hot > df_hot + 10 * math.sqrt(2 * df_hot), (stat_hot, df_hot)
+
+
+def _memo_oracle(model):
+    cache = {}
+
+    def propose(memory, anchor, k, seed, position):
+        key = (tuple(memory.token_ids), anchor, k)
+        if key not in cache:
+            cache[key] = greedy_continuation(model, list(key[0]) + [anchor], k)[None]
+        return cache[key].clone()
+    return propose
