@@ -151,3 +151,16 @@ def test_sample_is_verify_with_k0(device):
                          dtype=torch.float64)  # K = 0 draws its token from the RESAMPLE stream
     injected = verify_reference(logits[:, None], torch.empty(B, 0, dtype=torch.int64), **params, uniforms=coins)
     assert got.cpu().tolist() == injected[0][:, 0].tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("V", [200, 5000])  # sorted (small V) and radix (large V) threshold paths
+@pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.5), (40, 0.3), (1, 1.0)])
+def test_verify_filters_keep_ties_at_threshold(device, V, top_k, top_p):
+    B, K = 9, 2
+    g = torch.Generator().manual_seed(V + top_k)
+    logits = torch.randint(0, 6, (B, K + 1, V), generator=g).float()  # integer logits: many ties
+    drafts = torch.randint(0, V, (B, K), generator=g)
+    for temperature in (0.5, 1.0):
+        check_against_reference(logits, drafts, per_row(B, temperature, top_k, top_p, device=device),
+                                uniforms=torch.rand(B, K + 1, dtype=torch.float64, generator=g), device=device)

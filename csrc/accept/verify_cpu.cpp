@@ -27,6 +27,7 @@ namespace flashmap {
 namespace {
 
 constexpr int64_t kChunk = 8192;  // ids per chunk: big enough to amortise a task, fixed for determinism
+constexpr int64_t kSortedThreshold = 1024;  // below this many ids a sort beats 4 radix passes
 
 struct Scratch {  // per-thread, reused across rows
   std::vector<float> e;         // e_j = exp((l_j − m) / T) of the current slot, 0 if filtered
@@ -118,11 +119,31 @@ int64_t first_argmax(const typename LogitLoad<D>::T* l, int64_t vv, float m) {
   return 0;
 }
 
+// Same threshold for small vocabularies: sort (key, weight) pairs by key, walk tie groups downwards.
+template <LogitDType D, typename Wf>
+uint32_t sorted_threshold(const typename LogitLoad<D>::T* l, int64_t vv, double target, const Wf& w) {
+  thread_local std::vector<std::pair<uint32_t, double>> kw;
+  kw.clear();
+  for (int64_t j = 0; j < vv; ++j) kw.emplace_back(float_key(LogitLoad<D>::load(l, j)), w(j));
+  std::sort(kw.begin(), kw.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  double above = 0.0;
+  for (size_t i = 0; i < kw.size();) {
+    size_t e = i;
+    double group = 0.0;
+    for (; e < kw.size() && kw[e].first == kw[i].first; ++e) group += kw[e].second;
+    if (group > 0.0 && above + group >= target) return kw[i].first;
+    above += group;
+    i = e;
+  }
+  return 0u;
+}
+
 // Radix selection of the threshold key: the largest key k* with W(key >= k*) >= target, over ids
 // [0, vv) weighted by w(j) (counts or mass). Returns 0 (keep all) when the total misses the target.
 template <LogitDType D, typename Wf>
 uint32_t radix_threshold(const typename LogitLoad<D>::T* l, int64_t vv, double target, const Wf& w,
                          bool par, Scratch& s) {
+  if (vv <= kSortedThreshold) return sorted_threshold<D>(l, vv, target, w);
   const int64_t chunks = (vv + kChunk - 1) / kChunk;
   uint32_t prefix = 0, mask = 0;
   double above = 0.0;
