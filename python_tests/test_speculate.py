@@ -53,6 +53,11 @@ def make_drafter(kind: str, model):
         return ScheduledRejectDrafter(model, K, range(K + 1), TAPS)
     if kind == "random":
         return RandomDrafter(model.config.vocab_size, K, TAPS)
+    if kind == "dflash":
+        from flashmap_ext.drafters.dflash import DFlashDrafter
+        torch.manual_seed(1)
+        return DFlashDrafter.for_target(model, mask_token_id=model.config.vocab_size - 1, block_size=K + 1,
+                                        num_hidden_layers=2, target_layer_ids=list(TAPS))
     raise ValueError(kind)
 
 
@@ -66,7 +71,7 @@ def expected_accepts(kind: str, drafter, drafted: list) -> list:
 
 
 @pytest.mark.parametrize("prompt_len", [1, 2, 17, 300])
-@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random"])
+@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "dflash"])
 def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
     prompt = prompt_of(prompt_len)
     drafter = make_drafter(kind, model)
@@ -75,7 +80,7 @@ def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
     want = expected_accepts(kind, drafter, out.stats.drafted)
     if want is not None:
         assert out.stats.accepted == want
-    if drafter is not None:  # memory = every committed token except the final anchor
+    if hasattr(drafter, "last_memory"):  # memory = every committed token except the final anchor
         assert drafter.last_memory.token_ids == (prompt + out.tokens)[:-1]
 
 

@@ -1,0 +1,190 @@
+"""`flashmap generate`: stream a completion from a target, optionally with a drafter, then print γ and
+tokens/s.
+
+    flashmap generate --target Qwen/Qwen3-8B --drafter ./ckpt --prompt "Hello" --chat
+    flashmap generate --target tiny-random --drafter random --prompt "Hello"   # no weights needed
+
+`--target tiny-random` is a tiny random Qwen3 over a byte vocabulary (ids 0-255 are UTF-8 bytes, 256 is
+EOS); `--drafter random` is a small randomly initialised FlashMap drafter. A drafter directory is
+dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
+eagle3, `model_type` flashmap_drafter → flashmap (or force it with --drafter-type).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from flashmap_ext.target import Target, load_target, resolve_dtype
+
+TINY = "tiny-random"
+BYTE_EOS = 256
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="stream a completion (speculative when --drafter is given)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help=f"hub name, local dir, .gguf file, or '{TINY}'")
+    p.add_argument("--drafter", help="drafter checkpoint dir, or 'random' (a random FlashMap drafter)")
+    p.add_argument("--drafter-type", choices=["flashmap", "dflash", "eagle3"],
+                   help="override the type read from the drafter's config.json")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
+    p.add_argument("--steps", type=int, choices=[1, 2], help="FlashMap draft steps (default: checkpoint's)")
+    p.add_argument("--device", help="default: cuda if available, else cpu")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    dtype = resolve_dtype(auto_dtype() if args.dtype == "auto" else args.dtype)
+    target, tokenizer = load_target_and_tokenizer(args.target, dtype, args.device)
+    drafter = load_drafter(args.drafter, target, args.drafter_type, args.steps) if args.drafter else None
+    ids = encode_prompt(tokenizer, args.prompt, args.chat)
+    budget = min(args.max_new_tokens, target.max_positions - len(ids))
+    if budget < args.max_new_tokens:
+        print(f"[max-new-tokens cut to {max(budget, 0)}: the target's context is {target.max_positions}]",
+              file=sys.stderr)
+    from flashmap_ext.speculate import generate
+    stream = TextStream(tokenizer)
+    out = generate(target, drafter, ids, max(budget, 0), args.temperature, args.top_k, args.top_p, args.seed,
+                   stop_token_ids(tokenizer, target), on_tokens=stream)
+    stream.finish()
+    print(out.stats.summary(), file=sys.stderr)
+    return 0
+
+
+def auto_dtype() -> str:
+    if torch.cuda.is_available():
+        return "bf16"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "fp32"
+    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32"
+
+
+def load_target_and_tokenizer(name: str, dtype: torch.dtype, device=None):
+    """(Target, tokenizer) for a hub name, a local dir, a .gguf file, or 'tiny-random'."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name == TINY:
+        return Target(tiny_random_model(dtype).to(device)), ByteTokenizer()
+    from transformers import AutoTokenizer
+    if name.endswith(".gguf"):
+        path = Path(name).resolve()
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    return load_target(name, dtype=dtype, device=device), tokenizer
+
+
+def tiny_random_model(dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A tiny random Qwen3 over a 257-id byte vocabulary (4 layers, hidden 64, 2048 positions)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size=BYTE_EOS + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=BYTE_EOS)
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg).to(dtype).eval()
+
+
+def load_drafter(path: str, target: Target, drafter_type: str | None = None, steps: int | None = None):
+    """A drafter for `target`: 'random' (small random FlashMap) or a checkpoint dir, dispatched on its
+    config.json unless `drafter_type` is given. Raises ValueError for an unknown checkpoint type."""
+    if path == "random":
+        from flashmap_ext.drafters.flashmap import FlashMapDrafter
+        torch.manual_seed(0)
+        drafter = FlashMapDrafter.for_target(target, n_layers=2, width=128, heads=4, block_size=8)
+    else:
+        kind = drafter_type or checkpoint_type(path)
+        drafter = drafter_class(kind).from_pretrained(path, target, dtype=target.dtype)
+    if steps is not None and hasattr(drafter.config, "draft_steps"):
+        drafter.config.draft_steps = steps
+    return drafter.to(dtype=target.dtype).eval()
+
+
+def checkpoint_type(path: str) -> str:
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"--drafter {path}: no config.json there")
+    cfg = json.loads(config_file.read_text())
+    archs = cfg.get("architectures") or []
+    if "DFlashDraftModel" in archs:
+        return "dflash"
+    if "LlamaForCausalLMEagle3" in archs:
+        return "eagle3"
+    if cfg.get("model_type") == "flashmap_drafter":
+        return "flashmap"
+    raise ValueError(f"--drafter {path}: unknown drafter type (architectures={archs}, "
+                     f"model_type={cfg.get('model_type')!r}); pass --drafter-type")
+
+
+def drafter_class(kind: str):
+    if kind == "flashmap":
+        from flashmap_ext.drafters.flashmap import FlashMapDrafter
+        return FlashMapDrafter
+    if kind == "dflash":
+        from flashmap_ext.drafters.dflash import DFlashDrafter
+        return DFlashDrafter
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    return Eagle3Drafter
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list:
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(prompt)
+
+
+def stop_token_ids(tokenizer, target: Target) -> list:
+    """EOS ids of the tokenizer and of the model's generation config."""
+    ids = set()
+    gen = getattr(target.model, "generation_config", None)
+    for value in (getattr(tokenizer, "eos_token_id", None), getattr(gen, "eos_token_id", None)):
+        ids.update(value if isinstance(value, (list, tuple)) else [value] if value is not None else [])
+    return sorted(ids)
+
+
+class TextStream:
+    """on_tokens callback printing the decoded text as tokens are committed (holds back partial UTF-8)."""
+
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out, self.ids, self.printed = tokenizer, out or sys.stdout, [], 0
+
+    def __call__(self, new: list) -> None:
+        self.ids.extend(new)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            self.out.write(text[self.printed:])
+            self.out.flush()
+            self.printed = len(text)
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        self.out.write(text[self.printed:] + "\n")
+        self.out.flush()
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0-255, EOS = 256; a plain-text chat template."""
+    eos_token_id = BYTE_EOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
+        turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return turns + ("assistant: " if add_generation_prompt else "")
