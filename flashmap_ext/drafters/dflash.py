@@ -147,7 +147,8 @@ class DFlashDrafter(nn.Module):
         """`forward_train_hidden`, the module's call (so DDP/FSDP wrappers see the training forward)."""
         return self.forward_train_hidden(taps, input_ids, anchor_pos)
 
-    def forward_train_hidden(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
+    def forward_train_hidden(self, taps: torch.Tensor, input_ids: torch.Tensor,
+                             anchor_pos: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B, A, block_size−1, d] of the draft slots of A blocks.
 
         taps [B, T, n_taps·d] (target taps at every position), input_ids [B, T] int64, anchor_pos [B, A]

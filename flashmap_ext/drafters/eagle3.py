@@ -1,0 +1,262 @@
+"""EAGLE-3 drafter (baseline; arXiv:2503.01840, SafeAILab/EAGLE `eagle/traineagle3/cnets.py`,
+SpecForge `llama3_eagle.py`; research/dflash.md §8).
+
+Position s of the context is the pair (g_s, x_{s+1}): g_s = fc(low ‖ mid ‖ high taps at s) and the
+embedding of the *next* token. One Llama decoder layer reads [input_layernorm(emb) ‖ hidden_norm(g)]
+(2·d wide) with the residual on g; its output o_s, through `norm` and the drafter's own LM head over a
+draft vocabulary subset (target id = draft id + d2t[draft id]), predicts x_{s+2}. Drafting is
+autoregressive: step j feeds (o from step j−1, the token drafted at step j−1) at position s+j and
+attends to the cached context pairs and the chain so far. Only the target's embedding is borrowed
+(frozen, never stored); checkpoints omit `embed_tokens`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from flashmap_ext.drafters import hf_checkpoint as ckpt
+from flashmap_ext.drafters.dflash_config import target_shape
+from flashmap_ext.drafters.eagle3_config import Eagle3Config, eagle3_layer_ids
+from flashmap_ext.drafters.eagle3_ttt import ttt_forward
+from flashmap_ext.drafters.kv_cache import KVCache
+from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from flashmap_ext.drafters.target_parts import TargetParts, hf_model
+
+
+@dataclass
+class Eagle3Memory:
+    """K/V of the committed pairs (positions 0 … L−1) and g of the last committed position [B, 1, d],
+    waiting for the token after it (the anchor) to form a pair."""
+    cache: KVCache
+    pending: torch.Tensor | None = None
+
+
+class Eagle3Layer(nn.Module):
+    """The EAGLE-3 decoder layer (`midlayer`): attention over [emb ‖ hidden] (2·d) and a SwiGLU MLP."""
+
+    def __init__(self, c: Eagle3Config):
+        super().__init__()
+        d = c.hidden_size
+        self.self_attn = Attention(2 * d, d, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                   qk_norm=False, eps=c.rms_norm_eps)
+        self.mlp = SwiGLU(d, c.intermediate_size)
+        self.hidden_norm = RMSNorm(d, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(d, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(d, c.rms_norm_eps)
+
+    def _input(self, hidden, emb):
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+
+    def kv(self, hidden, emb, cos, sin):
+        """(k, v) [B, G, L, hd] of pairs (hidden, emb) [B, L, d] (what the cache stores)."""
+        return self.self_attn.kv(self._input(hidden, emb), cos, sin)
+
+    def forward(self, hidden, emb, cos, sin, prefix_k=None, prefix_v=None, mask=None):
+        """-> (output o [B, L, d] (pre-`norm`), k, v of the L new pairs)."""
+        a, k, v = self.self_attn(self._input(hidden, emb), cos, sin, prefix_k, prefix_v, mask)
+        h = hidden + a
+        return h + self.mlp(self.post_attention_layernorm(h)), k, v
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 chain drafter implementing `flashmap_ext.drafters.base.BlockDrafter`.
+
+    Weights (SpecForge names): `fc`, `midlayer.*`, `norm`, `lm_head` [draft_vocab, d]; buffers `d2t`
+    [draft_vocab] int64 (target id − draft id) and `t2d` [V] bool (target id is in the draft vocab).
+    """
+
+    def __init__(self, config: Eagle3Config, target: Any = None):
+        super().__init__()
+        c = self.config = config
+        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.rotary = Rotary(c.head_dim, c.rope_theta)
+        # default draft vocabulary: target ids 0 … draft_vocab−1 (d2t = 0)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(c.vocab_size) < c.draft_vocab_size)
+        init_weights(self, c.initializer_range)
+        self._target: TargetParts | None = None
+        if target is not None:
+            self.attach_target(target)
+
+    # --- vocabulary --------------------------------------------------------------------------------
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """[draft_vocab] int64: the target id of each draft-vocabulary row."""
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+
+    @torch.no_grad()
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Sets d2t/t2d from [draft_vocab] distinct target ids (row order = LM-head row order)."""
+        ids = torch.as_tensor(target_ids, dtype=torch.long, device=self.d2t.device)
+        if ids.shape != self.d2t.shape or ids.unique().numel() != ids.numel():
+            raise ValueError(f"draft vocabulary must be {self.d2t.shape[0]} distinct ids, got {tuple(ids.shape)}")
+        if ids.min() < 0 or ids.max() >= self.t2d.shape[0]:
+            raise ValueError(f"draft vocabulary ids must be in [0, {self.t2d.shape[0]})")
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def target_to_draft(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids [...] -> draft-vocab rows [...], −1 where the id is not in the draft vocabulary."""
+        table = torch.full((self.t2d.shape[0],), -1, dtype=torch.long, device=self.d2t.device)
+        table[self.draft_ids] = torch.arange(self.d2t.shape[0], device=self.d2t.device)
+        return torch.where(token_ids >= 0, table[token_ids.clamp(min=0)], -1)
+
+    def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Layer outputs o [..., d] -> draft-vocab logits [..., draft_vocab]."""
+        return self.lm_head(self.norm(out))
+
+    # --- BlockDrafter protocol -------------------------------------------------------------------
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.config.num_draft_tokens
+
+    @property
+    def target_layer_ids(self) -> Sequence[int]:
+        return self.config.target_layer_ids
+
+    def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> Eagle3Memory:
+        """Empty memory for `batch_size` sequences (all rows share one length)."""
+        c, w = self.config, self.fc.weight
+        cache = KVCache.empty(1, batch_size, c.num_key_value_heads, c.head_dim, w.dtype, device or w.device)
+        return Eagle3Memory(cache)
+
+    @torch.no_grad()
+    def extend_memory(self, memory: Eagle3Memory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
+        """Commits T positions: tokens [B, T] int64 and their taps [B, T, n_taps·d]. Pairs whose next
+        token is now known enter the cache; the last position's g waits in `pending`."""
+        b, t = token_ids.shape
+        width = len(self.config.target_layer_ids) * self.config.hidden_size
+        if taps is None or taps.shape != (b, t, width) or memory.cache.batch != b:
+            raise ValueError(f"taps must be [B={memory.cache.batch}, T={t}, n_taps·d={width}], "
+                             f"got {None if taps is None else tuple(taps.shape)}")
+        if t == 0:
+            return
+        g = self.fc(taps.to(self.fc.weight.dtype))
+        if memory.pending is not None:
+            g, nxt = torch.cat([memory.pending, g], dim=1), token_ids
+        else:
+            nxt = token_ids[:, 1:]
+        n = nxt.shape[1]
+        if n:
+            pos = memory.cache.length + torch.arange(n, device=g.device).expand(b, -1)
+            cos, sin = self.rotary(pos, g.dtype)
+            memory.cache.append([self.midlayer.kv(g[:, :n], self.parts.embed(nxt, g.dtype), cos, sin)])
+        memory.pending = g[:, -1:]
+
+    @torch.no_grad()
+    def draft(self, memory: Eagle3Memory, anchor_tokens: torch.Tensor, *, num_tokens: int,
+              seed: torch.Tensor | None = None, position: torch.Tensor) -> torch.Tensor:
+        """Greedy chain of `num_tokens` target ids [B, num_tokens] (deterministic: `seed` unused)."""
+        if not 0 <= num_tokens <= self.num_draft_tokens:
+            raise ValueError(f"num_tokens must be in [0, {self.num_draft_tokens}], got {num_tokens}")
+        return self.chain(memory, anchor_tokens, position, num_tokens)[1]
+
+    def chain(self, memory: Eagle3Memory, anchor_tokens: torch.Tensor, position: torch.Tensor, steps: int,
+              forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs `steps` drafting steps from the anchor at absolute `position` [B].
+
+        forced: optional [B, steps−1] target ids fed as the inputs of steps 1… instead of the drafts
+        (teacher forcing, for tests). Returns (draft-vocab logits [B, steps, Vd], drafts [B, steps] target ids).
+        """
+        if memory.pending is None:
+            raise ValueError("empty memory: extend_memory with at least one committed position first")
+        if anchor_tokens.dim() != 1 or position.shape != anchor_tokens.shape:
+            raise ValueError("anchor_tokens and position must both be [B]")
+        hidden, token = memory.pending, anchor_tokens
+        keys, values = memory.cache.keys[0], memory.cache.values[0]
+        logits, drafts = [], []
+        for j in range(steps):
+            cos, sin = self.rotary((position - 1 + j)[:, None], hidden.dtype)
+            emb = self.parts.embed(token[:, None], hidden.dtype)
+            hidden, k, v = self.midlayer(hidden, emb, cos, sin, keys, values)
+            keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
+            logits.append(self.draft_logits(hidden)[:, 0])
+            drafts.append(self.draft_ids[logits[-1].argmax(-1)])
+            token = forced[:, j] if forced is not None and j < steps - 1 else drafts[-1]
+        vd = self.config.draft_vocab_size
+        empty = anchor_tokens.new_zeros(anchor_tokens.shape[0], 0)
+        return (torch.stack(logits, 1) if logits else hidden.new_zeros(anchor_tokens.shape[0], 0, vd),
+                torch.stack(drafts, 1) if drafts else empty)
+
+    # --- training (training-time test) ------------------------------------------------------------
+    def forward(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor,
+                steps: int = 7) -> torch.Tensor:
+        """Draft-vocab logits [B, A, steps, Vd] of the training-time test unrolled from A anchors.
+
+        Anchor a (the last committed token) starts at the pair (g_{a−1}, x_a) at position a−1 and sees
+        the pairs before it; step j ≥ 1 feeds the drafter's own previous output o with the true token
+        x_{a+j} (EAGLE-3's TTT: own hidden states, data tokens) at position a−1+j and sees the pairs up to
+        a−1 plus its own chain. Step j's logits predict x_{a+1+j} (= labels[..., j]). Anchors ≤ 0 (no
+        pair before them, or padding) produce finite values that the loss must mask.
+        taps [B, T, n_taps·d], input_ids [B, T] int64, anchor_pos [B, A] int64.
+        """
+        return ttt_forward(self, taps, input_ids, anchor_pos, steps)
+
+    # --- target, construction, checkpoints -------------------------------------------------------
+    @property
+    def parts(self) -> TargetParts:
+        if self._target is None:
+            raise RuntimeError("no target attached: call attach_target(target) or pass target= first")
+        return self._target
+
+    def attach_target(self, target: Any) -> "Eagle3Drafter":
+        """Uses `target`'s frozen embedding (held by reference, never stored)."""
+        parts = TargetParts(target)
+        if (parts.num_rows, parts.dim) != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(f"target embedding {parts.num_rows}x{parts.dim} != drafter vocab_size x hidden_size "
+                             f"{self.config.vocab_size}x{self.config.hidden_size}")
+        self._target = parts
+        return self
+
+    @classmethod
+    def for_target(cls, target: Any, *, draft_ids: torch.Tensor | None = None, **overrides: Any) -> "Eagle3Drafter":
+        """A new drafter shaped like `target`'s layers, taps `eagle3_layer_ids(L)`. `draft_ids`: the draft
+        vocabulary (e.g. `train.eagle3.build_draft_vocab`), default all ids. The LM head starts as the
+        target's head rows of the draft vocabulary (our choice: a better start than random)."""
+        model = hf_model(target)
+        parts = TargetParts(model)
+        shape = target_shape(model.config)
+        del shape["num_target_layers"]
+        n_layers = model.config.num_hidden_layers
+        ids = torch.arange(parts.num_rows) if draft_ids is None else torch.as_tensor(draft_ids)
+        config = Eagle3Config(**{**shape, "vocab_size": parts.num_rows, "draft_vocab_size": len(ids),
+                                 "target_layer_ids": eagle3_layer_ids(n_layers), "num_target_layers": n_layers,
+                                 **overrides})
+        drafter = cls(config)
+        drafter.set_draft_vocab(ids)
+        if isinstance(parts.head, nn.Linear) and parts.head.weight.shape[1] == config.hidden_size:
+            with torch.no_grad():
+                drafter.lm_head.weight.copy_(parts.head.weight[ids.to(parts.head.weight.device)].float())
+        weight = parts.embedding.weight
+        return drafter.to(device=weight.device, dtype=weight.dtype).attach_target(target)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> "Eagle3Drafter":
+        """Loads an `LlamaForCausalLMEagle3` checkpoint; `embed_tokens.weight`, if present, is ignored (the
+        target's embedding is used). Weights keep their stored dtype unless `dtype` is given."""
+        n_target = hf_model(target).config.num_hidden_layers if target is not None else None
+        config = Eagle3Config.from_hf_dict(ckpt.read_config(path), n_target)
+        weights = {k: v for k, v in ckpt.read_weights(path).items()
+                   if k != "embed_tokens.weight" and not k.endswith("inv_freq")}
+        with torch.device("meta"):
+            drafter = cls(config)
+        ckpt.load_strict(drafter, weights, str(path))
+        if device is None and target is not None:
+            device = hf_model(target).get_input_embeddings().weight.device
+        # .to(dtype) casts floating tensors only: d2t/t2d keep their int64/bool dtypes
+        drafter = drafter.to(device=device, dtype=dtype or weights["fc.weight"].dtype)
+        return drafter.attach_target(target) if target is not None else drafter
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        """Writes config.json + model.safetensors (SpecForge names, no `embed_tokens`)."""
+        config = {**self.config.to_hf_dict(), "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
+        ckpt.write_checkpoint(path, config, self)

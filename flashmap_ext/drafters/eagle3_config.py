@@ -1,0 +1,92 @@
+"""EAGLE-3 drafter configuration and its checkpoint `config.json` format.
+
+Format: SpecForge / SGLang `LlamaForCausalLMEagle3` (SpecForge `configs/qwen3-4b-eagle3.json`): Llama
+fields with `num_hidden_layers: 1`, `draft_vocab_size`, and the tapped layers in
+`eagle_config.eagle_aux_hidden_state_layer_ids` (0-based decoder-layer outputs, as our
+`target_layer_ids`). We add `num_target_layers` and `num_draft_tokens` (ignored by other readers).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from flashmap_ext.drafters.dflash_config import rope_theta
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def eagle3_layer_ids(num_target_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high taps: outputs of layers 1, L//2−1 and L−4 (= inputs of layers 2, L//2, L−3,
+    SafeAILab/EAGLE `modeling_llama_kv.py`; 36 layers -> [1, 17, 32]). Clamped to [0, L) and
+    de-duplicated for very shallow targets."""
+    n = num_target_layers
+    return sorted({min(max(i, 0), n - 1) for i in (1, n // 2 - 1, n - 4)})
+
+
+@dataclass
+class Eagle3Config:
+    """Shapes of an EAGLE-3 drafter. `hidden_size` equals the target's (its embeddings feed the layer);
+    `vocab_size` = target embedding rows; `draft_vocab_size` = rows of the drafter's own LM head (32k for
+    Qwen3 in EAGLE-3; = vocab_size for no subset). `num_draft_tokens` = chain length per round."""
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    num_draft_tokens: int = 15
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers}) target layers")
+        if not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]")
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        ids = list(d.pop("target_layer_ids"))
+        return {"architectures": [ARCHITECTURE], "model_type": "llama", **d, "num_hidden_layers": 1,
+                "hidden_act": "silu", "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any], num_target_layers: int | None = None) -> "Eagle3Config":
+        """Parses an EAGLE-3 `config.json`. Tap ids default to `eagle3_layer_ids` of the target depth
+        (`num_target_layers` from the file, else the argument); ValueError when neither is known or the
+        file is not EAGLE-3; NotImplementedError for RoPE scaling or more than one layer."""
+        if ARCHITECTURE not in (cfg.get("architectures") or []):
+            raise ValueError(f"not an EAGLE-3 checkpoint: architectures={cfg.get('architectures')}")
+        if int(cfg.get("num_hidden_layers", 1)) != 1:
+            raise NotImplementedError("only single-layer EAGLE-3 drafters are supported")
+        scaling = cfg.get("rope_scaling") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise NotImplementedError(f"RoPE scaling {scaling} is not supported")
+        n_target = cfg.get("num_target_layers", num_target_layers)
+        if n_target is None:
+            raise ValueError("config has no num_target_layers: pass the target to from_pretrained")
+        ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or eagle3_layer_ids(n_target)
+        heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
+        return cls(hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=heads,
+                   num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+                   head_dim=int(cfg.get("head_dim") or hidden // heads), vocab_size=int(cfg["vocab_size"]),
+                   draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]), target_layer_ids=ids,
+                   num_target_layers=int(n_target), num_draft_tokens=int(cfg.get("num_draft_tokens", 15)),
+                   rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta(cfg)),
+                   max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
+                   initializer_range=float(cfg.get("initializer_range", 0.02)))
