@@ -1,0 +1,262 @@
+"""A generic drafter trainer (DESIGN §8): AdamW, warmup + cosine, grad-clip, accumulation, DDP/FSDP2.
+
+`train(model, loss_fn, dataset, collate_fn, cfg)` runs `cfg.steps` optimizer steps of
+
+    loss, metrics = loss_fn(model, batch, generator)      # batch = collate_fn(items, generator)
+
+Data order: an endless stream of per-epoch permutations of `dataset` (seeded by (seed, epoch)). Optimizer
+step s consumes the global batch of `batch_size · accum · world` items starting at the saved data position;
+micro-step m of rank r takes chunk m·world + r of it. The generator handed to collate_fn and loss_fn is
+seeded from (seed, step, chunk), so a step's randomness does not depend on how the run was interrupted.
+Checkpoints (train/checkpoint.py) hold the weights, AdamW state, the data position and every RNG state;
+`resume=True` continues from the newest one bit for bit (on CPU). SIGTERM/SIGINT save a checkpoint at
+the end of the current step and return. Rank 0 writes `<out>/metrics.jsonl` and shows a tqdm bar.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from tqdm.auto import tqdm
+
+from flashmap_ext.train import checkpoint as ckpt
+from flashmap_ext.train import parallel
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. lr: peak LR; warmup: fraction of `steps` (< 1) or a step count (>= 1);
+    min_lr_ratio: final LR / peak at the end of the cosine; batch_size: items per micro-batch per process;
+    accum: micro-batches per optimizer step; save_every: steps between checkpoints (0 = only at the end);
+    parallel: "none" | "ddp" | "fsdp"; autocast: bf16 autocast (None = on CUDA only)."""
+    out: str
+    steps: int
+    lr: float
+    warmup: float = 0.04
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    batch_size: int = 4
+    accum: int = 1
+    save_every: int = 1000
+    keep: int = 2
+    seed: int = 0
+    log_every: int = 10
+    parallel: str = "none"
+    autocast: bool | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "accum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.lr <= 0 or self.warmup < 0:
+            raise ValueError(f"lr must be > 0 and warmup >= 0 (got lr={self.lr}, warmup={self.warmup})")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """LR of optimizer step `step` (0-based): linear warmup to cfg.lr, then cosine to min_lr_ratio·lr."""
+    warm = int(cfg.warmup * cfg.steps) if cfg.warmup < 1 else int(cfg.warmup)
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def step_generator(seed: int, step: int, chunk: int) -> torch.Generator:
+    """The CPU generator for (step, chunk): a pure function of its arguments."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 65_537 + chunk)
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch)).tolist()
+
+
+def chunk_indices(n: int, seed: int, start: int, count: int) -> list[int]:
+    """Dataset indices at stream positions [start, start + count) of the endless shuffled stream."""
+    return [_epoch_order(n, seed, p // n)[p % n] for p in range(start, start + count)]
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class _StopFlag:
+    """Records SIGTERM/SIGINT instead of dying; the loop checkpoints and returns. Restores the old handlers."""
+
+    def __init__(self):
+        self.set, self._old = False, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay with their owner
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        self.set = True
+        signal.signal(signum, self._old.get(signum, signal.SIG_DFL))  # a second signal acts as usual
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Trainer:
+    """Holds the wrapped model, optimizer and position; see the module docstring and `train`."""
+
+    def __init__(self, model, loss_fn: Callable, dataset: Sequence, collate_fn: Callable, cfg: TrainConfig,
+                 device: str | None = None):
+        if len(dataset) == 0:
+            raise ValueError("dataset is empty")
+        self.world, self.device = parallel.init(device)
+        self.cfg, self.loss_fn, self.dataset, self.collate_fn = cfg, loss_fn, dataset, collate_fn
+        torch.manual_seed(cfg.seed + self.world.rank)
+        self.model = parallel.wrap(model.to(self.device), cfg.parallel, self.device)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.step, self.position = 0, 0
+        use_autocast = cfg.autocast if cfg.autocast is not None else self.device.type == "cuda"
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_autocast)
+        self.opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+    @property
+    def global_batch(self) -> int:
+        return self.cfg.batch_size * self.cfg.accum * self.world.size
+
+    def micro_batches(self):
+        """Yields (chunk id, batch on device) for this rank's micro-steps of the current step."""
+        b, w = self.cfg.batch_size, self.world.size
+        for m in range(self.cfg.accum):
+            chunk = m * w + self.world.rank
+            idx = chunk_indices(len(self.dataset), self.cfg.seed, self.position + chunk * b, b)
+            gen = step_generator(self.cfg.seed, self.step, chunk)
+            yield gen, to_device(self.collate_fn([self.dataset[i] for i in idx], gen), self.device)
+
+    def train_step(self) -> dict:
+        """One optimizer step; returns metrics averaged over micro-steps and processes."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, self.cfg)
+        totals: dict[str, float] = {}
+        for m, (gen, batch) in enumerate(self.micro_batches()):
+            with parallel.grad_sync(self.model, m == self.cfg.accum - 1):
+                with self.autocast:
+                    loss, metrics = self.loss_fn(self.model, batch, gen)
+                (loss / self.cfg.accum).backward()
+            for k, v in {"loss": float(loss.detach()), **metrics}.items():
+                totals[k] = totals.get(k, 0.0) + float(v) / self.cfg.accum
+        norm = torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
+                                              self.cfg.grad_clip)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.position += self.global_batch
+        keys = sorted(totals)
+        values = parallel.mean([totals[k] for k in keys], self.device)
+        return {**dict(zip(keys, values)), "grad_norm": float(norm), "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def save(self) -> str | None:
+        """Writes a checkpoint of the current step (collective: every rank must call it)."""
+        model_sd = get_model_state_dict(self.model, options=self.opts)
+        optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=self.opts)
+        tmp = ckpt.step_dir(self.cfg.out, self.step) + ".tmp"
+        if self.world.main:
+            os.makedirs(tmp, exist_ok=True)
+        parallel.barrier()
+        ckpt.write_rank_rng(tmp, self.world.rank)
+        parallel.barrier()
+        path = None
+        if self.world.main:
+            state = {"step": self.step, "position": self.position, "world_size": self.world.size,
+                     "config": {k: v for k, v in asdict(self.cfg).items() if k != "progress"}}
+            ckpt.write_main(tmp, state, model_sd, optim_sd)
+            path = ckpt.publish(self.cfg.out, self.step, self.cfg.keep)
+        parallel.barrier()
+        return path
+
+    def load(self, path: str) -> None:
+        """Restores weights, optimizer, step, data position and this rank's RNG from checkpoint `path`."""
+        state, model_sd, optim_sd, rng = ckpt.read(path, self.world.rank)
+        set_model_state_dict(self.model, model_sd, options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(self.model, self.optimizer, optim_sd, options=StateDictOptions(full_state_dict=True))
+        self.step, self.position = state["step"], state["position"]
+        if rng is not None:
+            ckpt.set_rng_state(*rng)
+
+    def log(self, metrics: dict, started: float) -> None:
+        if self.world.main:
+            with open(os.path.join(self.cfg.out, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"step": self.step, "samples": self.position,
+                                    "elapsed_s": round(time.time() - started, 3), **metrics}) + "\n")
+
+    def run(self) -> dict:
+        """Trains until cfg.steps (or a signal); checkpoints every save_every steps and at the end."""
+        cfg, metrics, started = self.cfg, {}, time.time()
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step",
+                   disable=not (cfg.progress and self.world.main))
+        with _StopFlag() as stop:
+            while self.step < cfg.steps:
+                self.model.train()
+                metrics = self.train_step()
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", refresh=False)
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    self.log(metrics, started)
+                stopping = parallel.any_true(stop.set, self.device)
+                if stopping or self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
+                    self.save()
+                if stopping:
+                    break
+        bar.close()
+        return {"step": self.step, **metrics}
+
+
+def train(model: torch.nn.Module, loss_fn: Callable, dataset: Sequence, collate_fn: Callable, cfg: TrainConfig,
+          *, resume: bool = False, device: str | None = None) -> dict:
+    """Trains `model` in place (see the module docstring); returns the last step's metrics plus "step".
+
+    resume: continue from `<cfg.out>/checkpoints/latest` (a fresh start when there is none).
+    device: "cpu" | "cuda" | None (cuda when available). Under torchrun, every process calls this.
+    """
+    os.makedirs(cfg.out, exist_ok=True)
+    path = ckpt.latest(cfg.out)
+    if path is not None and not resume:
+        raise FileExistsError(f"{cfg.out} already holds checkpoints ({os.path.basename(path)}): "
+                              "pass resume=True (--resume) to continue, or choose another output directory")
+    trainer = Trainer(model, loss_fn, dataset, collate_fn, cfg, device)
+    if trainer.world.main:
+        ckpt.remove_partial(cfg.out)
+    if path is not None:
+        trainer.load(path)
+        if trainer.world.main:
+            _truncate_metrics(os.path.join(cfg.out, "metrics.jsonl"), trainer.step)
+    parallel.barrier()
+    return trainer.run()
+
+
+def _truncate_metrics(path: str, step: int) -> None:
+    """Drops metric lines logged after checkpoint `step` (they are about to be recomputed)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [ln for ln in f if ln.strip() and ln.endswith("\n") and json.loads(ln)["step"] <= step]
+    with open(path + ".tmp", "w") as f:
+        f.writelines(lines)
+    os.replace(path + ".tmp", path)
