@@ -22,11 +22,17 @@ _MONOTONE_RAMP = 1e-9  # τ ← (1−ε)·τ + ε·t: strictly increasing, endpo
 
 @functools.lru_cache(maxsize=2)
 def _gauss_hermite(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nodes z and weights w (Σw = 1) with Σ w·f(z) ≈ E_{z~N(0,1)}[f(z)]: Golub–Welsch (1969) eigen-
-    decomposition of the Hermite Jacobi matrix, fp64 (numpy's hermgauss overflows beyond ~360 nodes)."""
+    """Nodes z and weights w (Σw = 1) with Σ w·f(z) ≈ E_{z~N(0,1)}[f(z)], fp64 (numpy's hermgauss
+    overflows beyond ~360 nodes). Nodes: eigenvalues of the Hermite Jacobi matrix (Golub & Welsch
+    1969); weights: Christoffel numbers 1/Σ_k p_k(x)² from the orthonormal three-term recurrence."""
     off = torch.sqrt(torch.arange(1, n, dtype=torch.float64, device="cpu") / 2)
-    nodes, vecs = torch.linalg.eigh(torch.diag(off, 1) + torch.diag(off, -1))
-    return nodes * np.sqrt(2.0), vecs[0] ** 2
+    x = torch.linalg.eigvalsh(torch.diag(off, 1) + torch.diag(off, -1))
+    p_prev, p = torch.zeros_like(x), torch.full_like(x, np.pi ** -0.25)
+    total = p * p
+    for k in range(n - 1):  # p_{k+1} = sqrt(2/(k+1))·x·p_k − sqrt(k/(k+1))·p_{k−1}; overflow -> weight 0
+        p_prev, p = p, np.sqrt(2.0 / (k + 1)) * x * p - np.sqrt(k / (k + 1)) * p_prev
+        total = total + p * p
+    return x * np.sqrt(2.0), (1.0 / total) / np.sqrt(np.pi)
 
 
 def correct_decoding_prob(t: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -1,0 +1,356 @@
+"""The FlashMap drafter (DESIGN §5): a small DiT that maps d-space noise to a block of K draft tokens
+with a flow map in 1 or 2 evaluations, conditioned on the target's hidden states, and `draft_block`.
+
+Memory entries are the projected target taps of committed positions plus, last, the anchor's embedding
+(the anchor's own hidden state does not exist yet). Slots read the flow state through the frozen
+embedding (`Eᵀx`, d-space, DESIGN §4). Cross-attention uses RoPE on absolute positions (memory entry j
+at j, the anchor at its position p, slot k at p + 1 + k) so the drafter knows which context is recent.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashmap_ext.drafters.flashmap_config import FlashMapConfig, default_tap_layers
+from flashmap_ext.drafters.flashmap_layers import DiTBlock, FinalLayer, RMSNorm, TimestepEmbedder
+from flashmap_ext.drafters.flashmap_memory import KV, FlashMapMemory, TrainMemory
+from flashmap_ext.drafters.flashmap_target import TargetTables, hf_causal_lm
+from flashmap_ext.flow import d_space_noise, drafter_xi, flow_map_jump, t_of_tau
+
+__all__ = ["FlashMapConfig", "FlashMapDrafter", "FlashMapMemory", "DraftBlock", "draft_block"]
+
+
+class FlashMapDrafter(nn.Module):
+    """FlashMap DiT drafter; implements the BlockDrafter protocol (drafters/base.py).
+
+    Trainable: tap projection + RMSNorm, anchor projection + RMSNorm, slot input projection + RMSNorm +
+    slot-position embedding, one or two time embedders, n_layers adaLN-Zero blocks, the final adaLN and
+    Linear(w -> d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
+    """
+
+    def __init__(self, config: FlashMapConfig, target: Any = None):
+        super().__init__()
+        c, w = config, config.width
+        self.config = c
+        self.tap_proj, self.tap_norm = nn.Linear(len(c.target_layer_ids) * c.d_target, w), RMSNorm(w, c.norm_eps)
+        self.anchor_proj, self.anchor_norm = nn.Linear(c.d_target, w), RMSNorm(w, c.norm_eps)
+        self.slot_proj, self.slot_norm = nn.Linear(c.d_target, w), RMSNorm(w, c.norm_eps)
+        self.slot_pos = nn.Parameter(torch.empty(c.block_size, w))
+        self.s_embedder = TimestepEmbedder(c.cond_dim, c.time_scale)
+        self.t_embedder = TimestepEmbedder(c.cond_dim, c.time_scale) if c.two_time else None
+        self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta)
+                                    for _ in range(c.n_layers))
+        self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps)
+        if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
+            self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        #: t at τ = ½ (the 2-step midpoint), a Python float so compiled graphs see a constant
+        self.t_mid = float(t_of_tau(0.5, c.state_vocab_size))
+        self._tables: TargetTables | None = None
+        self.reset_parameters()
+        if target is not None:
+            self.attach_target(target)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def for_target(cls, target: Any, **overrides: Any) -> "FlashMapDrafter":
+        """A fresh drafter shaped for `target` (HF causal LM or adapter): d_target, vocab_size and 5 tap
+        layers spread from 1 to L−3 come from the target; `overrides` set any other config field."""
+        model = hf_causal_lm(target)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        emb = model.get_input_embeddings().weight
+        fields = dict(d_target=emb.shape[1], vocab_size=emb.shape[0],
+                      target_layer_ids=default_tap_layers(cfg.num_hidden_layers))
+        fields.update(overrides)
+        return cls(FlashMapConfig(**fields)).to(emb.device).attach_target(target)
+
+    def reset_parameters(self, zero_init: bool = True) -> None:
+        """DiT init: xavier-uniform Linear weights, zero biases, N(0, 0.02) time-MLP and slot positions.
+        zero_init (adaLN-Zero): zero every adaLN Linear and the output Linear, so each block starts as the
+        identity and the logits start at 0. zero_init=False leaves them random (tests, random drafters)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+        for emb in (self.s_embedder, self.t_embedder):
+            if emb is not None:
+                for lin in (emb.mlp[0], emb.mlp[2]):
+                    nn.init.normal_(lin.weight, std=0.02)
+        nn.init.normal_(self.slot_pos, std=0.02)
+        gates = [b.adaLN for b in self.blocks] + [self.final.adaLN, self.final.out]
+        for lin in gates:
+            if zero_init:
+                nn.init.zeros_(lin.weight)
+            else:
+                nn.init.normal_(lin.weight, std=lin.in_features ** -0.5)  # O(1) gates: every input matters
+            nn.init.zeros_(lin.bias)
+
+    def attach_target(self, target: Any) -> "FlashMapDrafter":
+        """References the target's embedding and LM head (never copied into this module's state)."""
+        rows = None
+        if self.config.draft_vocab_size is not None:
+            rows = torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+        return self.attach_tables(TargetTables.from_target(target, rows))
+
+    def attach_tables(self, tables: TargetTables) -> "FlashMapDrafter":
+        c = self.config
+        if tuple(tables.embedding.shape) != (c.vocab_size, c.d_target):
+            raise ValueError(f"target: embedding is {tuple(tables.embedding.shape)}, the drafter expects "
+                             f"(vocab_size={c.vocab_size}, d_target={c.d_target})")
+        self._tables = tables
+        return self
+
+    def set_draft_vocab(self, token_ids: torch.Tensor, target: Any) -> None:
+        """Sets the draft vocabulary: token_ids [draft_vocab_size] int64, distinct target ids."""
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).flatten().sort().values
+        if not (self.config.draft_vocab_size == ids.numel() and ids.unique().numel() == ids.numel()):
+            raise ValueError(f"token_ids: expected {self.config.draft_vocab_size} distinct ids, got {ids.numel()}")
+        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.numel(), device=self.d2t.device))
+        self.attach_target(target)
+
+    @property
+    def tables(self) -> TargetTables:
+        if self._tables is None:
+            raise RuntimeError("FlashMapDrafter: no target attached; call attach_target(target) first")
+        return self._tables
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.config.block_size
+
+    @property
+    def target_layer_ids(self) -> tuple[int, ...]:
+        return self.config.target_layer_ids
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.slot_pos.dtype
+
+    # ------------------------------------------------------------------ token/state helpers
+    def to_state_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> rows of the flow's vocabulary; −100 stays −100, ids outside the draft vocab -> −100."""
+        if self.config.draft_vocab_size is None:
+            return token_ids
+        rows = torch.arange(self.config.draft_vocab_size, device=token_ids.device) + self.d2t
+        pos = torch.searchsorted(rows, token_ids.clamp_min(0)).clamp_max(rows.numel() - 1)
+        return torch.where((token_ids >= 0) & (rows[pos] == token_ids), pos, torch.full_like(pos, -100))
+
+    def to_target_ids(self, state_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the flow's vocabulary -> target token ids."""
+        return state_ids if self.config.draft_vocab_size is None else state_ids + self.d2t[state_ids]
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """E[token_ids] (target ids) -> [..., d_target] fp32 (the data end of the d-space interpolant)."""
+        return F.embedding(token_ids, self.tables.embedding).float()
+
+    def probs_to_state(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs [..., V_s] -> probs @ E_s [..., d_target] fp32 (a V-space state seen through Eᵀ)."""
+        e = self.tables.state_embedding
+        return (probs.to(e.dtype) @ e).float()
+
+    def noise_from_xi(self, xi: torch.Tensor) -> torch.Tensor:
+        """xi [..., d_target] standard normal -> z ~ N(0, E_sᵀE_s), fp32 (DESIGN §4 d-space noise)."""
+        return d_space_noise(self.tables.noise_factor, xi.float())
+
+    def sample_noise(self, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """z [B, K, d_target] fp32 from the drafter's own stream keyed by (seed[b], position[b])."""
+        xi = drafter_xi(seed, position, (self.config.block_size, self.config.d_target))
+        return self.noise_from_xi(xi.to(self.tables.embedding.device))
+
+    # ------------------------------------------------------------------ network pieces
+    def _context_entries(self, taps: torch.Tensor) -> torch.Tensor:
+        n = len(self.config.target_layer_ids) * self.config.d_target
+        if taps.dim() != 3 or taps.shape[-1] != n:
+            raise ValueError(f"taps: expected [B, T, {n}] (n_taps·d_target), got {list(taps.shape)}")
+        return self.tap_norm(self.tap_proj(taps.to(self.dtype)))
+
+    def _anchor_entries(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.anchor_norm(self.anchor_proj(self.embed_tokens(token_ids).to(self.dtype)))
+
+    def _layer_kvs(self, entries: torch.Tensor, positions: torch.Tensor) -> list[KV]:
+        return [blk.cross_attn.memory_kv(entries, positions) for blk in self.blocks]
+
+    def _cond(self, tau_s: torch.Tensor, tau_t: torch.Tensor) -> torch.Tensor:
+        """c = SiLU(Emb_s(τ_s) + Emb_t(τ_t)) (FMLM); a flow model (two_time=False) ignores τ_t."""
+        h = self.s_embedder(tau_s)
+        if self.t_embedder is not None:
+            h = h + self.t_embedder(tau_t)
+        return F.silu(h)
+
+    def _trunk(self, slot_inputs: torch.Tensor, c: torch.Tensor, kv: Callable[[int], KV],
+               q_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """slot_inputs [B, A, K, d_target], c [B, A, cond_dim] -> hidden [B, A, K, d_target] (pre-head)."""
+        x = self.slot_norm(self.slot_proj(slot_inputs.to(self.dtype))) + self.slot_pos
+        for i, block in enumerate(self.blocks):
+            x = block(x, c, kv(i), q_pos, mask)
+        return self.final(x, c)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d_target] -> logits [..., V_s] fp32: frozen LM head (draft rows), then the tanh
+        softcap `cap·tanh(logits/cap)` (FMLM `_process_model_output`) when config.softcap > 0."""
+        logits = self.tables.logits(hidden).float()
+        cap = self.config.softcap
+        return cap * torch.tanh(logits / cap) if cap > 0 else logits
+
+    # ------------------------------------------------------------------ inference (BlockDrafter)
+    def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> FlashMapMemory:
+        c = self.config
+        device = self.slot_pos.device if device is None else device
+        return FlashMapMemory.empty(c.n_layers, batch_size, c.heads, c.head_dim, torch.device(device), self.dtype)
+
+    @torch.no_grad()
+    def extend_memory(self, memory: FlashMapMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
+        """Appends committed positions: token_ids [B, T] int64, taps [B, T, n_taps·d_target]."""
+        if taps is None:
+            raise ValueError("taps: the FlashMap drafter needs the target's tapped hidden states")
+        if token_ids.dim() != 2 or token_ids.shape[0] != memory.batch_size:
+            raise ValueError(f"token_ids: expected [B={memory.batch_size}, T], got {list(token_ids.shape)}")
+        if taps.shape[:2] != token_ids.shape:
+            raise ValueError(f"taps: leading dims {list(taps.shape[:2])} must equal token_ids {list(token_ids.shape)}")
+        entries = self._context_entries(taps)
+        T = token_ids.shape[1]
+        pos = (memory.length + torch.arange(T, device=entries.device)).expand(memory.batch_size, T)
+        memory.write(memory.length, self._layer_kvs(entries, pos))
+        memory.length += T
+
+    def denoise(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, slot_inputs: torch.Tensor,
+                tau_s: torch.Tensor | float, tau_t: torch.Tensor | float) -> torch.Tensor:
+        """One network evaluation at inference: logits [B, K, V_s] fp32 of δ_{s,t} for d-space slot
+        states slot_inputs [B, K, d_target]; the anchor [B] sits after the memory's committed entries."""
+        B, K, n = anchor_tokens.shape[0], self.config.block_size, memory.length
+        anchor = self._anchor_entries(anchor_tokens)[:, None]
+        memory.write(n, self._layer_kvs(anchor, torch.full((B, 1), n, device=anchor.device)))
+        tau_s, tau_t = (torch.as_tensor(x, dtype=torch.float32, device=anchor.device).expand(B) for x in (tau_s, tau_t))
+        c = self._cond(tau_s, tau_t)[:, None]
+        q_pos = (n + 1 + torch.arange(K, device=anchor.device)).expand(B, K)
+        hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1), q_pos, None)
+        return self.logits_from_hidden(hidden[:, 0])
+
+    def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
+              seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """BlockDrafter.draft: tokens [B, num_tokens] int64 with `config.draft_steps` evaluations."""
+        if not (0 <= num_tokens <= self.num_draft_tokens):
+            raise ValueError(f"num_tokens: must be in [0, {self.num_draft_tokens}], got {num_tokens}")
+        return draft_block(self, memory, anchor_tokens, seed=seed, position=position).tokens[:, :num_tokens]
+
+    # ------------------------------------------------------------------ training
+    def encode_train_memory(self, taps: torch.Tensor, input_ids: torch.Tensor,
+                            anchor_pos: torch.Tensor) -> TrainMemory:
+        """Memory of whole sequences: taps [B, T, n_taps·d_target], input_ids [B, T], anchor_pos [B, A]
+        (−1 = padded block: it sees only input_ids[:, 0] and its output is meaningless)."""
+        entries = self._context_entries(taps)
+        B, T = entries.shape[:2]
+        if tuple(input_ids.shape) != (B, T):
+            raise ValueError(f"input_ids: expected [{B}, {T}], got {list(input_ids.shape)}")
+        if anchor_pos.dim() != 2 or anchor_pos.shape[0] != B or anchor_pos.dtype != torch.int64:
+            raise ValueError(f"anchor_pos: expected [B={B}, A] int64, got {list(anchor_pos.shape)} {anchor_pos.dtype}")
+        anchor_pos = anchor_pos.clamp_min(0)
+        anchors = self._anchor_entries(input_ids.gather(1, anchor_pos))
+        pos = torch.arange(T, device=entries.device).expand(B, T)
+        return TrainMemory(self._layer_kvs(entries, pos), self._layer_kvs(anchors, anchor_pos), anchor_pos)
+
+    def denoise_train(self, memory: TrainMemory, slot_inputs: torch.Tensor, tau_s: torch.Tensor,
+                      tau_t: torch.Tensor) -> torch.Tensor:
+        """slot_inputs [B, A, K, d_target], tau_s/tau_t [B, A] -> hidden [B, A, K, d_target] (pre-head)."""
+        B, A = memory.anchor_pos.shape
+        K, d = self.config.block_size, self.config.d_target
+        if tuple(slot_inputs.shape) != (B, A, K, d):
+            raise ValueError(f"slot_inputs: expected [{B}, {A}, {K}, {d}], got {list(slot_inputs.shape)}")
+        if tuple(tau_s.shape) != (B, A) or tuple(tau_t.shape) != (B, A):
+            raise ValueError(f"tau_s/tau_t: expected [{B}, {A}], got {list(tau_s.shape)} / {list(tau_t.shape)}")
+        q_pos = (memory.anchor_pos[:, :, None] + 1 + torch.arange(K, device=slot_inputs.device)).reshape(B, A * K)
+        return self._trunk(slot_inputs, self._cond(tau_s, tau_t), memory.layer_kv, q_pos, memory.mask(K))
+
+    def forward_train(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor,
+                      slot_inputs: torch.Tensor, tau_s: torch.Tensor, tau_t: torch.Tensor, *,
+                      return_hidden: bool = False) -> torch.Tensor:
+        """All blocks of a batch at once (this is also `forward`, so DDP/FSDP wrappers see it).
+
+        taps [B, T, n_taps·d_target] (any float dtype), input_ids [B, T] int64, anchor_pos [B, A] int64,
+        slot_inputs [B, A, K, d_target] d-space states, tau_s/tau_t [B, A] clocks in [0, 1].
+        Block (b, a) sees the taps at positions < anchor_pos[b, a] and the embedding of
+        input_ids[b, anchor_pos[b, a]], nothing later. Returns logits [B, A, K, V_s] fp32, or with
+        return_hidden the pre-head hidden [B, A, K, d_target] (losses apply `logits_from_hidden` in
+        chunks so [B, A, K, V] never exists at once).
+        """
+        memory = self.encode_train_memory(taps, input_ids, anchor_pos)
+        hidden = self.denoise_train(memory, slot_inputs, tau_s, tau_t)
+        return hidden if return_hidden else self.logits_from_hidden(hidden)
+
+    forward = forward_train
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_pretrained(self, path: str | Path) -> None:
+        """Writes config.json + model.safetensors (trainable weights and d2t only; no target tensors)."""
+        from safetensors.torch import save_file
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.config.save(path / "config.json")
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, target: Any, *, dtype: torch.dtype | None = None) -> "FlashMapDrafter":
+        """Loads a `save_pretrained` directory onto the target's device and attaches the target's
+        embedding and LM head. dtype: cast the weights (default: as stored)."""
+        from safetensors.torch import load_file
+        path = Path(path)
+        config = FlashMapConfig.load(path / "config.json")
+        device = hf_causal_lm(target).get_input_embeddings().weight.device
+        with torch.device("meta"):
+            drafter = cls(config)
+        drafter.load_state_dict(load_file(str(path / "model.safetensors"), device=str(device)), assign=True)
+        if dtype is not None:
+            drafter.to(dtype)
+        return drafter.attach_target(target)
+
+
+class DraftBlock(NamedTuple):
+    """tokens [B, K] int64 target ids; logits [B, K, V_s] fp32 of the last evaluation, or None."""
+    tokens: torch.Tensor
+    logits: torch.Tensor | None
+
+
+@torch.no_grad()
+def draft_block(drafter: FlashMapDrafter, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
+                steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
+                position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
+    """One FlashMap drafting call (DESIGN §3.2, §4).
+
+    anchor_tokens: [B] int64, the last committed token of each row (not in `memory`).
+    steps: 1 (`net(z, 0, 1)`) or 2 (`A = softmax(net(z, 0, ½))`, jump to t(½), `net(x_m, ½, 1)`);
+        default `config.draft_steps`. The block's noise z is shared by both steps (no fresh noise).
+    noise: [B, K, d_target] d-space noise z ~ N(0, EᵀE); else drawn from the drafter's own stream keyed
+        by seed, position ([B] int64 or ints; `position` = absolute position of the anchor).
+    Returns DraftBlock(tokens = per-slot argmax as target ids, logits if return_logits).
+    Raises ValueError naming the offending argument.
+    """
+    c = drafter.config
+    steps = c.draft_steps if steps is None else steps
+    if steps not in (1, 2):
+        raise ValueError(f"steps: must be 1 or 2, got {steps!r}")
+    if (not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1
+            or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
+        raise ValueError(f"anchor_tokens: expected [B={memory.batch_size}] int64, got "
+                         f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
+    B = anchor_tokens.shape[0]
+    if noise is None:
+        if seed is None or position is None:
+            raise ValueError("seed, position: required when noise is None")
+        seed, position = (torch.as_tensor(x, dtype=torch.int64).reshape(-1).expand(B) for x in (seed, position))
+        noise = drafter.sample_noise(seed, position)
+    if tuple(noise.shape) != (B, c.block_size, c.d_target):
+        raise ValueError(f"noise: expected [{B}, {c.block_size}, {c.d_target}], got {list(noise.shape)}")
+    z = noise.float()
+    if steps == 1:
+        logits = drafter.denoise(memory, anchor_tokens, z, 0.0, 1.0)
+    else:
+        a = torch.softmax(drafter.denoise(memory, anchor_tokens, z, 0.0, 0.5), dim=-1)
+        s, t = z.new_zeros(B, c.block_size), z.new_full((B, c.block_size), drafter.t_mid)
+        x_mid = flow_map_jump(z, drafter.probs_to_state(a), s, t)
+        logits = drafter.denoise(memory, anchor_tokens, x_mid, 0.5, 1.0)
+    tokens = drafter.to_target_ids(logits.argmax(dim=-1))
+    return DraftBlock(tokens, logits if return_logits else None)

@@ -1,0 +1,105 @@
+"""FlashMapConfig: the shape of a FlashMap drafter (DESIGN §5), stored as `config.json` in checkpoints."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODEL_TYPE = "flashmap_drafter"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class FlashMapConfig:
+    """Defaults reproduce the paper's Qwen3-8B drafter (≈0.5 B trainable parameters).
+
+    n_layers, width, heads, mlp_ratio: the DiT trunk (DESIGN §5.2). width % heads == 0, head dim even.
+    block_size: K, draft slots per block (all K are proposals; the anchor is not a slot).
+    cond_dim: width of the time conditioning c = SiLU(Emb_s(τ_s) + Emb_t(τ_t)).
+    target_layer_ids: 0-based target decoder layers whose outputs are tapped (HF hidden_states[i + 1]).
+    d_target, vocab_size: the target's hidden size and (padded) vocabulary rows.
+    draft_steps: network evaluations per drafted block by default (1 or 2, DESIGN §4).
+    softcap: tanh soft cap on the logits (FMLM uses 30); 0 disables it.
+    draft_vocab_size: optional EAGLE-3-style draft vocabulary (the flow lives on these rows only; the
+        `d2t` buffer maps draft id i to target id i + d2t[i]). None: the full vocabulary.
+    two_time: True for a flow map δ(x, τ_s, τ_t) (distilled drafter); False for a flow model D(x, τ)
+        (the flow stage and the distillation teacher): τ_t is ignored and there is no second embedder.
+    time_scale: τ is multiplied by this before the sinusoidal embedding.
+    rope_theta: RoPE base of the cross-attention (absolute positions of memory entries and slots).
+    """
+    n_layers: int = 6
+    width: int = 2048
+    heads: int = 16
+    mlp_ratio: float = 4.0
+    block_size: int = 16
+    cond_dim: int = 256
+    target_layer_ids: tuple[int, ...] = field(default=(1, 9, 17, 25, 33))
+    d_target: int = 4096
+    vocab_size: int = 151_936
+    draft_steps: int = 1
+    softcap: float = 30.0
+    draft_vocab_size: int | None = None
+    two_time: bool = True
+    time_scale: float = 1000.0
+    rope_theta: float = 1_000_000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
+        checks = [
+            ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1),
+            ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0),
+            ("target_layer_ids", len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0),
+            ("draft_steps", self.draft_steps in (1, 2)), ("softcap", self.softcap >= 0),
+            ("vocab_size", self.vocab_size >= 2), ("d_target", self.d_target >= 1),
+            ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"FlashMapConfig: invalid {name}={getattr(self, name)!r} "
+                                 f"(width={self.width}, heads={self.heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def state_vocab_size(self) -> int:
+        """Rows of the flow's state space: the draft vocabulary if any, else the full vocabulary."""
+        return self.draft_vocab_size or self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "FlashMapConfig":
+        if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
+            raise ValueError(f"not a FlashMap drafter config: model_type={d.get('model_type')!r}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names - {"model_type", "format_version"}
+        if unknown:
+            raise ValueError(f"unknown FlashMapConfig fields: {sorted(unknown)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FlashMapConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def default_tap_layers(num_layers: int, n_taps: int = 5) -> tuple[int, ...]:
+    """`n_taps` layer ids spread uniformly from 1 to L−3 (rounded, deduplicated, clamped to [0, L−1]).
+
+    Qwen3-8B (L = 36): (1, 9, 17, 25, 33) as in DESIGN §5.1. A 4-layer target gives (1,).
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+    lo, hi = min(1, num_layers - 1), max(min(1, num_layers - 1), num_layers - 3)
+    if n_taps == 1:
+        return (lo,)
+    ids = [round(lo + (hi - lo) * i / (n_taps - 1)) for i in range(n_taps)]
+    return tuple(sorted(set(ids)))

@@ -1,0 +1,155 @@
+"""Layers of the FlashMap DiT drafter (DESIGN §5.2): adaLN-Zero blocks with slot self-attention,
+cross-attention to the context memory, and an MLP.
+
+adaLN-Zero follows Peebles & Xie, "Scalable Diffusion Models with Transformers" (arXiv:2212.09748 §3.2,
+facebookresearch/DiT models.py): LayerNorm without affine (eps 1e-6), `mod(h) = h·(1+scale) + shift`,
+gated residuals whose modulation Linear starts at zero. The two-time conditioning `c = SiLU(Emb_s(τ_s) +
+Emb_t(τ_t))` is FMLM's (Lee et al. 2026, arXiv:2602.16813; models/dit.py). Shapes: B batch, A blocks per
+sequence (anchors), K slots per block, S memory entries, w width, h heads, hd = w/h.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = weight · x / sqrt(mean(x²) + eps), computed in fp32 and cast back to x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(x.dtype)
+
+
+class TimestepEmbedder(nn.Module):
+    """τ [N] -> [N, cond_dim]: sinusoidal(256) of `scale·τ` -> Linear -> SiLU -> Linear (DiT §3.2).
+
+    `scale` (default 1000) maps τ ∈ [0, 1] onto DiT's 0..1000 step range so that the sinusoid's
+    frequencies (max period 10⁴) actually vary over τ (FLM feeds raw τ; see research/flowmap.md §2.3).
+    """
+
+    def __init__(self, cond_dim: int, scale: float, freq_dim: int = 256):
+        super().__init__()
+        self.scale, self.freq_dim = scale, freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim))
+
+    def forward(self, tau: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, device=tau.device, dtype=torch.float32) / half)
+        args = (self.scale * tau.float())[..., None] * freqs
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        return self.mlp(emb.to(self.mlp[0].weight.dtype))
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE. x [B, h, L, hd]; positions [B, L] int64 (absolute token positions)."""
+    hd = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    freqs = positions.float()[..., None] * inv_freq
+    angle = torch.cat([freqs, freqs], -1)[:, None]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """mod(h) = h·(1 + scale) + shift; x [B, A, K, w], shift/scale [B, A, w] (broadcast over slots)."""
+    return x * (1.0 + scale[:, :, None]) + shift[:, :, None]
+
+
+def _heads(x: torch.Tensor, h: int) -> torch.Tensor:
+    """[B, L, w] -> [B, h, L, hd]."""
+    return x.unflatten(-1, (h, -1)).transpose(1, 2)
+
+
+class SlotSelfAttention(nn.Module):
+    """Bidirectional attention over the K slots of each block, with per-head RMS QK-norm (as Qwen3)."""
+
+    def __init__(self, width: int, heads: int, eps: float):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.q_norm, self.k_norm = RMSNorm(width // heads, eps), RMSNorm(width // heads, eps)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, K, w] -> [N, K, w]."""
+        q, k, v = (_heads(p, self.heads) for p in self.qkv(x).chunk(3, dim=-1))
+        y = F.scaled_dot_product_attention(self.q_norm(q), self.k_norm(k), v)
+        return self.out(y.transpose(1, 2).flatten(-2))
+
+
+class MemoryCrossAttention(nn.Module):
+    """Slots (queries) attend to the memory (keys/values), RoPE on absolute positions, QK-norm.
+
+    K/V of memory entries depend only on the entry and its position, so they are computed once per
+    committed position and cached (DESIGN §5.3) through `memory_kv`.
+    """
+
+    def __init__(self, width: int, heads: int, eps: float, rope_theta: float):
+        super().__init__()
+        self.heads, self.rope_theta = heads, rope_theta
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(width, width) for _ in range(3))
+        self.q_norm, self.k_norm = RMSNorm(width // heads, eps), RMSNorm(width // heads, eps)
+        self.out = nn.Linear(width, width)
+
+    def memory_kv(self, mem: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """mem [B, S, w], positions [B, S] -> (k, v) each [B, h, S, hd] (k normed and rotated)."""
+        k = rope(self.k_norm(_heads(self.k_proj(mem), self.heads)), positions, self.rope_theta)
+        return k, _heads(self.v_proj(mem), self.heads)
+
+    def forward(self, x: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, Q, w], q_pos [B, Q], k/v [B, h, S, hd], mask None or bool [B, 1, Q, S] -> [B, Q, w]."""
+        q = rope(self.q_norm(_heads(self.q_proj(x), self.heads)), q_pos, self.rope_theta)
+        y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+        return self.out(y.transpose(1, 2).flatten(-2))
+
+
+class DiTBlock(nn.Module):
+    """One adaLN-Zero block: self-attn over slots, cross-attn to memory, MLP (DESIGN §5.2)."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float, cond_dim: int, eps: float, rope_theta: float):
+        super().__init__()
+        self.eps = eps
+        self.self_attn = SlotSelfAttention(width, heads, eps)
+        self.cross_attn = MemoryCrossAttention(width, heads, eps, rope_theta)
+        hidden = int(width * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, width))
+        self.adaLN = nn.Linear(cond_dim, 9 * width)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                q_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, A, K, w]; c [B, A, cond_dim]; kv of the memory [B, h, S, hd]; q_pos [B, A·K]."""
+        B, A, K, w = x.shape
+        sh1, sc1, g1, sh2, sc2, g2, sh3, sc3, g3 = self.adaLN(c).chunk(9, dim=-1)
+        h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh1, sc1)
+        x = x + g1[:, :, None] * self.self_attn(h.reshape(B * A, K, w)).view(B, A, K, w)
+        h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh2, sc2)
+        x = x + g2[:, :, None] * self.cross_attn(h.reshape(B, A * K, w), q_pos, *kv, mask).view(B, A, K, w)
+        h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh3, sc3)
+        return x + g3[:, :, None] * self.mlp(h)
+
+
+class FinalLayer(nn.Module):
+    """adaLN (shift, scale) -> Linear(w -> d_target); the target's frozen LM head follows (DESIGN §5.2)."""
+
+    def __init__(self, width: int, cond_dim: int, d_target: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.adaLN = nn.Linear(cond_dim, 2 * width)
+        self.out = nn.Linear(width, d_target)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """x [B, A, K, w], c [B, A, cond_dim] -> [B, A, K, d_target]."""
+        shift, scale = self.adaLN(c).chunk(2, dim=-1)
+        return self.out(modulate(F.layer_norm(x, (x.shape[-1],), eps=self.eps), shift, scale))

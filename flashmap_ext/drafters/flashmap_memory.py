@@ -1,0 +1,95 @@
+"""Context memories of the FlashMap drafter: the incremental inference cache (DESIGN §5.3) and the
+training-time memory of whole sequences with many anchors.
+
+Both hold, per DiT layer, the cross-attention K/V of memory entries (k RMS-normed and rotated to the
+entry's absolute position), so each committed position is projected once per layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KV = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class FlashMapMemory:
+    """Cross-attention K/V of committed positions 0..length−1 for B sequences of equal length.
+
+    k, v: [n_layers, B, h, capacity, hd] in the drafter's dtype; entries at and after `length` are
+    scratch (the anchor of the current draft is written at index `length`, never counted).
+    Rejected positions never enter: the decoding loop only calls `extend_memory` with committed tokens.
+    """
+    k: torch.Tensor
+    v: torch.Tensor
+    length: int = 0
+
+    @classmethod
+    def empty(cls, n_layers: int, batch_size: int, heads: int, head_dim: int, device: torch.device,
+              dtype: torch.dtype, capacity: int = 64) -> "FlashMapMemory":
+        shape = (n_layers, batch_size, heads, capacity, head_dim)
+        return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def reserve(self, n: int) -> None:
+        """Grows the buffers (doubling) so that `n` entries fit."""
+        if n <= self.capacity:
+            return
+        new_cap = max(n, 2 * self.capacity)
+        pad = (0, 0, 0, new_cap - self.capacity)
+        self.k = torch.nn.functional.pad(self.k, pad)
+        self.v = torch.nn.functional.pad(self.v, pad)
+
+    def write(self, start: int, kv: list[KV]) -> None:
+        """Writes per-layer K/V [B, h, T, hd] at entries start..start+T−1 (does not change `length`)."""
+        n = kv[0][0].shape[2]
+        self.reserve(start + n)
+        for layer, (k, v) in enumerate(kv):
+            self.k[layer, :, :, start:start + n] = k
+            self.v[layer, :, :, start:start + n] = v
+
+    def layer_kv(self, layer: int, n: int) -> KV:
+        """Views of the first `n` entries of one layer: [B, h, n, hd] each."""
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+@dataclass
+class TrainMemory:
+    """Memory of B whole sequences for A anchors each (training, DESIGN §8).
+
+    kv: per layer, K/V [B, h, T, hd] of the projected taps at every position 0..T−1.
+    anchor_kv: per layer, K/V [B, h, A, hd] of each anchor's embedding at its position.
+    anchor_pos: [B, A] int64. Block a of row b sees taps at positions < anchor_pos[b, a] and its own
+    anchor entry, nothing else (the mask is built in `mask`).
+    """
+    kv: list[KV]
+    anchor_kv: list[KV]
+    anchor_pos: torch.Tensor
+
+    def select(self, cols: torch.Tensor) -> "TrainMemory":
+        """The same memory for a subset of anchor columns `cols` [A'] int64."""
+        return TrainMemory(self.kv, [(k[:, :, cols], v[:, :, cols]) for k, v in self.anchor_kv],
+                           self.anchor_pos[:, cols])
+
+    def layer_kv(self, layer: int) -> KV:
+        """Keys/values [B, h, T + A, hd]: the sequence's entries, then one entry per anchor."""
+        (k, v), (ka, va) = self.kv[layer], self.anchor_kv[layer]
+        return torch.cat([k, ka], dim=2), torch.cat([v, va], dim=2)
+
+    def mask(self, block_size: int) -> torch.Tensor:
+        """bool [B, 1, A·K, T + A]: query slot (a, k) may attend position j < anchor_pos[a], and anchor a."""
+        B, A = self.anchor_pos.shape
+        T = self.kv[0][0].shape[2]
+        device = self.anchor_pos.device
+        seq = torch.arange(T, device=device)[None, None, :] < self.anchor_pos[:, :, None]  # [B, A, T]
+        own = torch.eye(A, dtype=torch.bool, device=device)[None].expand(B, A, A)  # [B, A, A]
+        mask = torch.cat([seq, own], dim=-1)  # [B, A, T + A]
+        return mask[:, :, None, :].expand(B, A, block_size, T + A).reshape(B, 1, A * block_size, T + A)
