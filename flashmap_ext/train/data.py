@@ -13,12 +13,10 @@ otherwise a new sequence starts. `loss_mask` is 1 on response tokens only.
 """
 from __future__ import annotations
 
+import inspect
 import json
-import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
-
-import torch
 
 
 @dataclass
@@ -51,21 +49,31 @@ def read_jsonl(path: str) -> Iterator[dict]:
 
 
 def _render(tokenizer, messages, generation_prompt: bool, enable_thinking: bool) -> str:
+    """Chat-template text. `enable_thinking` reaches templates through HF's template kwargs; a tokenizer
+    whose apply_chat_template takes no extra kwargs (e.g. the tiny-random byte tokenizer) renders without."""
+    kwargs = {}
+    params = inspect.signature(tokenizer.apply_chat_template).parameters
+    if "enable_thinking" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs["enable_thinking"] = enable_thinking
     return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
-                                         enable_thinking=enable_thinking)
+                                         **kwargs)
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` without BOS/EOS: what apply_chat_template(tokenize=True) does with its text."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def prompt_ids(tokenizer, messages: Sequence[dict], enable_thinking: bool = False) -> list[int]:
-    """The inference prompt: apply_chat_template(messages, add_generation_prompt=True) token ids."""
-    out = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True,
-                                        enable_thinking=enable_thinking, return_dict=True)
-    return list(out["input_ids"])
+    """The inference prompt: the ids of apply_chat_template(messages, add_generation_prompt=True)."""
+    return encode(tokenizer, _render(tokenizer, messages, True, enable_thinking))
 
 
 def stop_token_ids(tokenizer) -> set[int]:
     """End-of-turn ids: the tokenizer's eos plus `<|im_end|>` / `<|eot_id|>` / `<|end|>` when in the vocab."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    vocab = tokenizer.get_vocab()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = {eos} if eos is not None else set()
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     ids |= {vocab[t] for t in ("<|im_end|>", "<|eot_id|>", "<|end|>") if t in vocab}
     return ids
 
@@ -87,7 +95,7 @@ def response_ids(tokenizer, messages: Sequence[dict], i: int, enable_thinking: b
     n = 0
     while n < min(len(block), len(head)) and block[n] == head[n]:
         n += 1
-    ids = tokenizer(block[n:], add_special_tokens=False)["input_ids"]
+    ids = encode(tokenizer, block[n:])
     stops = stop_token_ids(tokenizer)
     ends = [j for j, t in enumerate(ids) if t in stops]
     return ids[:ends[-1] + 1] if ends else ids

@@ -87,7 +87,8 @@ def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, ma
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size ({batch_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
     skip, stops, written = done_ids(out), stop_token_ids(tokenizer), 0
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    pad_id = pad_id if pad_id is not None else min(stops, default=0)
     bar = tqdm(desc="regenerate", unit="conv", disable=not progress)
     for batch in _batches(read_jsonl(data), skip, batch_size, limit):
         prompts = [_prompt_messages(r["messages"]) for r in batch]
