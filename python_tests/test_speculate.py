@@ -53,12 +53,24 @@ def make_drafter(kind: str, model):
         return ScheduledRejectDrafter(model, K, range(K + 1), TAPS)
     if kind == "random":
         return RandomDrafter(model.config.vocab_size, K, TAPS)
+    if kind == "flashmap":
+        return random_flashmap(model, K, TAPS)
     if kind == "dflash":
         from flashmap_ext.drafters.dflash import DFlashDrafter
         torch.manual_seed(1)
         return DFlashDrafter.for_target(model, mask_token_id=model.config.vocab_size - 1, block_size=K + 1,
                                         num_hidden_layers=2, target_layer_ids=list(TAPS))
     raise ValueError(kind)
+
+
+def random_flashmap(model, k: int, taps):
+    """A FlashMap drafter with random (not adaLN-zero) weights, so its drafts depend on the context."""
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    torch.manual_seed(1)
+    drafter = FlashMapDrafter.for_target(model, n_layers=2, width=64, heads=4, block_size=k,
+                                         target_layer_ids=taps)
+    drafter.reset_parameters(zero_init=False)
+    return drafter
 
 
 def expected_accepts(kind: str, drafter, drafted: list) -> list:
@@ -71,7 +83,7 @@ def expected_accepts(kind: str, drafter, drafted: list) -> list:
 
 
 @pytest.mark.parametrize("prompt_len", [1, 2, 17, 300])
-@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "dflash"])
+@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "flashmap", "dflash"])
 def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
     prompt = prompt_of(prompt_len)
     drafter = make_drafter(kind, model)
@@ -156,21 +168,23 @@ def test_bad_inputs_raise(model):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_consecutive_calls_equal_fresh_objects(model, temperature):
+@pytest.mark.parametrize("kind", ["flashmap", "dflash"])
+def test_consecutive_calls_equal_fresh_objects(model, kind, temperature):
     """A call never depends on an earlier one: same target/drafter objects == fresh ones."""
-    target, drafter = Target(model), make_drafter("random", model)
+    target, drafter = Target(model), make_drafter(kind, model)
     kw = dict(temperature=temperature, seed=7)
     first = generate(target, drafter, prompt_of(17), NEW, **kw)
     second = generate(target, drafter, prompt_of(2), NEW, **kw)
     again = generate(target, drafter, prompt_of(17), NEW, **kw)
-    fresh = generate(Target(tiny_qwen3()), make_drafter("random", model), prompt_of(2), NEW, **kw)
+    fresh_model = tiny_qwen3()
+    fresh = generate(Target(fresh_model), make_drafter(kind, fresh_model), prompt_of(2), NEW, **kw)
     assert second.tokens == fresh.tokens and second.stats.accepted == fresh.stats.accepted
     assert again.tokens == first.tokens and again.stats.accepted == first.stats.accepted
 
 
 # --- T > 0: the distribution of the first 3 tokens is the target's ----------------------------------
 
-V_SMALL, TRIALS = 8, 1500
+V_SMALL = 8
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -211,27 +225,26 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple:
     return float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
 
 
-@pytest.mark.parametrize("kind, filters", [
-    ("oracle", dict(temperature=0.7, top_k=0, top_p=1.0)),
-    ("random", dict(temperature=0.8, top_k=5, top_p=0.9)),
+@pytest.mark.parametrize("kind, trials, filters", [
+    ("oracle", 1500, dict(temperature=0.7, top_k=0, top_p=1.0)),     # ~250 bins: more trials
+    ("flashmap", 800, dict(temperature=0.8, top_k=5, top_p=0.9)),    # ~40 bins
 ])
-def test_sampling_matches_target_joint_distribution(kind, filters):
+def test_sampling_matches_target_joint_distribution(kind, trials, filters):
     model = tiny_qwen3(vocab_size=V_SMALL, num_layers=2, seed=3)
     prompt = [1, 2, 3]
-    drafter = (OracleDrafter(model, 2, TAPS[:1]) if kind == "oracle"
-               else RandomDrafter(V_SMALL, 2, TAPS[:1], invalid=False))
+    drafter = OracleDrafter(model, 2, TAPS[:1]) if kind == "oracle" else random_flashmap(model, 2, TAPS[:1])
     if kind == "oracle":  # memoised: contexts repeat across trials
         drafter.propose = _memo_oracle(model)
     target, counts = Target(model), torch.zeros(V_SMALL, V_SMALL, V_SMALL, dtype=torch.float64)
     accepted = 0
-    for seed in range(TRIALS):
+    for seed in range(trials):
         out = generate(target, drafter, prompt, 3, seed=seed, **filters)
         counts[tuple(out.tokens)] += 1
         accepted += sum(out.stats.accepted)
     joint = exact_joint(model, prompt, **filters)
     stat, df = chi_square(counts, joint)
     assert stat < df + 10 * math.sqrt(2 * df), (stat, df)
-    assert 0.05 * TRIALS < accepted < 1.9 * TRIALS  # both the accept and the reject paths were taken
+    assert 0.05 * trials < accepted < 1.9 * trials  # both the accept and the reject paths were taken
     hotter = exact_joint(model, prompt, **{**filters, "temperature": 1.5 * filters["temperature"]})
     stat_hot, df_hot = chi_square(counts, hotter)  # power: a wrong distribution is rejected
     assert stat_hot > df_hot + 10 * math.sqrt(2 * df_hot), (stat_hot, df_hot)
