@@ -59,15 +59,20 @@ class GenerateOutput(NamedTuple):
 
 
 @dataclass
-class _Sampling:
-    """Per-call sampling parameters as the [B] tensors the ops take."""
+class _Request:
+    """Per-call parameters; the sampling ones as the [B] tensors the ops take."""
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
     seed: torch.Tensor
     valid_vocab: Optional[int]
+    max_new_tokens: int
+    stop: frozenset
+    on_tokens: Optional[Callable[[list], None]]
+    profile: bool
 
-    def kwargs(self, position: int) -> dict:
+    def sampling(self, position: int) -> dict:
+        """Keyword arguments of ops.verify / ops.sample for slot 0 at absolute `position`."""
         pos = torch.full_like(self.seed, position)
         return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, seed=self.seed,
                     position=pos, valid_vocab=self.valid_vocab)
@@ -105,59 +110,61 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         GenerateOutput(tokens, stats). At T = 0 the tokens equal plain greedy decoding of the target;
         at T > 0 their distribution equals the target's, whatever the drafter.
     Raises:
-        ValueError: empty prompt, batch > 1, ids outside the vocabulary, or prompt + max_new_tokens
-            longer than the target's context; also bad sampling parameters.
+        ValueError: empty prompt, batch > 1, ids outside the vocabulary, prompt + max_new_tokens
+            longer than the target's context, bad sampling parameters, or NaN/+inf target logits.
     """
     target = target if isinstance(target, Target) else Target(target)
     prompt = _check_prompt(target, input_ids, max_new_tokens)
-    sampling = _sampling(target, temperature, top_k, top_p, seed, valid_vocab)
-    stop = frozenset(int(t) for t in stop_token_ids)
+    req = _request(target, temperature, top_k, top_p, seed, valid_vocab, max_new_tokens, stop_token_ids,
+                   on_tokens, profile)
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
     if max_new_tokens == 0:
         return GenerateOutput([], stats)
     start = _clock(target.device, profile)
     with torch.inference_mode():
-        state = _prefill(target, drafter, prompt, sampling, stats, profile)
-        _emit(state, state.anchor.tolist(), max_new_tokens, stop, on_tokens)
+        state = _prefill(target, drafter, prompt, req, stats)
+        _emit(state, state.anchor.tolist(), req)
         while not state.stopped:
-            _round(target, drafter, state, sampling, stats, max_new_tokens, stop, on_tokens, profile)
+            _round(target, drafter, state, req, stats)
     stats.new_tokens = len(state.tokens)
     stats.total_time_s = _clock(target.device, profile) - start
     return GenerateOutput(state.tokens, stats)
 
 
-def _prefill(target: Target, drafter, prompt: torch.Tensor, sampling: _Sampling, stats: GenerateStats,
-             profile: bool) -> _State:
+def _prefill(target: Target, drafter, prompt: torch.Tensor, req: _Request, stats: GenerateStats) -> _State:
     """Runs the prompt through the target, samples the first token, fills the drafter's memory."""
-    t0 = _clock(target.device, profile)
+    t0 = _clock(target.device, req.profile)
     cache = target.new_cache()
     out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=_tap_ids(drafter))
     position = prompt.shape[1] - 1
-    first = ops.sample(out.logits[:, -1], **sampling.kwargs(position))
+    first = ops.sample(out.logits[:, -1], **req.sampling(position))
     memory = None
     if drafter is not None:
         memory = drafter.new_memory(1, target.device)
         drafter.extend_memory(memory, prompt, out.taps)
-    stats.prefill_time_s += _clock(target.device, profile) - t0
+    stats.prefill_time_s += _clock(target.device, req.profile) - t0
     return _State(cache, memory, first, position + 1, [])
 
 
-def _round(target: Target, drafter, state: _State, sampling: _Sampling, stats: GenerateStats,
-           max_new_tokens: int, stop_token_ids, on_tokens, profile: bool) -> None:
+def _round(target: Target, drafter, state: _State, req: _Request, stats: GenerateStats) -> None:
     """One draft → verify → commit round; commits between 1 and k + 1 tokens."""
-    k = 0 if drafter is None else min(drafter.num_draft_tokens, max_new_tokens - len(state.tokens) - 1)
-    t0 = _clock(target.device, profile)
-    drafts = _draft(drafter, state, k, sampling.seed)
-    t1 = _clock(target.device, profile)
+    budget = req.max_new_tokens - len(state.tokens) - 1  # drafts that still fit before the budget
+    k = 0 if drafter is None else min(drafter.num_draft_tokens, budget)
+    t0 = _clock(target.device, req.profile)
+    drafts = _draft(drafter, state, k, req.seed)
+    t1 = _clock(target.device, req.profile)
     block = torch.cat([state.anchor[:, None], _embeddable(drafts, target.vocab_size)], dim=1)
     out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=_tap_ids(drafter))
-    res = ops.verify(out.logits, drafts, **sampling.kwargs(state.position))
-    n_acc, *tokens = torch.cat([res.num_accepted.to(torch.int64), res.tokens[0]]).tolist()  # the sync
+    res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
+    n_acc, status, *tokens = torch.cat([res.num_accepted.long(), res.status.long(), res.tokens[0]]).tolist()
+    if status & ops.STATUS_ERRORS:  # the one host sync of the round is the line above
+        raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
+                         f"{state.position}..{state.position + k} (verify status {status})")
     _commit(target, drafter, state, block, out.taps, res.tokens[:, n_acc], n_acc, k)
     stats.draft_time_s += t1 - t0
-    stats.verify_time_s += _clock(target.device, profile) - t1
+    stats.verify_time_s += _clock(target.device, req.profile) - t1
     _record(stats, k, n_acc)
-    _emit(state, tokens[:n_acc + 1], max_new_tokens, stop_token_ids, on_tokens)
+    _emit(state, tokens[:n_acc + 1], req)
 
 
 def _draft(drafter, state: _State, k: int, seed: torch.Tensor) -> torch.Tensor:
@@ -187,16 +194,16 @@ def _commit(target: Target, drafter, state: _State, block: torch.Tensor, taps, b
     state.position += n_acc + 1
 
 
-def _emit(state: _State, new: list, max_new_tokens: int, stop_token_ids, on_tokens) -> None:
+def _emit(state: _State, new: list, req: _Request) -> None:
     """Appends committed tokens up to and including the first stop token; sets `stopped`."""
     for i, tok in enumerate(new):
-        if tok in stop_token_ids:
+        if tok in req.stop:
             new, state.stopped = new[:i + 1], True
             break
     state.tokens.extend(new)
-    state.stopped = state.stopped or len(state.tokens) >= max_new_tokens
-    if on_tokens is not None and new:
-        on_tokens(new)
+    state.stopped = state.stopped or len(state.tokens) >= req.max_new_tokens
+    if req.on_tokens is not None and new:
+        req.on_tokens(new)
 
 
 def _record(stats: GenerateStats, k: int, n_acc: int) -> None:
@@ -240,12 +247,14 @@ def _check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tenso
     return ids
 
 
-def _sampling(target: Target, temperature, top_k, top_p, seed, valid_vocab) -> _Sampling:
+def _request(target: Target, temperature, top_k, top_p, seed, valid_vocab, max_new_tokens, stop_token_ids,
+             on_tokens, profile) -> _Request:
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1 "
                          f"(got {temperature}, {top_k}, {top_p})")
     dev = target.device
-    return _Sampling(torch.tensor([temperature], dtype=torch.float32, device=dev),
-                     torch.tensor([top_k], dtype=torch.int32, device=dev),
-                     torch.tensor([top_p], dtype=torch.float32, device=dev),
-                     torch.tensor([seed], dtype=torch.int64, device=dev), valid_vocab)
+    return _Request(torch.tensor([temperature], dtype=torch.float32, device=dev),
+                    torch.tensor([top_k], dtype=torch.int32, device=dev),
+                    torch.tensor([top_p], dtype=torch.float32, device=dev),
+                    torch.tensor([seed], dtype=torch.int64, device=dev), valid_vocab, max_new_tokens,
+                    frozenset(int(t) for t in stop_token_ids), on_tokens, profile)

@@ -167,6 +167,20 @@ def test_bad_inputs_raise(model):
         generate(model, None, [1, 2], 4, temperature=-1.0)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_nan_target_logits_raise(model, temperature):
+    """NaN logits in a verify block (not in the prefill) end the call with a clear error."""
+    def poison(module, args, out):
+        if out.shape[1] > 1:
+            out[..., 3] = float("nan")
+    handle = model.lm_head.register_forward_hook(poison)
+    try:
+        with pytest.raises(ValueError, match="NaN"):
+            generate(model, OracleDrafter(model, K, TAPS), [1, 2, 3], NEW, temperature=temperature)
+    finally:
+        handle.remove()
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("kind", ["flashmap", "dflash"])
 def test_consecutive_calls_equal_fresh_objects(model, kind, temperature):
