@@ -21,6 +21,7 @@ from torch import nn
 from flashmap_ext.drafters import hf_checkpoint as ckpt
 from flashmap_ext.drafters.dflash_config import target_shape
 from flashmap_ext.drafters.eagle3_config import Eagle3Config, eagle3_layer_ids
+from flashmap_ext.drafters.eagle3_tree import DraftTree, draft_tree
 from flashmap_ext.drafters.eagle3_ttt import ttt_forward
 from flashmap_ext.drafters.kv_cache import KVCache
 from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
@@ -185,6 +186,11 @@ class Eagle3Drafter(nn.Module):
         empty = anchor_tokens.new_zeros(anchor_tokens.shape[0], 0)
         return (torch.stack(logits, 1) if logits else hidden.new_zeros(anchor_tokens.shape[0], 0, vd),
                 torch.stack(drafts, 1) if drafts else empty)
+
+    def draft_tree(self, memory: Eagle3Memory, anchor_token: torch.Tensor, position: torch.Tensor, *,
+                   depth: int = 7, topk: int = 10, num_nodes: int = 16) -> DraftTree:
+        """EAGLE-2-style dynamic draft tree (batch 1); see `eagle3_tree.draft_tree` and `flashmap_ext.tree`."""
+        return draft_tree(self, memory, anchor_token, position, depth=depth, topk=topk, num_nodes=num_nodes)
 
     # --- training (training-time test) ------------------------------------------------------------
     def forward(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor,
