@@ -74,7 +74,9 @@ class DFlashDrafter(nn.Module):
         return self.config.target_layer_ids
 
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> DFlashMemory:
-        """Empty context cache for `batch_size` sequences (all rows share one length)."""
+        """Empty context cache for `batch_size` sequences (all rows share one length). Entries get
+        positions 0, 1, … in the order they are appended: the memory index is the absolute position, as
+        in the loop's contract (memory = every committed position except the anchor)."""
         c, w = self.config, self.fc.weight
         return KVCache.empty(len(self.layers), batch_size, c.num_key_value_heads, c.head_dim, w.dtype,
                              device or w.device)
@@ -188,11 +190,12 @@ class DFlashDrafter(nn.Module):
 
     @classmethod
     def for_target(cls, target: Any, *, tokenizer: Any = None, num_taps: int | None = None,
-                   **overrides: Any) -> "DFlashDrafter":
+                   dtype: torch.dtype | None = None, **overrides: Any) -> "DFlashDrafter":
         """A randomly initialised drafter shaped like `target`'s layers (DFlash recipe: 5 layers, block 16,
         taps spread over layers 1…L−3). `mask_token_id`: from `overrides`, else `len(tokenizer)` (the
         first padding row, as DFlash's 151669 for Qwen3) when the embedding table has spare rows; else
-        ValueError asking for one. Any DFlashConfig field may be overridden."""
+        ValueError asking for one. Any DFlashConfig field may be overridden. Device: the target's;
+        dtype: `dtype`, default the target embedding's (pass torch.float32 to train under autocast)."""
         model = hf_model(target)
         rows = model.get_input_embeddings().weight.shape[0]
         shape = target_shape(model.config)
@@ -206,7 +209,7 @@ class DFlashDrafter(nn.Module):
             overrides["mask_token_id"] = len(tokenizer)
         config = DFlashConfig(**{**shape, "vocab_size": rows, **overrides})
         weight = model.get_input_embeddings().weight
-        return cls(config, target).to(device=weight.device, dtype=weight.dtype)
+        return cls(config, target).to(device=weight.device, dtype=dtype or weight.dtype)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,

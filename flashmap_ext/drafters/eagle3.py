@@ -223,10 +223,12 @@ class Eagle3Drafter(nn.Module):
         return self
 
     @classmethod
-    def for_target(cls, target: Any, *, draft_ids: torch.Tensor | None = None, **overrides: Any) -> "Eagle3Drafter":
+    def for_target(cls, target: Any, *, draft_ids: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+                   **overrides: Any) -> "Eagle3Drafter":
         """A new drafter shaped like `target`'s layers, taps `eagle3_layer_ids(L)`. `draft_ids`: the draft
         vocabulary (e.g. `train.eagle3.build_draft_vocab`), default all ids. The LM head starts as the
-        target's head rows of the draft vocabulary (our choice: a better start than random)."""
+        target's head rows of the draft vocabulary (our choice: a better start than random). Device: the
+        target's; dtype: `dtype`, default the target embedding's."""
         model = hf_model(target)
         parts = TargetParts(model)
         shape = target_shape(model.config)
@@ -242,7 +244,7 @@ class Eagle3Drafter(nn.Module):
             with torch.no_grad():
                 drafter.lm_head.weight.copy_(parts.head.weight[ids.to(parts.head.weight.device)].float())
         weight = parts.embedding.weight
-        return drafter.to(device=weight.device, dtype=weight.dtype).attach_target(target)
+        return drafter.to(device=weight.device, dtype=dtype or weight.dtype).attach_target(target)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
