@@ -1,0 +1,49 @@
+"""`flashmap data regenerate`: answer a conversations file with the target itself.
+
+Input: jsonl, one conversation per line: {"id": ..., "messages": [{"role": "user", "content": ...}, ...]}.
+Each conversation is cut after its last user turn and answered by the target (greedy by default), so
+the drafter learns what the target would say. Output: the same ids with the new assistant turn, plus
+`enable_thinking` and `finish` ("stop" | "length"). Safe to interrupt: rerun the same command and it
+continues after the last conversation written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("data", help="prepare training data (regenerate responses with the target)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    r = actions.add_parser("regenerate", help="answer every conversation with the target (resumable)",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="example: flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl "
+                                  "--out regen.jsonl --max-new-tokens 2048")
+    r.add_argument("--target", required=True, help="hub name, local dir, .gguf file, or 'tiny-random'")
+    r.add_argument("--data", required=True, help="input conversations (jsonl with 'messages')")
+    r.add_argument("--out", required=True, help="output jsonl (appended to; existing ids are skipped)")
+    r.add_argument("--batch-size", type=int, default=8, help="conversations per generate call")
+    r.add_argument("--max-new-tokens", type=int, default=1024)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
+    r.add_argument("--limit", type=int, help="only the first N input conversations")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
+    r.add_argument("--device", choices=["cpu", "cuda"])
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(func=run_regenerate)
+
+
+def run_regenerate(args) -> int:
+    from flashmap_ext.train.regenerate import regenerate
+    from flashmap_ext.train.runner import load_target
+    args.target_dtype = args.dtype
+    target, tokenizer = load_target(args)
+    n = regenerate(target.model, tokenizer, args.data, args.out, batch_size=args.batch_size,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                   enable_thinking=args.thinking, seed=args.seed, limit=args.limit,
+                   progress=not args.no_progress)
+    print(f"regenerate: wrote {n} conversations to {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,42 @@
+"""`flashmap distill`: distil a trained flow drafter into a flow map that drafts in 1 or 2 steps.
+
+Semigroup flow-map distillation (DESIGN §4): half the blocks are zero-length jumps matched to the frozen
+flow teacher, a fraction (--frac-01, default 1/16) are full 0→1 jumps, the rest random jumps whose target
+is the student's own two half-jumps (no grad). The student starts as the teacher's Euler step.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import argparse
+
+from flashmap_ext.train import runner
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("distill", help="distil a flow drafter into a 1-2 step flow map",
+                              description=__doc__, epilog=runner.EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    runner.add_training_args(p)
+    p.add_argument("--teacher", required=True, help="the flow drafter: <flow run>/drafter (from `train flow`)")
+    p.add_argument("--frac-01", type=lambda s: float(Fraction(s)), default=1 / 16,
+                   help="fraction of all jumps that go 0→1 (default 1/16; '1/16' or 0.0625)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.train.distill import distill_loss, make_student
+    run_settings, _ = runner.settings(args, "distill", "flashmap")
+    target, _ = runner.load_target(args)
+    teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
+    student = make_student(teacher)
+    device = runner.device_of(args)
+    teacher.to(device)
+
+    def loss_fn(model, batch, generator):
+        return distill_loss(model, teacher, batch, generator, frac_01=args.frac_01)
+    metrics = runner.run_stage(student, loss_fn, args, run_settings, "distill")
+    print(f"distill: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
+          f"drafter in {args.out}/drafter")
+    return 0

@@ -1,0 +1,47 @@
+"""`flashmap features`: run the target over the training conversations once and cache its taps on disk.
+
+Each conversation is rendered with the target's chat template exactly as at inference (loss only on
+assistant tokens) and run through the target once; the outputs of the tapped decoder layers are streamed
+to memory-mappable shards in --out (bf16 by default, ~n_taps·d·2 bytes per token). Safe to interrupt:
+rerun the same command and it skips the sequences already cached.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("features", help="cache the target's hidden-state taps for training",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="example: flashmap features --target Qwen/Qwen3-8B --data regen.jsonl "
+                                     "--out feats/")
+    p.add_argument("--target", required=True, help="hub name, local dir, .gguf file, or 'tiny-random'")
+    p.add_argument("--data", required=True, help="conversations jsonl (e.g. from `flashmap data regenerate`)")
+    p.add_argument("--out", required=True, help="cache directory (created; resumed if it exists)")
+    p.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")],
+                   help="0-based decoder layers to tap, e.g. 1,9,17,25,33 (default: 5 spread over 1..L-3, "
+                        "what FlashMap and DFlash drafters read)")
+    p.add_argument("--max-length", type=int, default=3072, help="crop sequences to this many tokens")
+    p.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="stored dtype of the taps")
+    p.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from flashmap_ext.drafters.flashmap_config import default_tap_layers
+    from flashmap_ext.train.data import load_samples
+    from flashmap_ext.train.features import cache_features
+    from flashmap_ext.train.runner import load_target
+    target, tokenizer = load_target(args)
+    layers = args.layers or list(default_tap_layers(target.num_layers))
+    samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length)
+    meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
+            "max_length": args.max_length}
+    n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
+                       progress=not args.no_progress)
+    print(f"features: cached {n} new sequences (layers {layers}) in {args.out}", file=sys.stderr)
+    return 0

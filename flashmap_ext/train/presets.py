@@ -1,0 +1,45 @@
+"""Named training presets: `--preset NAME` fills every setting the user did not give on the command line.
+
+qwen3-8b follows the papers (DESIGN §5, research/dflash.md §3): flow ~39k steps at peak LR 6e-4, distill
+~23k steps at peak LR 5e-5, block 16, a 6-layer width-2048 DiT; warmup 4% then cosine; 512 anchors per
+sequence of ≤ 3072 tokens; 4 sequences per process per step (global batch 4 × processes × accum). The
+DFlash baseline gets the flow stage's budget (5 layers, block 16, γ = 7). cpu-tiny / cpu-small are for
+runs on a laptop CPU (minutes / an hour or so).
+"""
+from __future__ import annotations
+
+import copy
+
+PRESETS: dict[str, dict[str, dict]] = {
+    "qwen3-8b": {
+        "data": dict(max_length=3072, num_anchors=512, batch_size=4, accum=1),
+        "flashmap": dict(n_layers=6, width=2048, heads=16, block_size=16),
+        "dflash": dict(num_hidden_layers=5, block_size=16),
+        "flow": dict(steps=39_000, lr=6e-4, warmup=0.04, save_every=1000),
+        "distill": dict(steps=23_000, lr=5e-5, warmup=0.04, save_every=1000),
+        "train-dflash": dict(steps=39_000, lr=6e-4, warmup=0.04, save_every=1000),
+    },
+    "cpu-small": {
+        "data": dict(max_length=1024, num_anchors=64, batch_size=4, accum=1),
+        "flashmap": dict(n_layers=2, width=512, heads=8, block_size=16),
+        "dflash": dict(num_hidden_layers=2, block_size=16),
+        "flow": dict(steps=3000, lr=6e-4, warmup=0.04, save_every=250),
+        "distill": dict(steps=1500, lr=1e-4, warmup=0.04, save_every=250),
+        "train-dflash": dict(steps=3000, lr=6e-4, warmup=0.04, save_every=250),
+    },
+    "cpu-tiny": {
+        "data": dict(max_length=256, num_anchors=16, batch_size=4, accum=1),
+        "flashmap": dict(n_layers=2, width=128, heads=4, block_size=8),
+        "dflash": dict(num_hidden_layers=1, block_size=8),
+        "flow": dict(steps=300, lr=1e-3, warmup=0.04, save_every=100),
+        "distill": dict(steps=150, lr=3e-4, warmup=0.04, save_every=100),
+        "train-dflash": dict(steps=300, lr=1e-3, warmup=0.04, save_every=100),
+    },
+}
+
+
+def preset(name: str) -> dict[str, dict]:
+    """A copy of preset `name`; raises ValueError listing the known names."""
+    if name not in PRESETS:
+        raise ValueError(f"--preset must be one of {sorted(PRESETS)} (got {name!r})")
+    return copy.deepcopy(PRESETS[name])

@@ -1,0 +1,134 @@
+"""Glue shared by `flashmap train {flow,dflash}` and `flashmap distill`: arguments, presets, data, export.
+
+Every stage reads a feature cache (`flashmap features`), builds a drafter for the target, trains it with
+train/loop.py and writes `<out>/drafter/` (save_pretrained: config.json + model.safetensors) next to
+`<out>/checkpoints/` and `<out>/metrics.jsonl`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Callable
+
+import torch
+
+from flashmap_ext.train import parallel
+from flashmap_ext.train.anchors import collate
+from flashmap_ext.train.checkpoint import latest, load_model_weights
+from flashmap_ext.train.features import FeatureCache
+from flashmap_ext.train.loop import TrainConfig, train
+from flashmap_ext.train.presets import PRESETS, preset
+
+EPILOG = """Typical pipeline (defaults are the paper's Qwen3-8B settings; --preset cpu-tiny trains in minutes on a CPU):
+  flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl --out regen.jsonl
+  flashmap features --target Qwen/Qwen3-8B --data regen.jsonl --out feats/
+  flashmap train flow  --target Qwen/Qwen3-8B --features feats/ --out runs/flow
+  flashmap distill     --target Qwen/Qwen3-8B --teacher runs/flow/drafter --features feats/ --out runs/map
+  flashmap generate    --target Qwen/Qwen3-8B --drafter runs/map/drafter --prompt "Hello" --chat
+Several GPUs or nodes: torchrun --nproc-per-node 8 -m flashmap_ext.cli train flow ... --parallel ddp
+Interrupted (Ctrl-C, SIGTERM, preemption)? Rerun the same command with --resume."""
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """Options common to every training stage; unset values come from --preset."""
+    p.add_argument("--target", required=True, help="the target: hub name, local dir, .gguf file, or 'tiny-random'")
+    p.add_argument("--features", required=True, help="feature cache directory written by `flashmap features`")
+    p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, drafter/")
+    p.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS),
+                   help="defaults for everything below (default: qwen3-8b, the paper's settings)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    g = p.add_argument_group("optimisation (default: from --preset)")
+    g.add_argument("--steps", type=int, help="optimizer steps")
+    g.add_argument("--lr", type=float, help="peak learning rate (AdamW, warmup then cosine)")
+    g.add_argument("--warmup", type=float, help="warmup: a fraction of --steps (< 1) or a step count")
+    g.add_argument("--batch-size", type=int, help="sequences per process per micro-step")
+    g.add_argument("--accum", type=int, help="micro-steps per optimizer step (gradient accumulation)")
+    g.add_argument("--num-anchors", type=int, help="random anchors (blocks) per sequence per step")
+    g.add_argument("--max-length", type=int, help="crop sequences to this many tokens")
+    g.add_argument("--save-every", type=int, help="steps between checkpoints")
+    g.add_argument("--seed", type=int, default=0)
+    r = p.add_argument_group("runtime")
+    r.add_argument("--parallel", choices=parallel.MODES, default="none",
+                   help="under torchrun: ddp (replicated drafter) or fsdp (sharded, for large drafters)")
+    r.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    r.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
+    r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
+
+
+def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
+    """(train + data settings, drafter shape) from --preset, overridden by the options given."""
+    chosen = preset(args.preset)
+    run = {**chosen["data"], **chosen[stage]}
+    for key in ("steps", "lr", "warmup", "batch_size", "accum", "num_anchors", "max_length", "save_every"):
+        if getattr(args, key, None) is not None:
+            run[key] = getattr(args, key)
+    return run, chosen[model_key]
+
+
+def device_of(args) -> str:
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_target(args):
+    """(Target, tokenizer) on this process's device (see commands/generate.py for the accepted names)."""
+    from flashmap_ext.commands.generate import load_target_and_tokenizer
+    from flashmap_ext.target import resolve_dtype
+    device = device_of(args)
+    dtype = args.target_dtype or ("bf16" if device == "cuda" else "fp32")
+    world_local = int(os.environ.get("LOCAL_RANK", "0"))
+    return load_target_and_tokenizer(args.target, resolve_dtype(dtype),
+                                     f"cuda:{world_local}" if device == "cuda" else "cpu")
+
+
+def make_collate(num_anchors: int, k: int, max_length: int | None, taps_dtype: torch.dtype) -> Callable:
+    """collate_fn(items, generator) for the trainer: crop to max_length, draw anchors, K = k labels."""
+    def collate_fn(items, generator):
+        if max_length:
+            items = [{**it, **{key: it[key][:max_length] for key in ("input_ids", "loss_mask", "taps")}}
+                     for it in items]
+        return collate(items, num_anchors, k, generator, taps_dtype)
+    return collate_fn
+
+
+def open_features(path: str, layer_ids) -> FeatureCache:
+    """The cache at `path`; ValueError when it tapped other layers than the drafter reads."""
+    cache = FeatureCache(path)
+    if list(cache.meta["target_layer_ids"]) != list(layer_ids):
+        raise ValueError(f"--features {path} holds taps of layers {cache.meta['target_layer_ids']}, the drafter "
+                         f"reads {list(layer_ids)}: rerun `flashmap features --layers ...` or match the drafter")
+    if len(cache) == 0:
+        raise ValueError(f"--features {path} holds no sequence")
+    return cache
+
+
+def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name: str) -> dict:
+    """Trains `drafter` (fp32 master weights) on --features and exports `<out>/drafter`; returns last metrics."""
+    device = device_of(args)
+    cache = open_features(args.features, drafter.target_layer_ids)
+    drafter = drafter.float()
+    cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],
+                      batch_size=run["batch_size"], accum=run["accum"], save_every=run["save_every"],
+                      seed=args.seed, parallel=args.parallel, progress=not args.no_progress)
+    taps_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    collate_fn = make_collate(run["num_anchors"], drafter.num_draft_tokens, run.get("max_length"), taps_dtype)
+    if int(os.environ.get("RANK", "0")) == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "run.json"), "w") as f:
+            json.dump({"stage": name, "args": {k: v for k, v in vars(args).items() if k != "func"},
+                       "settings": run, "features": cache.meta}, f, indent=1, default=str)
+    metrics = train(drafter, loss_fn, cache, collate_fn, cfg, resume=args.resume, device=device)
+    export(drafter, args)
+    return metrics
+
+
+def export(drafter: torch.nn.Module, args) -> str:
+    """Rank 0 writes `<out>/drafter` with save_pretrained (FSDP: from the last checkpoint's full weights)."""
+    path = os.path.join(args.out, "drafter")
+    if int(os.environ.get("RANK", "0")) != 0:
+        return path
+    if args.parallel == "fsdp":
+        fresh = type(drafter)(drafter.config)
+        drafter = load_model_weights(latest(args.out), fresh)
+    drafter.save_pretrained(path)
+    return path
