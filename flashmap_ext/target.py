@@ -131,7 +131,8 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder layers (expected get_decoder().layers)")
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder layers "
+                        "(expected get_decoder().layers)")
     return layers
 
 

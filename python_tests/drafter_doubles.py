@@ -100,7 +100,7 @@ def greedy_continuation(model, context: list, n: int) -> torch.Tensor:
     context = tuple(int(t) for t in context)
     for ctx, cont in known.items():
         m = len(context) - len(ctx)
-        if 0 <= m and m + n <= len(cont) and context[:len(ctx)] == ctx and context[len(ctx):] == tuple(cont[:m]):
+        if 0 <= m <= len(cont) - n and context[:len(ctx)] == ctx and context[len(ctx):] == tuple(cont[:m]):
             return torch.tensor(cont[m:m + n], dtype=torch.int64)
     known[context] = _greedy(model, context, n + 8)
     return torch.tensor(known[context][:n], dtype=torch.int64)

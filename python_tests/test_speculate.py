@@ -4,7 +4,6 @@ Independent references: plain greedy decoding with a full recompute per token (d
 greedy_continuation) for T = 0, and the target's exact joint distribution of the first 3 tokens, by
 enumeration of every prefix in one batched forward, for T > 0.
 """
-import functools
 import math
 
 import pytest
@@ -83,7 +82,8 @@ def expected_accepts(kind: str, drafter, drafted: list) -> list:
 
 
 @pytest.mark.parametrize("prompt_len", [1, 2, 17, 300])
-@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "flashmap", "dflash"])
+@pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "flashmap",
+                                  "dflash"])
 def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
     prompt = prompt_of(prompt_len)
     drafter = make_drafter(kind, model)
@@ -139,13 +139,27 @@ def test_max_new_tokens_is_exact(model, budget):
     assert out.stats.drafted == drafted and out.stats.accepted == drafted
 
 
+@pytest.mark.parametrize("kind", ["ar", "oracle"])
+def test_valid_vocab_masks_padding_rows(model, kind):
+    """Rows >= valid_vocab are never emitted: output == greedy over the logits with those rows masked."""
+    prompt, valid = prompt_of(2), 50
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1, :valid].argmax()))
+    assert any(t >= valid for t in greedy_reference(model, tuple(prompt), NEW))  # the mask matters
+    out = generate(model, make_drafter(kind, model), prompt, NEW, valid_vocab=valid)
+    assert out.tokens == ids[len(prompt):]
+
+
 def test_zero_budget_returns_nothing(model):
     assert generate(model, OracleDrafter(model, K, TAPS), [1, 2], 0).tokens == []
 
 
 # --- errors and independence of calls ---------------------------------------------------------------
 
-@pytest.mark.parametrize("prompt", [[], torch.empty(0, dtype=torch.int64), torch.empty(1, 0, dtype=torch.int64)])
+@pytest.mark.parametrize("prompt", [[], torch.empty(0, dtype=torch.int64),
+                                    torch.empty(1, 0, dtype=torch.int64)])
 def test_empty_prompt_raises(model, prompt):
     with pytest.raises(ValueError, match="empty prompt"):
         generate(model, None, prompt, 4)
@@ -228,13 +242,15 @@ def exact_joint(model, prompt: list, **filters) -> torch.Tensor:
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple:
-    """(statistic, df) with bins of expected count < 5 merged, smallest first, into one bin."""
+    """(statistic, df): every bin of expected count < 5 pooled into one (grown with the next smallest
+    bins until the pool's expected count reaches 5)."""
     expected = probs.flatten() * counts.sum()
     order = expected.argsort()
     cum = expected[order].cumsum(0)
-    n_small = int((cum < 5).sum()) + 1 if expected.min() < 5 else 0
+    n_small = max(int((expected < 5).sum()), int((cum < 5).sum()) + 1) if expected.min() < 5 else 0
     small, big = order[:n_small], order[n_small:]
-    obs = torch.cat([counts.flatten()[small].sum().view(1), counts.flatten()[big]]) if n_small else counts.flatten()
+    counts = counts.flatten()
+    obs = torch.cat([counts[small].sum().view(1), counts[big]]) if n_small else counts
     exp = torch.cat([expected[small].sum().view(1), expected[big]]) if n_small else expected
     return float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
 
