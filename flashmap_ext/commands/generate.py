@@ -5,7 +5,7 @@ tokens/s.
     flashmap generate --target tiny-random --drafter random --prompt "Hello"   # no weights needed
 
 `--target tiny-random` is a tiny random Qwen3 over a byte vocabulary (ids 0-255 are UTF-8 bytes, 256 is
-EOS); `--drafter random` is a small randomly initialised FlashMap drafter. A drafter directory is
+EOS); `--drafter random` is a small FlashMap drafter with random weights. A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
 eagle3, `model_type` flashmap_drafter → flashmap (or force it with --drafter-type).
 """
@@ -103,6 +103,7 @@ def load_drafter(path: str, target: Target, drafter_type: str | None = None, ste
         from flashmap_ext.drafters.flashmap import FlashMapDrafter
         torch.manual_seed(0)
         drafter = FlashMapDrafter.for_target(target, n_layers=2, width=128, heads=4, block_size=8)
+        drafter.reset_parameters(zero_init=False)  # adaLN-Zero would draft the same id everywhere
     else:
         kind = drafter_type or checkpoint_type(path)
         drafter = drafter_class(kind).from_pretrained(path, target, dtype=target.dtype)
