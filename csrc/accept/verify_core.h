@@ -130,13 +130,15 @@ FM_HOST_DEVICE double verify_residual(double ej, double S, const float* q, int64
   return r > 0.0 ? r : 0.0;
 }
 
-// Writes row b's outputs: drafts 0..j-1, `emitted` at slot j, -1 after. Error rows get token 0.
+// Writes row b's outputs: drafts 0..j-1, `emitted` at slot j, -1 after. Error rows get token 0 at
+// slot 0 and only their error bits.
 FM_HOST_DEVICE void verify_write_row(const VerifyParams& p, int64_t b, int64_t j, int64_t emitted,
                                      int32_t status) {
   int64_t* out = p.tokens + b * (p.K + 1);
   if (status & kStatusErrors) {
     j = 0;
     emitted = 0;
+    status &= kStatusErrors;
   }
   for (int64_t i = 0; i <= p.K; ++i) out[i] = i < j ? p.draft_tokens[b * p.K + i] : (i == j ? emitted : -1);
   p.num_accepted[b] = static_cast<int32_t>(j);
