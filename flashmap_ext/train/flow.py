@@ -1,0 +1,135 @@
+"""`train flow`: τ-uniform cross-entropy training of the FlashMap flow model (DESIGN §4, §8).
+
+Per block (anchor) of the batch: τ ~ U[0, 1] stratified over the blocks, t = t(τ), one d-space noise
+z ~ N(0, EᵀE) per slot, x_t = (1−t)·z + t·E[y] (Eᵀ of the V-space interpolant, FLM §3.1), logits =
+net(x_t, τ, τ), per-slot CE against y weighted by w_k = exp(−(k−1)/7) (DFlash/FlashMap slot weights).
+The FLM objective is CE over τ-reparameterised time (Lee et al. 2026, arXiv:2602.16813; `FLM.loss`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
+from flashmap_ext.flow import interpolant, t_of_tau
+
+IGNORE = -100
+SLOT_DECAY = 7.0
+BATCH_KEYS = ("input_ids", "taps", "anchor_pos", "labels")
+
+
+def slot_weights(num_slots: int, decay: float = SLOT_DECAY, device=None) -> torch.Tensor:
+    """[num_slots] fp32: w_k = exp(−(k−1)/decay), k = 1 … num_slots."""
+    return torch.exp(-torch.arange(num_slots, dtype=torch.float32, device=device) / decay)
+
+
+def stratified_uniform(n: int, generator: torch.Generator) -> torch.Tensor:
+    """[n] fp64 on the generator's device: one draw in each stratum [i/n, (i+1)/n), in random order."""
+    dev = generator.device
+    strata = torch.randperm(n, generator=generator, device=dev).double()
+    return (strata + torch.rand(n, generator=generator, device=dev, dtype=torch.float64)) / n
+
+
+def device_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """`generator` itself on its own device; otherwise a generator on `device` seeded from it, so noise is
+    drawn where it is used (a CPU-drawn [B, A, K, d] noise tensor would cost a host copy per step)."""
+    if torch.device(device).type == generator.device.type:
+        return generator
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def unwrap(model: torch.nn.Module) -> FlashMapDrafter:
+    """The FlashMapDrafter inside a DDP wrapper (FSDP2 modules are the drafter itself)."""
+    drafter = getattr(model, "module", model)
+    if not isinstance(drafter, FlashMapDrafter):
+        raise TypeError(f"model: expected a FlashMapDrafter (optionally DDP-wrapped), got {type(drafter).__name__}")
+    return drafter
+
+
+def prepare_batch(drafter: FlashMapDrafter, batch: dict) -> dict:
+    """Checks the batch format (train/anchors.py), moves it to the drafter's device and maps labels to
+    the flow's vocabulary (draft-vocab rows; ids outside it become −100). Raises KeyError/ValueError."""
+    for key in BATCH_KEYS:
+        if key not in batch:
+            raise KeyError(f"batch has no {key!r} (expected {', '.join(BATCH_KEYS)})")
+    device = drafter.slot_pos.device
+    b = {key: batch[key].to(device) for key in BATCH_KEYS}
+    labels, anchors, k = b["labels"], b["anchor_pos"], drafter.num_draft_tokens
+    if labels.dim() != 3 or labels.shape[:2] != anchors.shape or labels.dtype != torch.int64 or labels.shape[2] < k:
+        raise ValueError(f"labels: expected [B, A, K>={k}] int64 matching anchor_pos {tuple(anchors.shape)}, "
+                         f"got {tuple(labels.shape)} {labels.dtype}")
+    b["labels"] = labels[:, :, :k]
+    b["state_labels"] = drafter.to_state_ids(b["labels"])
+    return b
+
+
+def chunked(fn: Callable, *tensors: torch.Tensor, chunk: int) -> list[torch.Tensor]:
+    """Applies fn to slices [:, i:i+chunk] of every tensor (dim 1 = anchors) under activation
+    checkpointing (when grad is on) and concatenates each output along dim 1. Keeps [B, A, K, V]
+    logits from existing at once (DFlash trainer does the same)."""
+    outs = []
+    for s in range(0, tensors[0].shape[1], chunk):
+        args = [t[:, s:s + chunk] for t in tensors]
+        outs.append(checkpoint(fn, *args, use_reentrant=False) if torch.is_grad_enabled() else fn(*args))
+    return [torch.cat(parts, 1) for parts in zip(*outs)]
+
+
+def weighted_mean(per_slot: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Σ w_k·x / Σ w_k over valid slots; per_slot, valid [B, A, K]."""
+    w = slot_weights(per_slot.shape[-1], device=per_slot.device) * valid
+    return (per_slot * w).sum() / w.sum().clamp_min(1e-6)
+
+
+@torch.no_grad()
+def block_metrics(loss: torch.Tensor, correct: torch.Tensor, valid: torch.Tensor) -> dict:
+    """{loss, acc (top-1 over valid slots), accept_len (1 + mean leading correct run), tokens}."""
+    n = int(valid.sum())
+    run = (correct & valid).long().cumprod(-1).sum(-1).float()
+    scored = valid[..., 0]
+    return {"loss": float(loss), "acc": float((correct & valid).sum()) / n if n else math.nan,
+            "accept_len": 1.0 + float(run[scored].mean()) if bool(scored.any()) else math.nan, "tokens": n}
+
+
+def noisy_states(drafter: FlashMapDrafter, labels: torch.Tensor, t: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor:
+    """x_t = (1−t)·z + t·E[y] in d-space: labels [B, A, K] target ids (−100 ok), t [B, A] -> [B, A, K, d] fp32."""
+    d = drafter.config.d_target
+    g = device_generator(generator, labels.device)
+    xi = torch.randn(*labels.shape, d, generator=g, device=labels.device)
+    data = drafter.embed_tokens(labels.clamp_min(0))
+    return interpolant(drafter.noise_from_xi(xi), data, t[..., None].expand(labels.shape))
+
+
+def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
+              anchor_chunk: int = 16) -> tuple[torch.Tensor, dict]:
+    """Slot-weighted CE of the flow model on one batch (DESIGN §4).
+
+    model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
+    or it wrapped by DDP; the forward goes through `model(...)` so wrapper hooks run.
+    batch: input_ids [B, T] int64, taps [B, T, n_taps·d_target], anchor_pos [B, A] int64 (−1 padded),
+    labels [B, A, K'] int64 (K' >= K; −100 masked). generator: the source of τ and noise.
+    Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}).
+    """
+    drafter = unwrap(model)
+    b = prepare_batch(drafter, batch)
+    B, A = b["anchor_pos"].shape
+    tau = stratified_uniform(B * A, generator).view(B, A).to(b["labels"].device)
+    t = t_of_tau(tau, drafter.config.state_vocab_size)
+    x_t = noisy_states(drafter, b["labels"], t, generator)
+    tau = tau.float()
+    hidden = model(b["taps"], b["input_ids"], b["anchor_pos"], x_t, tau, tau, return_hidden=True)
+
+    def slot_ce(h: torch.Tensor, y: torch.Tensor):
+        logits = drafter.logits_from_hidden(h)
+        ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none")
+        return ce.view_as(y), logits.argmax(-1) == y
+
+    ce, correct = chunked(slot_ce, hidden, b["state_labels"], chunk=anchor_chunk)
+    valid = b["state_labels"] != IGNORE
+    loss = weighted_mean(ce, valid)
+    return loss, {**block_metrics(loss, correct, valid), "tau_mean": float(tau.mean())}
