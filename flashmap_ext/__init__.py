@@ -1,24 +1,26 @@
 """FlashMap: lossless speculative decoding with one-forward flow-map block drafters.
 
 Public API:
-    verify       fused acceptance step (greedy / rejection sampling), DESIGN.md §3.1
-    draft_block  one FlashMap drafting call, DESIGN.md §3.2
-    generate     the speculative decoding loop, DESIGN.md §7
+    verify, sample          fused acceptance step and the plain sampler (DESIGN.md §3.1)
+    draft_block             one FlashMap drafting call (DESIGN.md §3.2)
+    FlashMapDrafter         the flow-map DiT drafter (DESIGN.md §5)
+    DFlashDrafter           block-diffusion baseline drafter (DFlash)
+    Eagle3Drafter           autoregressive baseline drafter (EAGLE-3)
+    Target, load_target     Hugging Face target adapter (DESIGN.md §6)
+    generate                the lossless speculative decoding loop (DESIGN.md §7)
+    generate_tree           EAGLE-3 static-tree decoding (batch 1, reference path)
 """
 import torch  # noqa: F401  (must precede _C: it links against libtorch)
 
 from flashmap_ext import _C  # noqa: F401  (loads the op library: registers torch.ops.flashmap.*)
-from flashmap_ext.ops import verify, VerifyOutput
+from flashmap_ext.ops import VerifyOutput, sample, verify
+from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_block
+from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+from flashmap_ext.target import Target, load_target
+from flashmap_ext.speculate import GenerateOutput, GenerateStats, generate
+from flashmap_ext.tree import generate_tree
 
-__all__ = ["verify", "VerifyOutput"]
-
-try:  # parts that land in later issues; the package stays importable without them
-    from flashmap_ext.drafters.flashmap import draft_block, DraftBlock  # noqa: F401
-    __all__ += ["draft_block", "DraftBlock"]
-except ImportError:
-    pass
-try:
-    from flashmap_ext.speculate import generate  # noqa: F401
-    __all__ += ["generate"]
-except ImportError:
-    pass
+__all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
+           "DFlashDrafter", "Eagle3Drafter", "Target", "load_target", "generate", "GenerateOutput",
+           "GenerateStats", "generate_tree"]

@@ -3,6 +3,8 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# Tiny models are launch-bound: one intra-op thread is faster and immune to a busy machine.
+torch.set_num_threads(1)
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
