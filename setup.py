@@ -56,7 +56,8 @@ def _extension():
         return cpp_extension.CppExtension(extra_compile_args={"cxx": cxx}, **kwargs)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
     include_dirs += _cutlass_include()
-    nvcc = opt + ["-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda", "-lineinfo"]
+    nvcc_opt = ["-O0", "-g"] if debug else ["-O3"]  # nvcc has no -g0 (it is the default there)
+    nvcc = nvcc_opt + ["-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda", "-lineinfo"]
     return cpp_extension.CUDAExtension(extra_compile_args={"cxx": cxx + ["-DFLASHMAP_WITH_CUDA"],
                                                            "nvcc": nvcc + ["-DFLASHMAP_WITH_CUDA"]},
                                        **kwargs)

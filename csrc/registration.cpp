@@ -11,6 +11,19 @@ TORCH_LIBRARY(flashmap, m) {
       "verify(Tensor target_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
       "Tensor seed, Tensor position, Tensor? draft_probs=None, int valid_vocab=0, Tensor? uniforms=None) "
       "-> (Tensor tokens, Tensor num_accepted, Tensor status)");
+
+  // FlashMap DiT drafter ops (DESIGN.md §5, §10; csrc/dit/dit_ops.h). bf16 on CUDA, any float dtype on
+  // CPU. Letters: M rows (B*K slots), N/K out/in features, G conditioning rows (M % G == 0), H heads,
+  // D head dim, V vocabulary. Output shapes never depend on data.
+  m.def("dit_adaln(Tensor x, Tensor shift, Tensor scale, float eps=1e-06) -> Tensor");  // [M, N]
+  m.def("dit_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation='none', Tensor? gate=None, "
+        "Tensor? residual=None) -> Tensor");  // [M, N] = residual + gate * act(x @ weight^T + bias)
+  m.def("dit_rms_norm(Tensor x, Tensor weight, Tensor? positions=None, float theta=10000.0, "
+        "float eps=1e-06) -> Tensor");  // [M, H, D], RoPE when positions [M] int64 is given
+  m.def("dit_attention(Tensor q, Tensor k, Tensor v, Tensor? kv_len=None, float scale=0.0) -> Tensor");
+  m.def("dit_kv_append(Tensor(a!) cache, Tensor values, Tensor start, Tensor count) -> ()");
+  m.def("dit_lm_head(Tensor x, Tensor weight, Tensor? bias=None, int valid_vocab=0, bool return_logits=False, "
+        "float softcap=0.0) -> (Tensor tokens, Tensor logits)");  // [M] int64, [M, V] fp32 or [0]
 }
 
 // The extension is loaded as a Python module (`import flashmap_ext._C`) only to run the static

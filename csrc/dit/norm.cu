@@ -1,0 +1,104 @@
+// The two normalisations of the DiT drafter (DESIGN.md §5.2). References: flashmap_ext/reference_dit.py::
+// adaln and ::rms_norm.
+//
+// adaln_kernel: adaLN modulate fused into LayerNorm, out = LN(x) * (1 + scale) + shift, LN without affine
+// parameters. One warp per row; three passes over the row in 16-byte vectors (8 bf16): sum -> mean,
+// sum of squared deviations -> variance (two-pass, so no cancellation), then normalise, modulate and store.
+// The row (<= a few KB) stays in L1 between passes. Statistics in fp32, output rounded once to bf16.
+// Invariants: N % 8 == 0 and every row start 16-byte aligned (the glue checks); shift/scale row g serves
+// rows [g * rows_per_cond, (g + 1) * rows_per_cond) (one conditioning vector per batch row, K slots each).
+//
+// rms_norm_kernel: out = x * rsqrt(mean(x^2) + eps) * weight per (row, head) vector of D elements (QK-norm
+// with H heads, or a whole-width RMSNorm with H = 1), then optionally rotate-half RoPE at the row's
+// absolute position: out[i] = n[i] cos(a_i) - n[i + D/2] sin(a_i), out[i + D/2] = n[i + D/2] cos(a_i) +
+// n[i] sin(a_i), a_i = pos * theta^(-2i/D). One warp per vector; lane l owns elements l, l + 32, ... of
+// each half, so a rotation pair stays in one lane. fp32 throughout, one rounding to bf16 at the store.
+#include "dit/dit_common.cuh"
+#include "dit/dit_params.h"
+#include "dit/dit_tuning.h"
+
+namespace flashmap::dit {
+
+__global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) adaln_kernel(AdaLNParams p) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * tuning::kNormWarpsPerCta + threadIdx.x / 32;
+  if (row >= p.M) return;
+  const int g = row / p.rows_per_cond;
+  const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
+  const uint4* shift = reinterpret_cast<const uint4*>(p.shift + g * p.shift_stride);
+  const uint4* scale = reinterpret_cast<const uint4*>(p.scale + g * p.scale_stride);
+  uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row) * p.N);
+  const int nvec = p.N / 8;
+  float f[8];
+
+  float sum = 0.f;
+  for (int i = lane; i < nvec; i += 32) {
+    unpack8(x[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += f[j];
+  }
+  const float mean = warp_sum(sum) / p.N;
+
+  float sq = 0.f;
+  for (int i = lane; i < nvec; i += 32) {
+    unpack8(x[i], f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sq += (f[j] - mean) * (f[j] - mean);
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / p.N + p.eps);
+
+  for (int i = lane; i < nvec; i += 32) {
+    float sh[8], sc[8];
+    unpack8(x[i], f);
+    unpack8(shift[i], sh);
+    unpack8(scale[i], sc);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = (f[j] - mean) * rstd * (1.f + sc[j]) + sh[j];
+    out[i] = pack8(f);
+  }
+}
+
+__global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) rms_norm_kernel(RmsNormParams p) {
+  const int lane = threadIdx.x % 32;
+  const int vec = blockIdx.x * tuning::kNormWarpsPerCta + threadIdx.x / 32;  // (row, head) pair
+  if (vec >= p.M * p.H) return;
+  const int row = vec / p.H, head = vec % p.H;
+  const bf16_bits* x = p.x + row * p.x_row + head * p.x_head;
+  bf16_bits* out = p.out + static_cast<int64_t>(vec) * p.D;
+  float sq = 0.f;
+  for (int i = lane; i < p.D; i += 32) {
+    const float v = bf16_bits_to_float(x[i]);
+    sq += v * v;
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / p.D + p.eps);
+  auto normed = [&](int i) { return bf16_bits_to_float(x[i]) * rstd * bf16_bits_to_float(p.weight[i]); };
+  if (p.positions == nullptr) {
+    for (int i = lane; i < p.D; i += 32) out[i] = float_to_bf16_bits(normed(i));
+    return;
+  }
+  const int half = p.D / 2;
+  const float pos = static_cast<float>(p.positions[row]);
+  for (int i = lane; i < half; i += 32) {
+    const float inv_freq = powf(p.theta, -static_cast<float>(2 * i) / p.D);
+    float sn, cs;
+    sincosf(pos * inv_freq, &sn, &cs);
+    const float a = normed(i), b = normed(i + half);
+    out[i] = float_to_bf16_bits(a * cs - b * sn);
+    out[i + half] = float_to_bf16_bits(b * cs + a * sn);
+  }
+}
+
+void rms_norm_launch(const RmsNormParams& p, cudaStream_t stream) {
+  const int vecs = p.M * p.H;
+  if (vecs == 0) return;
+  constexpr int kWarps = tuning::kNormWarpsPerCta;
+  rms_norm_kernel<<<(vecs + kWarps - 1) / kWarps, kWarps * 32, 0, stream>>>(p);
+}
+
+void adaln_launch(const AdaLNParams& p, cudaStream_t stream) {
+  if (p.M == 0) return;
+  constexpr int kWarps = tuning::kNormWarpsPerCta;
+  adaln_kernel<<<(p.M + kWarps - 1) / kWarps, kWarps * 32, 0, stream>>>(p);
+}
+
+}  // namespace flashmap::dit

@@ -1,0 +1,231 @@
+"""Fused fast path of the FlashMap drafter (DESIGN §5, §10): the same network as
+`FlashMapDrafter.denoise` / `extend_memory`, run through the `flashmap_ext.dit_ops` kernels.
+
+    packed = pack_weights(drafter)                       # once, at load time
+    fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
+    block = fused_draft_block(packed, memory, anchor_tokens, noise=z, steps=1)   # replaces draft_block
+    graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # optional: CUDA-graph replay
+    tokens = graph(memory, anchor_tokens, z)
+
+Per DiT layer: adaLN -> fused qkv GEMM -> QK-norm -> slot attention -> out GEMM (gate·y + residual) ->
+adaLN -> q GEMM -> QK-norm + RoPE -> memory attention (kv_len = committed length + anchor) -> out GEMM
+(gated residual) -> adaLN -> fc1 GEMM (+GELU) -> fc2 GEMM (gated residual). All layers' adaLN
+modulations come from one GEMM (the conditioning c is shared), and all layers' memory K/V of new entries
+from one GEMM. The LM head fuses the per-slot argmax, so no [B·K, V] logits are written for 1-step drafts.
+
+Every op also runs on CPU, so this path is tested against the reference drafter on CPU; on CUDA the
+weights and the memory must be bf16.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from flashmap_ext import dit_ops as ops
+from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, FlashMapMemory
+from flashmap_ext.flow import flow_map_jump
+
+
+@dataclass
+class PackedLayer:
+    qkv_w: torch.Tensor; qkv_b: torch.Tensor; self_qn: torch.Tensor; self_kn: torch.Tensor
+    self_out_w: torch.Tensor; self_out_b: torch.Tensor
+    q_w: torch.Tensor; q_b: torch.Tensor; cross_qn: torch.Tensor; cross_kn: torch.Tensor
+    cross_out_w: torch.Tensor; cross_out_b: torch.Tensor
+    fc1_w: torch.Tensor; fc1_b: torch.Tensor; fc2_w: torch.Tensor; fc2_b: torch.Tensor
+
+
+@dataclass
+class PackedFlashMap:
+    """The drafter's weights in the kernels' layout (contiguous [out, in], K-major), built once."""
+    drafter: FlashMapDrafter  # for the time embedders, the noise, the embedding and d2t
+    layers: list[PackedLayer]
+    adaln_w: torch.Tensor     # [n_layers·9w + 2w, cond_dim]: every block's adaLN, then the final one
+    adaln_b: torch.Tensor
+    mem_kv_w: torch.Tensor    # [n_layers·2w, w]: per layer k_proj then v_proj
+    mem_kv_b: torch.Tensor
+    tap_w: torch.Tensor; tap_b: torch.Tensor; tap_norm: torch.Tensor
+    anchor_w: torch.Tensor; anchor_b: torch.Tensor; anchor_norm: torch.Tensor
+    slot_w: torch.Tensor; slot_b: torch.Tensor; slot_norm: torch.Tensor; slot_pos: torch.Tensor
+    final_w: torch.Tensor; final_b: torch.Tensor
+    head_w: torch.Tensor; head_b: Optional[torch.Tensor]
+
+
+def pack_weights(drafter: FlashMapDrafter) -> PackedFlashMap:
+    """The drafter's weights (and the target's LM head rows) in the fused layout. Single weights are
+    shared with the module (no copy); the concatenated ones (all adaLN modulations, all memory K/V
+    projections) are copies, so pack again after the weights change (training)."""
+    pk = lambda *ts: ts[0].detach().contiguous() if len(ts) == 1 else torch.cat([t.detach() for t in ts])
+    layers = [PackedLayer(
+        pk(b.self_attn.qkv.weight), pk(b.self_attn.qkv.bias), pk(b.self_attn.q_norm.weight),
+        pk(b.self_attn.k_norm.weight), pk(b.self_attn.out.weight), pk(b.self_attn.out.bias),
+        pk(b.cross_attn.q_proj.weight), pk(b.cross_attn.q_proj.bias), pk(b.cross_attn.q_norm.weight),
+        pk(b.cross_attn.k_norm.weight), pk(b.cross_attn.out.weight), pk(b.cross_attn.out.bias),
+        pk(b.mlp[0].weight), pk(b.mlp[0].bias), pk(b.mlp[2].weight), pk(b.mlp[2].bias)) for b in drafter.blocks]
+    blocks, fin, tables = drafter.blocks, drafter.final, drafter.tables
+    head_b = tables.head_bias
+    return PackedFlashMap(
+        drafter, layers,
+        pk(*[b.adaLN.weight for b in blocks], fin.adaLN.weight), pk(*[b.adaLN.bias for b in blocks], fin.adaLN.bias),
+        pk(*[w for b in blocks for w in (b.cross_attn.k_proj.weight, b.cross_attn.v_proj.weight)]),
+        pk(*[w for b in blocks for w in (b.cross_attn.k_proj.bias, b.cross_attn.v_proj.bias)]),
+        pk(drafter.tap_proj.weight), pk(drafter.tap_proj.bias), pk(drafter.tap_norm.weight),
+        pk(drafter.anchor_proj.weight), pk(drafter.anchor_proj.bias), pk(drafter.anchor_norm.weight),
+        pk(drafter.slot_proj.weight), pk(drafter.slot_proj.bias), pk(drafter.slot_norm.weight), pk(drafter.slot_pos),
+        pk(fin.out.weight), pk(fin.out.bias),
+        tables.head_weight.detach().to(drafter.dtype).contiguous(),
+        None if head_b is None else head_b.detach().to(drafter.dtype).contiguous())
+
+
+def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Tensor, start: torch.Tensor) -> None:
+    """entries [B, T, w] at positions start[b] + t: every layer's K (QK-normed, rotated) and V, appended
+    in place. start [B] int32 on the memory's device."""
+    c = p.drafter.config
+    B, T, _ = entries.shape
+    kv = ops.linear(entries, p.mem_kv_w, p.mem_kv_b).view(B, T, c.n_layers, 2, c.heads, c.head_dim)
+    pos = (start.long()[:, None] + torch.arange(T, device=start.device)).reshape(-1)
+    count = torch.full_like(start, T)
+    for i, layer in enumerate(p.layers):
+        k = ops.rms_norm(kv[:, :, i, 0], layer.cross_kn, pos.view(B, T), theta=c.rope_theta, eps=c.norm_eps)
+        ops.kv_append_(memory.k[i].transpose(1, 2), k, start, count)
+        ops.kv_append_(memory.v[i].transpose(1, 2), kv[:, :, i, 1], start, count)
+
+
+@torch.no_grad()
+def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: torch.Tensor,
+                        taps: torch.Tensor) -> None:
+    """FlashMapDrafter.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
+    c = p.drafter.config
+    B, T = token_ids.shape
+    memory.reserve(memory.length + T)
+    entries = ops.linear(taps.to(p.tap_w.dtype), p.tap_w, p.tap_b)
+    entries = ops.rms_norm(entries.unsqueeze(-2), p.tap_norm, eps=c.norm_eps).squeeze(-2)
+    start = torch.full((B,), memory.length, dtype=torch.int32, device=entries.device)
+    _write_entries(p, memory, entries, start)
+    memory.length += T
+
+
+def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.Tensor, memory_kv,
+           q_pos: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
+    """One DiT block (DiTBlock.forward at A = 1). x [B, K, w], mods [B, 9, w], memory_kv (k, v) [B, cap, h, hd]."""
+    c = p.drafter.config
+    B, K, w = x.shape
+    sh1, sc1, g1, sh2, sc2, g2, sh3, sc3, g3 = mods.unbind(1)
+    qkv = ops.linear(ops.adaln(x, sh1, sc1, c.norm_eps), layer.qkv_w, layer.qkv_b).view(B, K, 3, c.heads, c.head_dim)
+    q = ops.rms_norm(qkv[:, :, 0], layer.self_qn, eps=c.norm_eps)
+    k = ops.rms_norm(qkv[:, :, 1], layer.self_kn, eps=c.norm_eps)
+    o = ops.attention(q, k, qkv[:, :, 2]).reshape(B, K, w)
+    x = ops.linear(o, layer.self_out_w, layer.self_out_b, gate=g1, residual=x)
+    q = ops.linear(ops.adaln(x, sh2, sc2, c.norm_eps), layer.q_w, layer.q_b).view(B, K, c.heads, c.head_dim)
+    q = ops.rms_norm(q, layer.cross_qn, q_pos, theta=c.rope_theta, eps=c.norm_eps)
+    o = ops.attention(q, *memory_kv, kv_len).reshape(B, K, w)
+    x = ops.linear(o, layer.cross_out_w, layer.cross_out_b, gate=g2, residual=x)
+    h = ops.linear(ops.adaln(x, sh3, sc3, c.norm_eps), layer.fc1_w, layer.fc1_b, activation="gelu_tanh")
+    return ops.linear(h, layer.fc2_w, layer.fc2_b, gate=g3, residual=x)
+
+
+def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tensor, slot_inputs: torch.Tensor,
+                  tau_s: float, tau_t: float, *, return_logits: bool) -> ops.LmHeadOutput:
+    """One network evaluation (FlashMapDrafter.denoise after the anchor entry is written).
+
+    lengths: [B] int32, committed entries per row (the anchor sits at index lengths[b]); a device tensor
+    so that a captured graph replays for any length within the memory's capacity.
+    slot_inputs: [B, K, d_target] d-space states. Returns (tokens [B, K] flow-vocab ids, logits or None).
+    """
+    d, c = p.drafter, p.drafter.config
+    B, K, _ = slot_inputs.shape
+    x = ops.linear(slot_inputs.to(p.slot_w.dtype), p.slot_w, p.slot_b)
+    x = ops.rms_norm(x.unsqueeze(-2), p.slot_norm, eps=c.norm_eps).squeeze(-2) + p.slot_pos
+    tau = lambda v: torch.full((B,), v, dtype=torch.float32, device=x.device)
+    cond = d._cond(tau(tau_s), tau(tau_t)).to(p.adaln_w.dtype)
+    mods = ops.linear(cond, p.adaln_w, p.adaln_b).view(B, 9 * c.n_layers + 2, c.width)
+    q_pos = lengths.long()[:, None] + 1 + torch.arange(K, device=x.device)
+    kv_len = lengths + 1
+    for i, layer in enumerate(p.layers):
+        kv = (memory.k[i].transpose(1, 2), memory.v[i].transpose(1, 2))
+        x = _block(p, layer, mods[:, 9 * i:9 * i + 9], x, kv, q_pos, kv_len)
+    h = ops.adaln(x, mods[:, -2], mods[:, -1], c.norm_eps)
+    h = ops.linear(h, p.final_w, p.final_b)
+    return ops.lm_head(h, p.head_w, p.head_b, return_logits=return_logits, softcap=c.softcap)
+
+
+def fused_draft_step(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: torch.Tensor,
+                     lengths: torch.Tensor, *, steps: int, return_logits: bool = False) -> ops.LmHeadOutput:
+    """Anchor entry + 1 or 2 evaluations (DESIGN §4). z [B, K, d_target] fp32 noise; lengths [B] int32.
+    Graph-safe when memory.capacity > max(lengths) (nothing here reads data on the host)."""
+    d = p.drafter
+    entry = ops.linear(d.embed_tokens(anchor_tokens).to(p.anchor_w.dtype), p.anchor_w, p.anchor_b)
+    entry = ops.rms_norm(entry.unsqueeze(-2), p.anchor_norm, eps=d.config.norm_eps)  # [B, 1, w]
+    _write_entries(p, memory, entry, lengths)
+    if steps == 1:
+        return fused_denoise(p, memory, lengths, z, 0.0, 1.0, return_logits=return_logits)
+    first = fused_denoise(p, memory, lengths, z, 0.0, 0.5, return_logits=True)
+    mid = flow_map_jump(z, d.probs_to_state(torch.softmax(first.logits, dim=-1)), z.new_zeros(z.shape[:2]),
+                        z.new_full(z.shape[:2], d.t_mid))
+    return fused_denoise(p, memory, lengths, mid, 0.5, 1.0, return_logits=return_logits)
+
+
+@torch.no_grad()
+def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
+                      steps: Optional[int] = None, noise: Optional[torch.Tensor] = None,
+                      seed: Optional[torch.Tensor] = None, position: Optional[torch.Tensor] = None,
+                      return_logits: bool = False) -> DraftBlock:
+    """`flashmap.draft_block` on the fused ops (same arguments, same result up to fp rounding)."""
+    d = p.drafter
+    steps = d.config.draft_steps if steps is None else steps
+    if steps not in (1, 2):
+        raise ValueError(f"steps: must be 1 or 2, got {steps!r}")
+    B = anchor_tokens.shape[0]
+    if noise is None:
+        if seed is None or position is None:
+            raise ValueError("seed, position: required when noise is None")
+        seed, position = (torch.as_tensor(v, dtype=torch.int64).reshape(-1).expand(B) for v in (seed, position))
+        noise = d.sample_noise(seed, position)
+    memory.reserve(memory.length + 1)
+    lengths = torch.full((B,), memory.length, dtype=torch.int32, device=anchor_tokens.device)
+    out = fused_draft_step(p, memory, anchor_tokens, noise.float(), lengths, steps=steps, return_logits=return_logits)
+    return DraftBlock(d.to_target_ids(out.tokens), out.logits)
+
+
+class FusedDraftGraph:
+    """The fused draft step captured once in a CUDA graph and replayed per round (DESIGN §10).
+
+    Valid for a fixed batch size, step count and memory buffer: reserve the memory's capacity for the
+    longest generation before capturing (`memory.reserve(n)`); a call after the buffers were reallocated
+    (capacity grew) raises. Inputs are copied into static buffers; the returned tokens [B, K] (target ids)
+    are a static buffer overwritten by the next call.
+    """
+
+    def __init__(self, p: PackedFlashMap, memory: FlashMapMemory, *, batch_size: int, steps: int = 1,
+                 warmup: int = 2):
+        c, dev = p.drafter.config, memory.k.device
+        self.p, self.steps, self._buffers = p, steps, (memory.k.data_ptr(), memory.v.data_ptr())
+        self.anchor = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+        self.z = torch.zeros(batch_size, c.block_size, c.d_target, dtype=torch.float32, device=dev)
+        # The warm-up runs write the anchor entry at index `lengths`: the scratch slot, never a committed one.
+        self.lengths = torch.full((batch_size,), memory.length, dtype=torch.int32, device=dev)
+        if memory.length >= memory.capacity:
+            raise RuntimeError("FusedDraftGraph: reserve memory capacity beyond the current length first")
+        run = lambda: fused_draft_step(p, memory, self.anchor, self.z, self.lengths, steps=steps).tokens
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(warmup):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.tokens = p.drafter.to_target_ids(run())
+
+    def __call__(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if (memory.k.data_ptr(), memory.v.data_ptr()) != self._buffers or memory.length >= memory.capacity:
+            raise RuntimeError("FusedDraftGraph: the memory buffers changed or are full since capture; "
+                               "reserve the capacity up front and capture again")
+        self.anchor.copy_(anchor_tokens)
+        self.z.copy_(z)
+        self.lengths.fill_(memory.length)
+        self.graph.replay()
+        return self.tokens
