@@ -45,8 +45,8 @@ def init(device: str | None = None) -> tuple[World, torch.device]:
 def wrap(model: torch.nn.Module, mode: str, device: torch.device) -> torch.nn.Module:
     """Wraps `model` for data parallelism. mode: "none" | "ddp" | "fsdp".
 
-    FSDP2 shards each element of `model.layers` (when present) and then the root, so large drafters keep
-    1/N of their weights, gradients and AdamW moments per process. Raises ValueError for an unknown mode.
+    FSDP2 shards each element of `model.layers` or `model.blocks` (when present) and then the root, so
+    large drafters keep 1/N of their weights, gradients and AdamW moments per process. Raises ValueError for an unknown mode.
     """
     if mode not in MODES:
         raise ValueError(f"parallel mode must be one of {MODES} (got {mode!r})")
@@ -56,7 +56,7 @@ def wrap(model: torch.nn.Module, mode: str, device: torch.device) -> torch.nn.Mo
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
-    for layer in getattr(model, "layers", []):
+    for layer in getattr(model, "layers", None) or getattr(model, "blocks", None) or []:
         fully_shard(layer)
     fully_shard(model)
     return model
