@@ -9,17 +9,18 @@ at j, the anchor at its position p, slot k at p + 1 + k) so the drafter knows wh
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from flashmap_ext.drafters.flashmap_config import FlashMapConfig, default_tap_layers
+from flashmap_ext.drafters.flashmap_draft import DraftBlock, draft_block
 from flashmap_ext.drafters.flashmap_layers import DiTBlock, FinalLayer, RMSNorm, TimestepEmbedder
 from flashmap_ext.drafters.flashmap_memory import KV, FlashMapMemory, TrainMemory
 from flashmap_ext.drafters.flashmap_target import TargetTables, hf_causal_lm
-from flashmap_ext.flow import d_space_noise, drafter_xi, flow_map_jump, t_of_tau
+from flashmap_ext.flow import d_space_noise, drafter_xi, t_of_tau
 
 __all__ = ["FlashMapConfig", "FlashMapDrafter", "FlashMapMemory", "DraftBlock", "draft_block"]
 
@@ -306,51 +307,3 @@ class FlashMapDrafter(nn.Module):
         if dtype is not None:
             drafter.to(dtype)
         return drafter.attach_target(target)
-
-
-class DraftBlock(NamedTuple):
-    """tokens [B, K] int64 target ids; logits [B, K, V_s] fp32 of the last evaluation, or None."""
-    tokens: torch.Tensor
-    logits: torch.Tensor | None
-
-
-@torch.no_grad()
-def draft_block(drafter: FlashMapDrafter, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
-                steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
-                position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
-    """One FlashMap drafting call (DESIGN §3.2, §4).
-
-    anchor_tokens: [B] int64, the last committed token of each row (not in `memory`).
-    steps: 1 (`net(z, 0, 1)`) or 2 (`A = softmax(net(z, 0, ½))`, jump to t(½), `net(x_m, ½, 1)`);
-        default `config.draft_steps`. The block's noise z is shared by both steps (no fresh noise).
-    noise: [B, K, d_target] d-space noise z ~ N(0, EᵀE); else drawn from the drafter's own stream keyed
-        by seed, position ([B] int64 or ints; `position` = absolute position of the anchor).
-    Returns DraftBlock(tokens = per-slot argmax as target ids, logits if return_logits).
-    Raises ValueError naming the offending argument.
-    """
-    c = drafter.config
-    steps = c.draft_steps if steps is None else steps
-    if steps not in (1, 2):
-        raise ValueError(f"steps: must be 1 or 2, got {steps!r}")
-    if (not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1
-            or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
-        raise ValueError(f"anchor_tokens: expected [B={memory.batch_size}] int64, got "
-                         f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
-    B = anchor_tokens.shape[0]
-    if noise is None:
-        if seed is None or position is None:
-            raise ValueError("seed, position: required when noise is None")
-        seed, position = (torch.as_tensor(x, dtype=torch.int64).reshape(-1).expand(B) for x in (seed, position))
-        noise = drafter.sample_noise(seed, position)
-    if tuple(noise.shape) != (B, c.block_size, c.d_target):
-        raise ValueError(f"noise: expected [{B}, {c.block_size}, {c.d_target}], got {list(noise.shape)}")
-    z = noise.float()
-    if steps == 1:
-        logits = drafter.denoise(memory, anchor_tokens, z, 0.0, 1.0)
-    else:
-        a = torch.softmax(drafter.denoise(memory, anchor_tokens, z, 0.0, 0.5), dim=-1)
-        s, t = z.new_zeros(B, c.block_size), z.new_full((B, c.block_size), drafter.t_mid)
-        x_mid = flow_map_jump(z, drafter.probs_to_state(a), s, t)
-        logits = drafter.denoise(memory, anchor_tokens, x_mid, 0.5, 1.0)
-    tokens = drafter.to_target_ids(logits.argmax(dim=-1))
-    return DraftBlock(tokens, logits if return_logits else None)

@@ -79,6 +79,16 @@ def sample_times(zero: torch.Tensor, one: torch.Tensor, generator: torch.Generat
     return tau_s, tau_t
 
 
+def _block_times(batch_size: int, num_anchors: int, frac_01: float, generator: torch.Generator, vocab: int,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Roles (CPU) and times on `device`: τ_s, τ_u = (τ_s+τ_t)/2, τ_t and interpolant times s, u, t [B, A] fp64."""
+    zero, one = assign_roles(batch_size, num_anchors, frac_01, generator)
+    tau_s, tau_t = sample_times(zero, one, generator)
+    times = {"tau_s": tau_s, "tau_t": tau_t, "tau_u": (tau_s + tau_t) / 2}
+    times.update({n: t_of_tau(times["tau_" + n], vocab) for n in ("s", "u", "t")})
+    return zero, one, {k: v.to(device) for k, v in times.items()}
+
+
 def _column_groups(zero: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
     """[(anchor columns, kind)] with kind 'zero', 'jump' or 'mixed' (A = 1: rows differ)."""
     has_zero, has_jump = zero.any(0), (~zero).any(0)
@@ -143,12 +153,7 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
     drafter = unwrap(student)
     b = prepare_batch(drafter, batch)
     device, (B, A) = b["labels"].device, b["anchor_pos"].shape
-    zero, one = assign_roles(B, A, frac_01, generator)
-    tau_s, tau_t = sample_times(zero, one, generator)
-    times = {"tau_s": tau_s, "tau_t": tau_t, "tau_u": (tau_s + tau_t) / 2}
-    vocab = drafter.config.state_vocab_size
-    times.update({n: t_of_tau(times["tau_" + n], vocab) for n in ("s", "u", "t")})
-    times = {k: v.to(device) for k, v in times.items()}
+    zero, one, times = _block_times(B, A, frac_01, generator, drafter.config.state_vocab_size, device)
     x_s = noisy_states(drafter, b["labels"], times["s"], generator)
     gamma = semigroup_weight(times["s"], times["u"], times["t"]).float()
     hidden = student(b["taps"], b["input_ids"], b["anchor_pos"], x_s, times["tau_s"].float(),
