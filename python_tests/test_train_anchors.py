@@ -65,3 +65,39 @@ def test_collate_pads_and_every_label_is_the_token_k_after_its_anchor():
                 p = anchor + 1 + s
                 want = int(it["input_ids"][p]) if p < n and it["loss_mask"][p] else -100
                 assert batch["labels"][i, j, s] == want
+
+
+def _drafter_and_loss(kind, target):
+    if kind == "flow":
+        from flashmap_ext.drafters.flashmap import FlashMapDrafter
+        from flashmap_ext.train.flow import flow_loss
+        d = FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4, two_time=False)
+        d.reset_parameters(zero_init=False)  # adaLN-Zero would make the output ignore the memory
+        return d, flow_loss
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.train.dflash import dflash_loss
+    return DFlashDrafter.for_target(target, num_hidden_layers=1, block_size=5, mask_token_id=0), dflash_loss
+
+
+@pytest.mark.parametrize("kind", ["flow", "dflash"])
+def test_block_loss_sees_memory_strictly_before_its_anchor(tiny_target, kind):
+    drafter, loss_fn = _drafter_and_loss(kind, tiny_target)
+    t, anchors = 12, [5, 8]
+    ids = torch.randint(0, 111, (2, t))
+    mask = torch.ones(t, dtype=torch.bool)
+    feat = len(drafter.target_layer_ids) * tiny_target.config.hidden_size
+    items = [{"input_ids": ids[i], "loss_mask": mask, "taps": torch.randn(t, feat)} for i in range(2)]
+    batch = collate(items, num_anchors=1, block_size=4)
+    batch["anchor_pos"] = torch.tensor([[anchors[0]], [anchors[1]]])
+    batch["labels"] = torch.stack([block_labels(ids[i], mask, batch["anchor_pos"][i], 4) for i in range(2)])
+
+    def loss(taps):
+        return loss_fn(drafter, {**batch, "taps": taps}, torch.Generator().manual_seed(5))[0]
+    base = loss(batch["taps"])
+    later = batch["taps"].clone()
+    for row, a in enumerate(anchors):
+        later[row, a:] = torch.randn_like(later[row, a:]) * 10  # the anchor's own taps and everything after
+    torch.testing.assert_close(loss(later), base, rtol=0, atol=1e-6)
+    earlier = batch["taps"].clone()
+    earlier[1, anchors[1] - 1] += 3.0  # the last position of row 1's memory
+    assert (loss(earlier) - base).abs() > 1e-4
