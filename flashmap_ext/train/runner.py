@@ -53,6 +53,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="under torchrun: ddp (replicated drafter) or fsdp (sharded, for large drafters)")
     r.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     r.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
+    r.add_argument("--log-every", type=int, default=10, help="steps between lines of <out>/metrics.jsonl")
     r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
 
 
@@ -109,7 +110,8 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     drafter = drafter.float()
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],
                       batch_size=run["batch_size"], accum=run["accum"], save_every=run["save_every"],
-                      seed=args.seed, parallel=args.parallel, progress=not args.no_progress)
+                      seed=args.seed, log_every=args.log_every, parallel=args.parallel,
+                      progress=not args.no_progress)
     taps_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     collate_fn = make_collate(run["num_anchors"], drafter.num_draft_tokens, run.get("max_length"), taps_dtype)
     if int(os.environ.get("RANK", "0")) == 0:

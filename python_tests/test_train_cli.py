@@ -1,0 +1,63 @@
+"""The training commands: --help, presets, and the whole CLI pipeline on `--target tiny-random`."""
+import argparse
+import json
+
+import pytest
+
+from flashmap_ext.cli import build_parser, main
+from flashmap_ext.train.checkpoint import latest
+from flashmap_ext.train.runner import settings
+
+COMMANDS = [["train", "flow"], ["train", "dflash"], ["distill"], ["data", "regenerate"], ["features"]]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
+def test_help_explains_the_command(cmd, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(cmd + ["--help"])
+    text = capsys.readouterr().out
+    assert exit_.value.code == 0 and "--target" in text and "--out" in text
+    if cmd[0] in ("train", "distill"):
+        assert "--resume" in text and "--preset" in text and "flashmap features" in text
+
+
+def test_qwen3_8b_preset_is_the_paper_and_options_override_it():
+    args = argparse.Namespace(preset="qwen3-8b", steps=None, lr=None, warmup=None, batch_size=None, accum=None,
+                              num_anchors=None, max_length=None, save_every=None)
+    flow, shape = settings(args, "flow", "flashmap")
+    assert (flow["steps"], flow["lr"], flow["num_anchors"]) == (39_000, 6e-4, 512)
+    assert shape == dict(n_layers=6, width=2048, heads=16, block_size=16)
+    distill, _ = settings(args, "distill", "flashmap")
+    assert (distill["steps"], distill["lr"]) == (23_000, 5e-5)
+    args.steps, args.lr = 7, 1e-3
+    assert settings(args, "flow", "flashmap")[0]["steps"] == 7
+    args.preset = "nope"
+    with pytest.raises(ValueError, match="cpu-tiny"):
+        settings(args, "flow", "flashmap")
+
+
+def test_cli_pipeline_on_tiny_random(tmp_path):
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"},
+                                                     {"role": "assistant", "content": "?"}]}) + "\n"
+                            for w in ("one", "two", "three", "four", "five")))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "regen.jsonl"),
+                 "--max-new-tokens", "24", "--batch-size", "3"]) == 0
+    assert len((tmp_path / "regen.jsonl").read_text().splitlines()) == 5
+    assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    train_args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2"]
+    assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow"), "--steps", "3"]) == 0
+    assert json.loads((tmp_path / "flow" / "drafter" / "config.json").read_text())["two_time"] is False
+    assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
+                 "--out", str(tmp_path / "map"), "--steps", "2", "--frac-01", "1/8"]) == 0
+    assert json.loads((tmp_path / "map" / "drafter" / "config.json").read_text())["two_time"] is True
+    dflash = [*train_args, "--out", str(tmp_path / "dflash"), "--mask-token-id", "0", "--save-every", "1",
+              "--log-every", "1"]
+    assert main(["train", "dflash", *dflash, "--steps", "2"]) == 0
+    assert main(["train", "dflash", *dflash, "--steps", "3", "--resume"]) == 0
+    assert latest(str(tmp_path / "dflash")).endswith("step-00000003")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "dflash" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+    assert main(["generate", "--target", "tiny-random", "--drafter", str(tmp_path / "map" / "drafter"),
+                 "--prompt", "say one", "--max-new-tokens", "8"]) == 0
