@@ -51,6 +51,15 @@ step env 60 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --f
   '"$PY"' -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"'
 step build 360 "$PY" setup.py build_ext --inplace
 
+# Fused acceptance step `verify` (issue 2): python_tests/test_verify_*.py on CUDA (exact vs the fp64
+# reference, edge cases, CUDA-graph replay, chi-square losslessness, opcheck), then verify vs the PyTorch
+# composition at K = 16, V = 151,936, B 1/8/64 (targets: <= 10 us at B = 1, >= 60% of HBM at B = 64).
+step verify_tests 240 "$PY" -m pytest -q python_tests/test_verify_exact.py python_tests/test_verify_edge.py \
+  python_tests/test_verify_stats.py python_tests/test_verify_opcheck.py -k cuda -o addopts="" \
+  --junitxml="$OUT/verify_tests.xml"
+step bench_verify 180 "$PY" -m pytest -q benches/bench_verify.py -k cuda -o addopts="" --benchmark-only \
+  --benchmark-columns=median,iqr,rounds --benchmark-json="$OUT/bench_verify.json"
+
 # DiT drafter kernels (issue 6): every CUDA op vs the fp64 oracle under the error budget, CUDA graphs,
 # torch.compile, the fused draft step vs the reference drafter; then the draft-step benchmark.
 step dit_tests 300 "$PY" -m pytest -q -m cuda python_tests/test_dit_ops.py python_tests/test_dit_fused.py \

@@ -192,3 +192,31 @@ def test_verify_op_checks_arguments_directly():
         op(*args, None, 11, None)
     assert op(*args)[0].shape == (2, 4)
     assert verify_reference(logits, drafts, **p)[0].shape == (2, 4)
+
+
+@pytest.mark.cuda
+def test_verify_cuda_graph_replay_matches_eager():
+    """check=False never syncs: the op captures into a CUDA graph; replays follow in-place input changes."""
+    B, K, V = 8, 4, 20000
+    logits, drafts = random_case(B, K, V, dtype=torch.bfloat16)
+    static = dict(logits=logits.cuda(), drafts=drafts.cuda(), seed=torch.arange(B, device="cuda"),
+                  temperature=torch.tensor([0.0, 1.0] * 4, device="cuda"))
+    run = lambda: ops.verify(static["logits"], static["drafts"], temperature=static["temperature"],
+                             seed=static["seed"], position=7, top_p=0.9, check=False)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for step in range(3):
+        new_logits, new_drafts = random_case(B, K, V, dtype=torch.bfloat16, gen_seed=step + 1)
+        static["logits"].copy_(new_logits)
+        static["drafts"].copy_(new_drafts)
+        static["seed"].add_(B)
+        graph.replay()
+        eager = run()
+        for got, expected in zip(captured, eager):
+            assert torch.equal(got, expected)
