@@ -7,8 +7,9 @@ Public API:
     DFlashDrafter           block-diffusion baseline drafter (DFlash)
     Eagle3Drafter           autoregressive baseline drafter (EAGLE-3)
     Target, load_target     Hugging Face target adapter (DESIGN.md §6)
-    generate                the lossless speculative decoding loop (DESIGN.md §7)
-    generate_tree           EAGLE-3 static-tree decoding (batch 1, reference path)
+    generate                the lossless speculative decoding loop (DESIGN.md §7); tree=TreeSpec(...)
+                            drafts EAGLE-3 token trees (batch 1, reference path)
+    generate_tree           generate(..., tree=TreeSpec(depth, topk, num_nodes))
 """
 import torch  # noqa: F401  (must precede _C: it links against libtorch)
 
@@ -18,9 +19,8 @@ from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_bl
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.target import Target, load_target
-from flashmap_ext.speculate import GenerateOutput, GenerateStats, generate
-from flashmap_ext.tree import generate_tree
+from flashmap_ext.speculate import GenerateOutput, GenerateStats, TreeSpec, generate, generate_tree
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
            "DFlashDrafter", "Eagle3Drafter", "Target", "load_target", "generate", "GenerateOutput",
-           "GenerateStats", "generate_tree"]
+           "GenerateStats", "generate_tree", "TreeSpec"]

@@ -4,8 +4,11 @@ What the decoding loop needs from the target, and nothing more:
 - `forward(input_ids, cache, num_logits=n, tap_layer_ids=ids)`: one forward over new tokens that appends
   their K/V to `cache`, returns logits only for the last `n` positions (`logits_to_keep`) and the outputs
   of the tapped decoder layers (forward hooks; `output_hidden_states` would materialise every layer).
+  With `attention_mask` (an additive [1, 1, T, cached + T] mask) and `position_ids` [1, T] the new tokens
+  may form a tree (tree attention: each sees the cache and its own ancestors).
 - `rollback(cache, n)`: drops the last n positions from the KV cache (`DynamicCache.crop(-n)`; a negative
   count is the form that works across transformers 5.17–5.24, positive lengths raise in newer releases).
+- `keep_positions(cache, keep)`: keeps only the positions `keep` (a tree round's accepted path).
 
 Works for any `AutoModelForCausalLM` whose decoder layers sit in `get_decoder().layers` (Qwen3, Qwen2,
 Llama, ...), in fp32, bf16 or fp16, on whatever device the model lives on.
@@ -75,8 +78,9 @@ class Target:
         from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
-    def forward(self, input_ids: torch.Tensor, cache, *, num_logits: int = 1,
-                tap_layer_ids: Sequence[int] = ()) -> TargetOutput:
+    def forward(self, input_ids: torch.Tensor, cache, *, num_logits: int = 1, tap_layer_ids: Sequence[int] = (),
+                attention_mask: Optional[torch.Tensor] = None,
+                position_ids: Optional[torch.Tensor] = None) -> TargetOutput:
         """Runs the target over new tokens, appending their K/V to `cache`.
 
         Args:
@@ -84,6 +88,9 @@ class Target:
             cache: the KV cache from `new_cache()`; updated in place.
             num_logits: number of trailing positions whose logits are computed (1 <= n <= T).
             tap_layer_ids: 0-based decoder layers whose outputs are returned (HF hidden_states[i + 1]).
+            attention_mask: None (causal) or an additive float mask [1, 1, T, cached + T] in the model's
+                dtype (0 = visible, dtype-min = hidden), used as is (sdpa / eager attention).
+            position_ids: None (cached .. cached + T - 1) or [1, T] int64 absolute positions (RoPE).
         Returns:
             TargetOutput(logits [B, num_logits, V], taps [B, T, len(ids) * d] concatenated in id order).
         Raises:
@@ -91,10 +98,13 @@ class Target:
         """
         if not 1 <= num_logits <= input_ids.shape[1]:
             raise ValueError(f"num_logits must be in [1, {input_ids.shape[1]}] (got {num_logits})")
+        attn = str(getattr(self.model.config, "_attn_implementation", None))
+        if attention_mask is not None and "flash" in attn:
+            raise ValueError(f"a custom attention mask (tree attention) needs sdpa or eager attention, not {attn}")
         captured: list = [None] * len(tap_layer_ids)
         with torch.inference_mode(), self._taps(tap_layer_ids, captured):
-            out = self.model(input_ids=input_ids, use_cache=True, logits_to_keep=num_logits,
-                             **{self._cache_kwarg: cache})
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=True, logits_to_keep=num_logits, **{self._cache_kwarg: cache})
         taps = torch.cat(captured, dim=-1) if captured else None
         return TargetOutput(out.logits, taps)
 
@@ -105,6 +115,23 @@ class Target:
             raise ValueError(f"num_tokens must be >= 0 (got {num_tokens})")
         if num_tokens:
             cache.crop(-num_tokens)
+
+    @staticmethod
+    def keep_positions(cache, keep: torch.Tensor) -> None:
+        """Keeps only cache positions `keep` ([n] int64, ascending) in every layer, dropping the rest.
+
+        For full-attention `DynamicLayer`s (keys/values [B, H, L, hd]; transformers 5.17–5.24); other cache
+        layers (sliding window, static) raise TypeError.
+        """
+        from transformers.cache_utils import DynamicLayer
+        for layer in cache.layers:
+            if type(layer) is not DynamicLayer:
+                raise TypeError(f"keep_positions supports full-attention DynamicLayer caches, not "
+                                f"{type(layer).__name__}")
+            if layer.is_initialized:
+                index = keep.to(layer.keys.device)
+                layer.keys = layer.keys.index_select(-2, index)
+                layer.values = layer.values.index_select(-2, index)
 
     @contextlib.contextmanager
     def _taps(self, layer_ids: Sequence[int], captured: list):

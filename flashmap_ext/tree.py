@@ -1,10 +1,12 @@
-"""Lossless tree speculative decoding (EAGLE-2/3 style draft trees; batch size 1; reference path).
+"""The tree round of the decoding loop (EAGLE-2/3 style draft trees; batch size 1; reference path):
+`speculate.generate(..., tree=TreeSpec(depth, topk, num_nodes))`.
 
 Round: the drafter proposes a token tree after the anchor (`drafter.draft_tree`, e.g. EAGLE-3's dynamic
 tree) → one target forward over [anchor, nodes] with tree attention (each node sees the committed
 context, the anchor and its own ancestors; position = anchor position + depth) → walk the tree from the
 anchor (`tree_accept`) → keep the K/V of the accepted path only (cache compaction) → the path's taps
-enter the drafter's memory → the bonus token is the next anchor.
+enter the drafter's memory → the bonus token is the next anchor. The prefill, stop and budget handling
+and the stats are the chain loop's (loop.py); the last round's tree is only as deep as the budget allows.
 
 Acceptance at a node with target distribution p (after temperature / top-k / top-p, the same filter as
 `verify`), children x_1 … x_m tried in order (distinct, point-mass drafts): accept x_i iff u_i < p'(x_i),
@@ -16,11 +18,36 @@ the residual sample, 2 + i for the i-th child's accept coin, position = the node
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from flashmap_ext.drafters.eagle3_tree import DraftTree
+from flashmap_ext.loop import GenerateStats, Request, State, advance, tap_ids
 from flashmap_ext.reference import verify_target_probs, verify_uniform
-from flashmap_ext.speculate import GenerateOutput, GenerateStats, _check_prompt
 from flashmap_ext.target import Target
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Shape of the draft trees: `depth` levels, `topk` children per expanded node and frontier width,
+    `num_nodes` nodes kept (the DFlash paper's EAGLE-3 comparison: 7, 10, 16)."""
+    depth: int = 7
+    topk: int = 10
+    num_nodes: int = 16
+
+    def __post_init__(self):
+        if min(self.depth, self.topk, self.num_nodes) < 1:
+            raise ValueError(f"tree depth, topk, num_nodes must be >= 1 (got {self.depth}, {self.topk}, "
+                             f"{self.num_nodes})")
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeSpec":
+        """'DEPTH,TOPK,NODES' (e.g. '7,10,16') → TreeSpec; ValueError otherwise."""
+        parts = text.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"tree spec must be DEPTH,TOPK,NODES (e.g. 7,10,16), got {text!r}")
+        return cls(*(int(p) for p in parts))
 
 
 def tree_attention_mask(parents: torch.Tensor, prefix: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -71,102 +98,41 @@ def tree_accept(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
         cur = child
 
 
-def keep_positions(cache, keep: torch.Tensor) -> None:
-    """Keeps cache positions `keep` [n] int64 (ascending) of every layer, in that order (transformers 5.x
-    `DynamicCache.layers[i].keys/values` [B, H, L, hd])."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(2, keep.to(layer.keys.device))
-        layer.values = layer.values.index_select(2, keep.to(layer.values.device))
+def tree_draft(target: Target, drafter, state: State, req: Request, spec: TreeSpec) -> DraftTree:
+    """The round's draft tree after the anchor, at most as deep as the budget allows (empty at 0)."""
+    depth = min(spec.depth, state.draft_budget(req))
+    if depth <= 0:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return DraftTree(empty, empty, empty, empty.float())
+    position = torch.tensor([state.position], device=target.device)
+    return drafter.draft_tree(state.memory, state.anchor, position, depth=depth, topk=spec.topk,
+                              num_nodes=spec.num_nodes)
 
 
-def _forward(target: Target, cache, block, positions, mask, tap_ids):
-    """Target forward over the tree block; logits for every row and the taps."""
-    captured: list = [None] * len(tap_ids)
-    with torch.inference_mode(), target._taps(tap_ids, captured):
-        out = target.model(input_ids=block, attention_mask=mask, position_ids=positions, use_cache=True,
-                           **{target._cache_kwarg: cache})
-    return out.logits[0], torch.cat(captured, dim=-1)
-
-
-def generate_tree(target, drafter, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                  top_p: float = 1.0, seed: int = 0, stop_token_ids=(), *, depth: int = 7, topk: int = 10,
-                  num_nodes: int = 16, valid_vocab: int | None = None) -> GenerateOutput:
-    """`speculate.generate` with draft trees: same arguments, contract and outputs (T = 0: identical to
-    greedy decoding; T > 0: the target's distribution); `drafter` must offer `draft_tree(memory,
-    anchor [1], position [1], depth=, topk=, num_nodes=)` (Eagle3Drafter does). Stats count tree nodes
-    as `drafted` and the accepted path length as `accepted`; slot i = tree depth i+1."""
-    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1 (got {temperature}, {top_k}, {top_p})")
-    target = target if isinstance(target, Target) else Target(target)
-    prompt = _check_prompt(target, input_ids, max_new_tokens)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                    valid_vocab=valid_vocab or target.vocab_size)
-    stats, stop, tokens = GenerateStats(prompt_tokens=prompt.shape[1]), frozenset(stop_token_ids), []
-    if max_new_tokens == 0:
-        return GenerateOutput(tokens, stats)
-    with torch.inference_mode():
-        cache, memory, anchor = _prefill(target, drafter, prompt, sampling)
-        position, done = prompt.shape[1], _extend(tokens, [anchor], stop, max_new_tokens)
-        while not done:
-            budget = min(depth, max_new_tokens - len(tokens) - 1)
-            path_tokens = _tree_round(target, drafter, cache, memory, anchor, position, budget,
-                                      dict(topk=topk, num_nodes=num_nodes), sampling, stats)
-            position += len(path_tokens)
-            anchor = path_tokens[-1]
-            done = _extend(tokens, path_tokens, stop, max_new_tokens)
-    stats.new_tokens = len(tokens)
-    return GenerateOutput(tokens, stats)
-
-
-def _prefill(target: Target, drafter, prompt: torch.Tensor, sampling: dict):
-    cache = target.new_cache()
-    out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=tuple(drafter.target_layer_ids))
-    _, first = _emit_at(out.logits[0, -1].double(), [], sampling, prompt.shape[1] - 1)
-    memory = drafter.new_memory(1, target.device)
-    drafter.extend_memory(memory, prompt, out.taps)
-    return cache, memory, first
-
-
-def _tree_round(target: Target, drafter, cache, memory, anchor: int, position: int, depth: int,
-                shape: dict, sampling: dict, stats: GenerateStats) -> list[int]:
-    """One round; returns the committed tokens (accepted path + bonus)."""
-    dev = target.device
-    anchor_t, pos_t = torch.tensor([anchor], device=dev), torch.tensor([position], device=dev)
-    if depth > 0:
-        tree = drafter.draft_tree(memory, anchor_t, pos_t, depth=depth, **shape)
-        tokens, parents, depths = tree.tokens.to(dev), tree.parents, tree.depths.to(dev)
-    else:
-        tokens = parents = depths = torch.zeros(0, dtype=torch.long, device=dev)
-    block = torch.cat([anchor_t, tokens])[None]
-    positions = (position + torch.cat([depths.new_zeros(1), depths]))[None]
-    mask = tree_attention_mask(parents.cpu(), position, target.dtype, dev)
-    logits, taps = _forward(target, cache, block, positions, mask, tuple(drafter.target_layer_ids))
-    path, bonus = tree_accept(logits, tokens.cpu(), parents.cpu(), position, sampling)
+def tree_verify(target: Target, drafter, state: State, req: Request, tree: DraftTree,
+                stats: GenerateStats) -> list:
+    """Target forward over [anchor, nodes] with tree attention → `tree_accept` → keep the accepted path's
+    K/V and taps; returns the committed tokens (accepted path + bonus)."""
+    dev, pos = target.device, state.position
+    tokens, parents, depths = tree.tokens.to(dev), tree.parents.cpu(), tree.depths.to(dev)
+    block = torch.cat([state.anchor, tokens])[None]
+    positions = (pos + torch.cat([depths.new_zeros(1), depths]))[None]
+    mask = tree_attention_mask(parents, pos, target.dtype, dev)
+    out = target.forward(block, state.cache, num_logits=block.shape[1], tap_layer_ids=tap_ids(drafter),
+                         attention_mask=mask, position_ids=positions)
+    sampling = req.scalars(target.vocab_size)
+    _check_logits(out.logits[0], sampling["valid_vocab"], pos)
+    path, bonus = tree_accept(out.logits[0], tokens.cpu(), parents, pos, sampling)
     rows = torch.tensor([0] + [1 + i for i in path], device=dev)
-    keep_positions(cache, torch.cat([torch.arange(position, device=dev), position + rows]))
-    drafter.extend_memory(memory, block[:, rows], taps[:, rows])
-    _record(stats, depths.tolist(), len(path))
+    target.keep_positions(state.cache, torch.cat([torch.arange(pos, device=dev), pos + rows]))
+    advance(drafter, state, block[:, rows], out.taps[:, rows], torch.tensor([bonus], device=dev))
+    stats.add_round(len(tokens), len(path), int(depths.max()) if len(tokens) else 0)
     return tokens[path].tolist() + [bonus]
 
 
-def _extend(tokens: list, new: list, stop, max_new_tokens: int) -> bool:
-    """Appends `new` up to and including the first stop token; True when generation is over."""
-    for i, t in enumerate(new):
-        if t in stop:
-            tokens.extend(new[:i + 1])
-            return True
-    tokens.extend(new)
-    return len(tokens) >= max_new_tokens
-
-
-def _record(stats: GenerateStats, depths: list, accepted: int) -> None:
-    stats.rounds += 1
-    stats.drafted.append(len(depths))
-    stats.accepted.append(accepted)
-    levels = max(depths, default=0)
-    grow = max(0, levels - len(stats.slot_drafted))
-    stats.slot_drafted.extend([0] * grow)
-    stats.slot_accepted.extend([0] * grow)
-    for i in range(levels):
-        stats.slot_drafted[i] += 1
-        stats.slot_accepted[i] += i < accepted
+def _check_logits(logits: torch.Tensor, valid_vocab: int, position: int) -> None:
+    """ValueError for NaN / +inf logits, or a row without a finite value among the valid ids."""
+    valid = logits[:, :valid_vocab]
+    if bool(torch.isnan(valid).any() | torch.isposinf(valid).any() | ~torch.isfinite(valid).any(-1).all()):
+        raise ValueError(f"target logits hold NaN/+inf or no finite value in the tree round at position "
+                         f"{position}")

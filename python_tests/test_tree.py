@@ -10,7 +10,8 @@ from conftest import tiny_qwen3
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.eagle3_tree import DraftTree
 from flashmap_ext.reference import verify_target_probs
-from flashmap_ext.tree import generate_tree, tree_accept, tree_attention_mask
+from flashmap_ext.speculate import generate_tree
+from flashmap_ext.tree import tree_accept, tree_attention_mask
 
 V = 111
 

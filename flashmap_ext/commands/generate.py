@@ -3,14 +3,18 @@ tokens/s.
 
     flashmap generate --target Qwen/Qwen3-8B --drafter ./ckpt --prompt "Hello" --chat
     flashmap generate --target tiny-random --drafter random --prompt "Hello"   # no weights needed
+    flashmap generate --target Qwen/Qwen3-8B --drafter ./eagle3 --tree 7,10,16 --prompt "Hello"
 
 `--target tiny-random` is a tiny random Qwen3 over a byte vocabulary (ids 0-255 are UTF-8 bytes, 256 is
-EOS); `--drafter random` is a small FlashMap drafter with random weights. A drafter directory is
+EOS); `--drafter random` is a small FlashMap drafter with random weights, `random-eagle3` a random
+EAGLE-3 drafter. `--tree DEPTH,TOPK,NODES` drafts token trees (EAGLE-3 drafters only; the DFlash paper's
+comparison uses 7,10,16) instead of chains. A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
 eagle3, `model_type` flashmap_drafter → flashmap (or force it with --drafter-type).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,6 +22,7 @@ from pathlib import Path
 import torch
 
 from flashmap_ext.target import Target, load_target, resolve_dtype
+from flashmap_ext.tree import TreeSpec
 
 TINY = "tiny-random"
 BYTE_EOS = 256
@@ -27,7 +32,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="stream a completion (speculative when --drafter is given)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, help=f"hub name, local dir, .gguf file, or '{TINY}'")
-    p.add_argument("--drafter", help="drafter checkpoint dir, or 'random' (a random FlashMap drafter)")
+    p.add_argument("--drafter", help="drafter checkpoint dir, 'random' (a random FlashMap drafter) or "
+                                     "'random-eagle3'")
     p.add_argument("--drafter-type", choices=["flashmap", "dflash", "eagle3"],
                    help="override the type read from the drafter's config.json")
     p.add_argument("--prompt", required=True)
@@ -39,6 +45,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
+    p.add_argument("--tree", type=tree_spec, metavar="DEPTH,TOPK,NODES",
+                   help="tree drafting (EAGLE-3 drafters), e.g. 7,10,16; default: chain drafting")
     p.add_argument("--steps", type=int, choices=[1, 2], help="FlashMap draft steps (default: checkpoint's)")
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.set_defaults(func=run)
@@ -48,6 +56,8 @@ def run(args) -> int:
     dtype = resolve_dtype(auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target_and_tokenizer(args.target, dtype, args.device)
     drafter = load_drafter(args.drafter, target, args.drafter_type, args.steps) if args.drafter else None
+    if args.tree is not None and not hasattr(drafter, "draft_tree"):
+        raise SystemExit(f"--tree needs an EAGLE-3 drafter (got {type(drafter).__name__})")
     ids = encode_prompt(tokenizer, args.prompt, args.chat)
     budget = min(args.max_new_tokens, target.max_positions - len(ids))
     if budget < args.max_new_tokens:
@@ -56,10 +66,18 @@ def run(args) -> int:
     from flashmap_ext.speculate import generate
     stream = TextStream(tokenizer)
     out = generate(target, drafter, ids, max(budget, 0), args.temperature, args.top_k, args.top_p, args.seed,
-                   stop_token_ids(tokenizer, target), on_tokens=stream)
+                   stop_token_ids(tokenizer, target), tree=args.tree, on_tokens=stream)
     stream.finish()
     print(out.stats.summary(), file=sys.stderr)
     return 0
+
+
+def tree_spec(text: str) -> TreeSpec:
+    """argparse type of --tree: 'DEPTH,TOPK,NODES' → TreeSpec."""
+    try:
+        return TreeSpec.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def auto_dtype() -> str:
@@ -97,13 +115,18 @@ def tiny_random_model(dtype: torch.dtype = torch.float32, seed: int = 0):
 
 
 def load_drafter(path: str, target: Target, drafter_type: str | None = None, steps: int | None = None):
-    """A drafter for `target`: 'random' (small random FlashMap) or a checkpoint dir, dispatched on its
-    config.json unless `drafter_type` is given. Raises ValueError for an unknown checkpoint type."""
+    """A drafter for `target`: 'random' (small random FlashMap), 'random-eagle3' or a checkpoint dir,
+    dispatched on its config.json unless `drafter_type` is given. Raises ValueError for an unknown
+    checkpoint type."""
     if path == "random":
         from flashmap_ext.drafters.flashmap import FlashMapDrafter
         torch.manual_seed(0)
         drafter = FlashMapDrafter.for_target(target, n_layers=2, width=128, heads=4, block_size=8)
         drafter.reset_parameters(zero_init=False)  # adaLN-Zero would draft the same id everywhere
+    elif path == "random-eagle3":
+        from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+        torch.manual_seed(0)
+        drafter = Eagle3Drafter.for_target(target, num_draft_tokens=7)
     else:
         kind = drafter_type or checkpoint_type(path)
         drafter = drafter_class(kind).from_pretrained(path, target, dtype=target.dtype)
