@@ -125,13 +125,20 @@ __device__ RowStats sweep_stats(const Row<D>& row, bool tiles, float* tile_max, 
                                 BlockScratch& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   RowStats s;
+  float next[kPerLane];  // the warp's next tile, loaded one iteration ahead: twice the bytes in flight
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) next[k] = row.load(warp * kTile + k * 32 + lane);
   for (int64_t t = warp; t < row.tiles; t += kWarps) {
     float v[kPerLane];
     float m = -kInf;
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
+      v[k] = next[k];
+      next[k] = row.load((t + kWarps) * kTile + k * 32 + lane);  // -inf past the end
+    }
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
       const int64_t j = t * kTile + k * 32 + lane;
-      v[k] = row.load(j);
       if (j < row.vv) {
         s.flags |= (isnan(v[k]) || v[k] == kInf) ? 1 : 0;
         s.flags |= isfinite(v[k]) ? 2 : 0;
