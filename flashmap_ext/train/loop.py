@@ -6,8 +6,9 @@
 
 Data order: an endless stream of per-epoch permutations of `dataset` (seeded by (seed, epoch)). Optimizer
 step s consumes the global batch of `batch_size · accum · world` items starting at the saved data position;
-micro-step m of rank r takes chunk m·world + r of it. The generator handed to collate_fn and loss_fn is
-seeded from (seed, step, chunk), so a step's randomness does not depend on how the run was interrupted.
+micro-step m of rank r takes chunk m·world + r of it (items are read one step ahead by a background
+thread). The generator handed to collate_fn and loss_fn is seeded from (seed, step, chunk), so a step's
+randomness does not depend on how the run was interrupted.
 Checkpoints (train/checkpoint.py) hold the weights, AdamW state, the data position and every RNG state;
 `resume=True` continues from the newest one bit for bit (on CPU). SIGTERM/SIGINT save a checkpoint at
 the end of the current step and return. Rank 0 writes `<out>/metrics.jsonl` and shows a tqdm bar.
@@ -20,6 +21,7 @@ import math
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
@@ -135,19 +137,33 @@ class Trainer:
         use_autocast = cfg.autocast if cfg.autocast is not None else self.device.type == "cuda"
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_autocast)
         self.opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        self._pool, self._pending = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch"), None
 
     @property
     def global_batch(self) -> int:
         return self.cfg.batch_size * self.cfg.accum * self.world.size
 
-    def micro_batches(self):
-        """Yields (chunk id, batch on device) for this rank's micro-steps of the current step."""
+    def _items_at(self, position: int) -> list[list]:
+        """This rank's dataset items for the step starting at stream `position`, one list per micro-step."""
         b, w = self.cfg.batch_size, self.world.size
-        for m in range(self.cfg.accum):
-            chunk = m * w + self.world.rank
-            idx = chunk_indices(len(self.dataset), self.cfg.seed, self.position + chunk * b, b)
-            gen = step_generator(self.cfg.seed, self.step, chunk)
-            yield gen, to_device(self.collate_fn([self.dataset[i] for i in idx], gen), self.device)
+        return [[self.dataset[i] for i in chunk_indices(len(self.dataset), self.cfg.seed,
+                                                       position + (m * w + self.world.rank) * b, b)]
+                for m in range(self.cfg.accum)]
+
+    def _take_items(self) -> list[list]:
+        """Items of the current step (prefetched by a background thread while the previous step ran);
+        queues the next step's. Only reading happens off the main thread: collation and RNG stay here."""
+        pending, self._pending = self._pending, None
+        items = pending[1].result() if pending and pending[0] == self.position else self._items_at(self.position)
+        nxt = self.position + self.global_batch
+        self._pending = (nxt, self._pool.submit(self._items_at, nxt))
+        return items
+
+    def micro_batches(self):
+        """Yields (generator, batch on device) for this rank's micro-steps of the current step."""
+        for m, items in enumerate(self._take_items()):
+            gen = step_generator(self.cfg.seed, self.step, m * self.world.size + self.world.rank)
+            yield gen, to_device(self.collate_fn(items, gen), self.device)
 
     def train_step(self) -> dict:
         """One optimizer step; returns metrics averaged over micro-steps and processes."""
@@ -206,25 +222,33 @@ class Trainer:
                 f.write(json.dumps({"step": self.step, "samples": self.position,
                                     "elapsed_s": round(time.time() - started, 3), **metrics}) + "\n")
 
+    def _step_and_maybe_save(self, stop: "_StopFlag", started: float) -> dict:
+        """One step, its metrics line and, when due or when a signal arrived on any rank, a checkpoint."""
+        cfg = self.cfg
+        self.model.train()
+        metrics = self.train_step()
+        if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+            self.log(metrics, started)
+        stopping = parallel.any_true(stop.set, self.device)
+        if stopping or self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
+            self.save()
+        return {**metrics, "stopped": stopping}
+
     def run(self) -> dict:
         """Trains until cfg.steps (or a signal); checkpoints every save_every steps and at the end."""
         cfg, metrics, started = self.cfg, {}, time.time()
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step",
                    disable=not (cfg.progress and self.world.main))
-        with _StopFlag() as stop:
-            while self.step < cfg.steps:
-                self.model.train()
-                metrics = self.train_step()
-                bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", refresh=False)
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    self.log(metrics, started)
-                stopping = parallel.any_true(stop.set, self.device)
-                if stopping or self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
-                    self.save()
-                if stopping:
-                    break
-        bar.close()
+        with _StopFlag() as stop, bar:
+            try:
+                while self.step < cfg.steps:
+                    metrics = self._step_and_maybe_save(stop, started)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", refresh=False)
+                    if metrics.pop("stopped"):
+                        break
+            finally:
+                self._pool.shutdown(cancel_futures=True)
         return {"step": self.step, **metrics}
 
 
