@@ -39,16 +39,21 @@ def test_single_turn_is_inference_prompt_plus_response(tok, thinking):
     assert s.loss_mask == [0] * len(prompt) + [1] * len(encode(tok, response))
 
 
-def test_qwen3_thinking_off_multi_turn_splits_where_history_is_rewritten(tok):
-    msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the cat"},
+@pytest.mark.parametrize("thinking", [False, True])
+def test_qwen3_multi_turn_splits_where_history_is_rewritten(tok, thinking):
+    msgs = [{"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "the cat", "reasoning_content": "hmm"},
             {"role": "user", "content": "how are you?"}, {"role": "assistant", "content": "the dog"}]
-    samples = render_conversation(tok, msgs, enable_thinking=False, id="c")
-    # History renders turn 1 without the empty think block its generation prompt had: two sequences.
+    samples = render_conversation(tok, msgs, enable_thinking=thinking, id="c")
+    # Turn 1 was generated after an empty think block (off) or with its reasoning (on); history renders it
+    # without either, so turn 3's prompt does not extend turn 1's sequence: two sequences.
     assert [s.id for s in samples] == ["c/0", "c/1"]
-    for s, i, text in zip(samples, (1, 3), ("the cat", "the dog")):
-        prompt = inference_prompt(tok, msgs[:i], False)
-        assert s.input_ids == prompt + encode(tok, text + "<|im_end|>")
-        assert sum(s.loss_mask) == len(encode(tok, text + "<|im_end|>"))
+    responses = [("<think>\nhmm\n</think>\n\n" if thinking else "") + "the cat<|im_end|>",
+                 ("<think>\n\n</think>\n\n" if thinking else "") + "the dog<|im_end|>"]
+    for s, i, text in zip(samples, (1, 3), responses):
+        prompt = inference_prompt(tok, msgs[:i], thinking)
+        assert s.input_ids == prompt + encode(tok, text)
+        assert s.loss_mask == [0] * len(prompt) + [1] * len(encode(tok, text))
 
 
 def test_chatml_multi_turn_shares_one_sequence_with_both_responses_supervised():

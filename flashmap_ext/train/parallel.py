@@ -46,7 +46,8 @@ def wrap(model: torch.nn.Module, mode: str, device: torch.device) -> torch.nn.Mo
     """Wraps `model` for data parallelism. mode: "none" | "ddp" | "fsdp".
 
     FSDP2 shards each element of `model.layers` or `model.blocks` (when present) and then the root, so
-    large drafters keep 1/N of their weights, gradients and AdamW moments per process. Raises ValueError for an unknown mode.
+    large drafters keep 1/N of their weights, gradients and AdamW moments per process.
+    Raises ValueError for an unknown mode.
     """
     if mode not in MODES:
         raise ValueError(f"parallel mode must be one of {MODES} (got {mode!r})")
