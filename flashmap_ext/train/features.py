@@ -188,11 +188,20 @@ class FeatureCache(torch.utils.data.Dataset):
         if self.meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: format_version {self.meta.get('format_version')} != {FORMAT_VERSION}")
         self.root, self.dtype = root, DTYPES[self.meta["dtype"]]
-        self.entries = list(_read_index(root))
+        index = list(_read_index(root))
+        self.ids = [e["id"] for e in index]
+        # [N, 3] (shard, offset, length): compact, as an index of millions of dicts would cost gigabytes
+        self.locations = np.array([[e["shard"], e["offset"], e["length"]] for e in index], dtype=np.int64)
         self._maps: dict = {}
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.ids)
+
+    @property
+    def entries(self) -> list[dict]:
+        """The index as dicts {"id", "shard", "offset", "length"}."""
+        return [{"id": i, "shard": int(s), "offset": int(o), "length": int(n)}
+                for i, (s, o, n) in zip(self.ids, self.locations)]
 
     def _map(self, shard: int, kind: str, dtype, width: int | None = None) -> np.memmap:
         key = (shard, kind)
@@ -203,13 +212,12 @@ class FeatureCache(torch.utils.data.Dataset):
         return self._maps[key]
 
     def __getitem__(self, i: int) -> dict:
-        e = self.entries[i]
-        sl = slice(e["offset"], e["offset"] + e["length"])
-        taps = torch.from_numpy(np.array(self._map(e["shard"], "taps", _NUMPY[self.dtype],
-                                                   self.meta["feature_dim"])[sl]))
-        return {"id": e["id"],
-                "input_ids": torch.from_numpy(np.array(self._map(e["shard"], "ids", np.int32)[sl])).long(),
-                "loss_mask": torch.from_numpy(np.array(self._map(e["shard"], "mask", np.uint8)[sl])).bool(),
+        shard, offset, length = (int(x) for x in self.locations[i])
+        sl = slice(offset, offset + length)
+        taps = torch.from_numpy(np.array(self._map(shard, "taps", _NUMPY[self.dtype], self.meta["feature_dim"])[sl]))
+        return {"id": self.ids[i],
+                "input_ids": torch.from_numpy(np.array(self._map(shard, "ids", np.int32)[sl])).long(),
+                "loss_mask": torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[sl])).bool(),
                 "taps": taps.view(self.dtype)}
 
     def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
