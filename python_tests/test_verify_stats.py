@@ -9,9 +9,10 @@ coins), so ~70% are rejected and the residual path dominates. A prefix-condition
 the joint law of the first three committed tokens when target rows depend on the draft prefix.
 
 Mutation check (2026-11-30, CPU kernel csrc/accept/verify_cpu.cpp, each bug introduced alone, rebuilt,
-this module run, then reverted):
+this module and test_verify_exact/edge run, then reverted; run again after the kernel's
+restructuring into one thread per slot, with the same counts):
   1. the residual sample reuses the slot's accept coin instead of the RESAMPLE coin:
-     9 of this module's 10 tests fail (all but T=1/top-k 6/top-p 0.8 with draft_probs), and >= 31 of
+     9 of this module's 10 tests fail (all but T=1/top-k 6/top-p 0.8 with draft_probs), and 31 of
      test_verify_exact/edge (exact mismatches with the reference).
   2. the residual is read from slot 0's logits instead of the rejected slot's (flashinfer #425):
      10 of 10 fail here (slots 2 and K, and the Markov joint law), and 18 exact/edge tests.
