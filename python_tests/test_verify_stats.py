@@ -5,7 +5,9 @@ Trials are batch rows: 200,000 rows in one call, V = 16, seeds 0..N-1, so each t
 Per-position chi-square of the emitted token against the exact filtered target distribution (float64
 reference filter), bins with expected count < 5 merged, pass iff chi2 < df + 10·sqrt(2·df). Drafts are
 drawn from q = softmax(−target logits) with torch's generator (independent of the verifier's Philox
-coins), so ~70% are rejected and the residual path dominates. A prefix-conditioned Markov test checks
+coins), so most are rejected (50–97% per slot) and the residual path dominates. Slots before the
+tested one are made certain accepts (target one-hot on the draft), so every trial reaches it. A
+prefix-conditioned Markov test checks
 the joint law of the first three committed tokens when target rows depend on the draft prefix.
 
 Mutation check (2026-11-30, CPU kernel csrc/accept/verify_cpu.cpp, each bug introduced alone, rebuilt,
