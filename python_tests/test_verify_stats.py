@@ -7,8 +7,8 @@ reference filter), bins with expected count < 5 merged, pass iff chi2 < df + 10�
 drawn from q = softmax(−target logits) with torch's generator (independent of the verifier's Philox
 coins), so most are rejected (50–97% per slot) and the residual path dominates. Slots before the
 tested one are made certain accepts (target one-hot on the draft), so every trial reaches it. A
-prefix-conditioned Markov test checks
-the joint law of the first three committed tokens when target rows depend on the draft prefix.
+prefix-conditioned Markov test checks the joint law of the first three committed tokens when target
+rows depend on the draft prefix.
 
 Mutation check (2026-11-30, CPU kernel csrc/accept/verify_cpu.cpp, each bug introduced alone, rebuilt,
 this module and test_verify_exact/edge run, then reverted; run again after the kernel's
