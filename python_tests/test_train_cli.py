@@ -5,10 +5,12 @@ import json
 import pytest
 
 from flashmap_ext.cli import build_parser, main
+from flashmap_ext.commands.features import tap_layers
 from flashmap_ext.train.checkpoint import latest
 from flashmap_ext.train.runner import settings
 
-COMMANDS = [["train", "flow"], ["train", "dflash"], ["distill"], ["data", "regenerate"], ["features"]]
+COMMANDS = [["train", "flow"], ["train", "dflash"], ["train", "eagle3"], ["distill"], ["data", "regenerate"],
+            ["features"]]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
@@ -36,6 +38,14 @@ def test_qwen3_8b_preset_is_the_paper_and_options_override_it():
         settings(args, "flow", "flashmap")
 
 
+def test_tap_layer_names():
+    assert tap_layers("flashmap", 36) == [1, 9, 17, 25, 33]
+    assert tap_layers("eagle3", 36) == [1, 17, 32]
+    assert tap_layers("3,5", 36) == [3, 5]
+    with pytest.raises(ValueError, match="--layers"):
+        tap_layers("middle", 36)
+
+
 def test_cli_pipeline_on_tiny_random(tmp_path):
     conv = tmp_path / "conv.jsonl"
     conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"},
@@ -61,3 +71,10 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert steps == [1, 2, 3]
     assert main(["generate", "--target", "tiny-random", "--drafter", str(tmp_path / "map" / "drafter"),
                  "--prompt", "say one", "--max-new-tokens", "8"]) == 0
+    with pytest.raises(ValueError, match="reads"):  # EAGLE-3 taps other layers than the FlashMap cache holds
+        main(["train", "eagle3", *train_args, "--out", str(tmp_path / "e3"), "--steps", "1"])
+    assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "f3"),
+                 "--layers", "eagle3"]) == 0
+    eagle = [*common, "--features", str(tmp_path / "f3"), "--preset", "cpu-tiny", "--batch-size", "2"]
+    assert main(["train", "eagle3", *eagle, "--out", str(tmp_path / "e3"), "--steps", "2", "--ttt-steps", "3"]) == 0
+    assert json.loads((tmp_path / "e3" / "drafter" / "config.json").read_text())["draft_vocab_size"] == 257

@@ -19,9 +19,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", required=True, help="hub name, local dir, .gguf file, or 'tiny-random'")
     p.add_argument("--data", required=True, help="conversations jsonl (e.g. from `flashmap data regenerate`)")
     p.add_argument("--out", required=True, help="cache directory (created; resumed if it exists)")
-    p.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")],
-                   help="0-based decoder layers to tap, e.g. 1,9,17,25,33 (default: 5 spread over 1..L-3, "
-                        "what FlashMap and DFlash drafters read)")
+    p.add_argument("--layers", default="flashmap",
+                   help="0-based decoder layers to tap, e.g. 1,9,17,25,33; or 'flashmap' (default: 5 spread "
+                        "over 1..L-3, what FlashMap and DFlash drafters read) or 'eagle3' (low/mid/high)")
     p.add_argument("--max-length", type=int, default=3072, help="crop sequences to this many tokens")
     p.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="stored dtype of the taps")
@@ -32,12 +32,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from flashmap_ext.drafters.flashmap_config import default_tap_layers
     from flashmap_ext.train.data import load_samples
     from flashmap_ext.train.features import cache_features
     from flashmap_ext.train.runner import load_target
     target, tokenizer = load_target(args)
-    layers = args.layers or list(default_tap_layers(target.num_layers))
+    layers = tap_layers(args.layers, target.num_layers)
     samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length)
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
@@ -45,3 +44,17 @@ def run(args) -> int:
                        progress=not args.no_progress)
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}", file=sys.stderr)
     return 0
+
+
+def tap_layers(spec: str, num_layers: int) -> list[int]:
+    """--layers: 'flashmap' | 'eagle3' | a comma list of 0-based ids. Raises ValueError otherwise."""
+    from flashmap_ext.drafters.eagle3_config import eagle3_layer_ids
+    from flashmap_ext.drafters.flashmap_config import default_tap_layers
+    if spec == "flashmap":
+        return list(default_tap_layers(num_layers))
+    if spec == "eagle3":
+        return list(eagle3_layer_ids(num_layers))
+    try:
+        return [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"--layers: expected 'flashmap', 'eagle3' or ids like 1,9,17 (got {spec!r})") from None

@@ -1,8 +1,10 @@
-"""`flashmap train {flow,dflash}`: train a drafter on a feature cache.
+"""`flashmap train {flow,dflash,eagle3}`: train a drafter on a feature cache.
 
   flow    the FlashMap flow model (DESIGN §4): τ ~ U[0,1] stratified, slot-weighted CE, d-space noise.
           Its output is the teacher for `flashmap distill`, and already drafts on its own (one Euler step).
   dflash  the DFlash baseline (block = anchor + masks, weighted CE, γ = 7 for block 16).
+  eagle3  the EAGLE-3 baseline (training-time test over 7 steps, weights 0.8^j, draft vocabulary of the
+          most frequent response tokens). Its taps differ: cache them with `flashmap features --layers eagle3`.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from flashmap_ext.train import runner
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("train", help="train a FlashMap flow drafter or the DFlash baseline",
+    p = subparsers.add_parser("train", help="train a FlashMap flow drafter or a baseline (DFlash, EAGLE-3)",
                               description=__doc__, epilog=runner.EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     stages = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -25,6 +27,9 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--width", type=int, help="DiT width")
     shape.add_argument("--heads", type=int, help="attention heads (width %% heads == 0)")
     shape.add_argument("--block-size", type=int, help="draft tokens per block (K)")
+    shape.add_argument("--draft-vocab", metavar="N|FILE",
+                       help="draft vocabulary: the N most frequent supervised ids of --features, or a JSON file "
+                            "with 'ids' (target ids); the flow lives on these rows only (default: full vocab)")
     flow.set_defaults(func=run_flow)
     dflash = stages.add_parser("dflash", help="DFlash baseline drafter", epilog=runner.EPILOG,
                                description="Train the DFlash baseline drafter on a feature cache.",
@@ -33,9 +38,20 @@ def add_parser(subparsers) -> None:
     shape = dflash.add_argument_group("drafter shape (default: from --preset)")
     shape.add_argument("--layers", type=int, help="decoder layers")
     shape.add_argument("--block-size", type=int, help="anchor + draft tokens per block")
+    shape.add_argument("--intermediate-size", type=int, help="MLP width (default: the target's)")
     shape.add_argument("--mask-token-id", type=int,
                        help="embedding row used as the mask token (default: the first row past the tokenizer)")
     dflash.set_defaults(func=run_dflash)
+    eagle = stages.add_parser("eagle3", help="EAGLE-3 baseline drafter", epilog=runner.EPILOG,
+                              description="Train the EAGLE-3 baseline on a feature cache of its low/mid/high "
+                                          "taps (`flashmap features --layers eagle3`).",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    runner.add_training_args(eagle)
+    shape = eagle.add_argument_group("drafter shape (default: from --preset)")
+    shape.add_argument("--draft-vocab-size", type=int, help="rows of the draft LM head (capped at the target's)")
+    shape.add_argument("--draft-tokens", type=int, help="chain length drafted per round")
+    shape.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll length (default 7)")
+    eagle.set_defaults(func=run_eagle3)
 
 
 def _overrides(args, preset_shape: dict, names: dict) -> dict:
@@ -47,6 +63,23 @@ def _overrides(args, preset_shape: dict, names: dict) -> dict:
     return out
 
 
+def draft_vocab_ids(spec: str, features: str, vocab_size: int):
+    """[N] int64 target ids: from a JSON file's 'ids', or the N most frequent supervised ids of the cache."""
+    import json
+    import os
+
+    import torch
+    if os.path.isfile(spec):
+        with open(spec) as f:
+            return torch.tensor(json.load(f)["ids"], dtype=torch.int64)
+    from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens
+    cache = runner.FeatureCache(features)
+    seqs = (torch.as_tensor(it["input_ids"]).long()[torch.as_tensor(it["loss_mask"]).bool()]
+            for it in (cache[i] for i in range(len(cache))))
+    counts = count_tokens(seqs, vocab_size)
+    return build_draft_vocab(counts, int(spec))
+
+
 def run_flow(args) -> int:
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     from flashmap_ext.train.flow import flow_loss
@@ -55,7 +88,14 @@ def run_flow(args) -> int:
                                      "block_size": "block_size"})
     target, _ = runner.load_target(args)
     layer_ids = runner.FeatureCache(args.features).meta["target_layer_ids"]
+    from flashmap_ext.drafters.flashmap_target import hf_causal_lm
+    rows = hf_causal_lm(target).get_input_embeddings().weight.shape[0]
+    ids = draft_vocab_ids(args.draft_vocab, args.features, rows) if args.draft_vocab else None
+    if ids is not None:
+        shape["draft_vocab_size"] = ids.numel()
     drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(layer_ids), two_time=False)
+    if ids is not None:
+        drafter.set_draft_vocab(ids, target)
     metrics = runner.run_stage(drafter, flow_loss, args, run, "flow")
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
@@ -67,12 +107,34 @@ def run_dflash(args) -> int:
     from flashmap_ext.train.dflash import dflash_loss
     run, shape = runner.settings(args, "train-dflash", "dflash")
     shape = _overrides(args, shape, {"layers": "num_hidden_layers", "block_size": "block_size",
-                                     "mask_token_id": "mask_token_id"})
+                                     "mask_token_id": "mask_token_id", "intermediate_size": "intermediate_size"})
     target, tokenizer = runner.load_target(args)
     layer_ids = runner.FeatureCache(args.features).meta["target_layer_ids"]
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
     drafter = DFlashDrafter.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
     metrics = runner.run_stage(drafter, dflash_loss, args, run, "dflash")
     print(f"dflash: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
+          f"drafter in {args.out}/drafter")
+    return 0
+
+
+def run_eagle3(args) -> int:
+    import torch
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens, eagle3_loss
+    run, shape = runner.settings(args, "train-eagle3", "eagle3")
+    shape = _overrides(args, shape, {"draft_vocab_size": "draft_vocab_size", "draft_tokens": "num_draft_tokens"})
+    target, _ = runner.load_target(args)
+    cache = runner.FeatureCache(args.features)
+    rows = target.model.get_input_embeddings().weight.shape[0]
+    counts = count_tokens((cache.supervised_tokens(i) for i in range(len(cache))), rows)
+    ids = build_draft_vocab(counts, min(shape.pop("draft_vocab_size"), rows))
+    drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)  # EAGLE-3's taps
+
+    def loss_fn(model, batch, generator):
+        return eagle3_loss(model, batch, generator, steps=args.ttt_steps)
+    metrics = runner.run_stage(drafter, loss_fn, args, run, "eagle3",
+                               num_labels=max(args.ttt_steps, drafter.num_draft_tokens))
+    print(f"eagle3: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0

@@ -220,6 +220,13 @@ class FeatureCache(torch.utils.data.Dataset):
                 "loss_mask": torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[sl])).bool(),
                 "taps": taps.view(self.dtype)}
 
+    def supervised_tokens(self, i: int) -> torch.Tensor:
+        """[n] int64: the loss-masked (response) token ids of sequence i, without reading its taps."""
+        shard, offset, length = (int(x) for x in self.locations[i])
+        sl = slice(offset, offset + length)
+        ids = np.array(self._map(shard, "ids", np.int32)[sl])
+        return torch.from_numpy(ids[np.array(self._map(shard, "mask", np.uint8)[sl]).astype(bool)]).long()
+
     def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
         return {**self.__dict__, "_maps": {}}
 

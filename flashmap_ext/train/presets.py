@@ -3,8 +3,10 @@
 qwen3-8b follows the papers (DESIGN §5, research/dflash.md §3): flow ~39k steps at peak LR 6e-4, distill
 ~23k steps at peak LR 5e-5, block 16, a 6-layer width-2048 DiT; warmup 4% then cosine; 512 anchors per
 sequence of ≤ 3072 tokens; 4 sequences per process per step (global batch 4 × processes × accum). The
-DFlash baseline gets the flow stage's budget (5 layers, block 16, γ = 7). cpu-tiny / cpu-small are for
-runs on a laptop CPU (minutes / an hour or so).
+DFlash baseline gets the flow stage's budget (5 layers, block 16, γ = 7); so does EAGLE-3, with its own
+optimiser settings (lr 5e-5, betas (0.9, 0.95), warmup 1.5%, clip 0.5, 32k draft vocabulary;
+research/dflash.md §8). The draft vocabulary is capped at the target's. cpu-tiny / cpu-small are for runs
+on a laptop CPU (minutes / an hour or so).
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ PRESETS: dict[str, dict[str, dict]] = {
         "flow": dict(steps=39_000, lr=6e-4, warmup=0.04, save_every=1000),
         "distill": dict(steps=23_000, lr=5e-5, warmup=0.04, save_every=1000),
         "train-dflash": dict(steps=39_000, lr=6e-4, warmup=0.04, save_every=1000),
+        "eagle3": dict(draft_vocab_size=32_000, num_draft_tokens=15),
+        "train-eagle3": dict(steps=39_000, lr=5e-5, warmup=0.015, betas=(0.9, 0.95), grad_clip=0.5,
+                             save_every=1000),
     },
     "cpu-small": {
         "data": dict(max_length=1024, num_anchors=64, batch_size=4, accum=1),
@@ -26,6 +31,8 @@ PRESETS: dict[str, dict[str, dict]] = {
         "flow": dict(steps=3000, lr=6e-4, warmup=0.04, save_every=250),
         "distill": dict(steps=1500, lr=1e-4, warmup=0.04, save_every=250),
         "train-dflash": dict(steps=3000, lr=6e-4, warmup=0.04, save_every=250),
+        "eagle3": dict(draft_vocab_size=32_000, num_draft_tokens=15),
+        "train-eagle3": dict(steps=3000, lr=6e-4, warmup=0.04, betas=(0.9, 0.95), grad_clip=0.5, save_every=250),
     },
     "cpu-tiny": {
         "data": dict(max_length=256, num_anchors=16, batch_size=4, accum=1),
@@ -34,6 +41,8 @@ PRESETS: dict[str, dict[str, dict]] = {
         "flow": dict(steps=300, lr=1e-3, warmup=0.04, save_every=100),
         "distill": dict(steps=150, lr=3e-4, warmup=0.04, save_every=100),
         "train-dflash": dict(steps=300, lr=1e-3, warmup=0.04, save_every=100),
+        "eagle3": dict(draft_vocab_size=32_000, num_draft_tokens=7),
+        "train-eagle3": dict(steps=300, lr=1e-3, warmup=0.04, betas=(0.9, 0.95), grad_clip=0.5, save_every=100),
     },
 }
 

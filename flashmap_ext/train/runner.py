@@ -26,6 +26,7 @@ EPILOG = """Typical pipeline (defaults are the paper's Qwen3-8B settings; --pres
   flashmap train flow  --target Qwen/Qwen3-8B --features feats/ --out runs/flow
   flashmap distill     --target Qwen/Qwen3-8B --teacher runs/flow/drafter --features feats/ --out runs/map
   flashmap generate    --target Qwen/Qwen3-8B --drafter runs/map/drafter --prompt "Hello" --chat
+Baselines: `train dflash` on the same cache; `train eagle3` on a cache made with `features --layers eagle3`.
 Several GPUs or nodes: torchrun --nproc-per-node 8 -m flashmap_ext.cli train flow ... --parallel ddp
 Interrupted (Ctrl-C, SIGTERM, preemption)? Rerun the same command with --resume."""
 
@@ -97,23 +98,29 @@ def open_features(path: str, layer_ids) -> FeatureCache:
     cache = FeatureCache(path)
     if list(cache.meta["target_layer_ids"]) != list(layer_ids):
         raise ValueError(f"--features {path} holds taps of layers {cache.meta['target_layer_ids']}, the drafter "
-                         f"reads {list(layer_ids)}: rerun `flashmap features --layers ...` or match the drafter")
+                         f"reads {list(layer_ids)}: cache them with `flashmap features --layers "
+                         f"{','.join(map(str, layer_ids))}`")
     if len(cache) == 0:
         raise ValueError(f"--features {path} holds no sequence")
     return cache
 
 
-def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name: str) -> dict:
-    """Trains `drafter` (fp32 master weights) on --features and exports `<out>/drafter`; returns last metrics."""
+def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name: str,
+              num_labels: int | None = None) -> dict:
+    """Trains `drafter` (fp32 master weights) on --features and exports `<out>/drafter`; returns last metrics.
+
+    num_labels: K of the batch labels (default: the drafter's num_draft_tokens)."""
     device = device_of(args)
     cache = open_features(args.features, drafter.target_layer_ids)
     drafter = drafter.float()
+    optional = {k: run[k] for k in ("betas", "grad_clip", "weight_decay") if k in run}
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],
                       batch_size=run["batch_size"], accum=run["accum"], save_every=run["save_every"],
                       seed=args.seed, log_every=args.log_every, parallel=args.parallel,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, **optional)
     taps_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    collate_fn = make_collate(run["num_anchors"], drafter.num_draft_tokens, run.get("max_length"), taps_dtype)
+    collate_fn = make_collate(run["num_anchors"], num_labels or drafter.num_draft_tokens, run.get("max_length"),
+                              taps_dtype)
     if int(os.environ.get("RANK", "0")) == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "run.json"), "w") as f:
