@@ -55,14 +55,14 @@ def cfg(out, **kw):
 class SigtermAt:
     """Loss wrapper that sends this process SIGTERM during the n-th call (a scheduler preempting us)."""
 
-    def __init__(self, n):
-        self.n, self.calls = n, 0
+    def __init__(self, n, loss=noisy_loss):
+        self.n, self.calls, self.loss = n, 0, loss
 
     def __call__(self, model, batch, gen):
         self.calls += 1
         if self.calls == self.n:
             os.kill(os.getpid(), signal.SIGTERM)
-        return noisy_loss(model, batch, gen)
+        return self.loss(model, batch, gen)
 
 
 def test_resume_after_sigterm_is_bit_exact(tmp_path):
@@ -122,14 +122,20 @@ MODES = ("ddp", "fsdp")
 
 
 def _worker(rank, ports, root):
-    """One torchrun-style process: trains with each parallel mode in turn (one spawn, two process groups)."""
+    """One torchrun-style process, trying each parallel mode in turn (one spawn, two process groups).
+
+    Rank 0 alone receives SIGTERM during step 2: both ranks must checkpoint after step 2 and stop; the
+    run then resumes (fresh model, as a restarted job) and finishes its 4 steps."""
     torch.set_num_threads(1)
     for mode, port in zip(MODES, ports):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                           LOCAL_RANK=str(rank))
-        model, out = Net(), os.path.join(root, mode)
-        train(model, plain_loss, dataset(), collate, cfg(out, steps=4, batch_size=2, accum=2, save_every=0,
-                                                         parallel=mode), device="cpu")
+        out = os.path.join(root, mode)
+        c = cfg(out, steps=4, batch_size=2, accum=2, save_every=0, parallel=mode)
+        stop = SigtermAt(3, plain_loss) if rank == 0 else plain_loss
+        assert train(Net(), stop, dataset(), collate, c, device="cpu")["step"] == 2
+        model = Net()
+        train(model, plain_loss, dataset(), collate, c, resume=True, device="cpu")
         weights = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
                    for k, v in model.state_dict().items()}
         torch.save(weights, os.path.join(out, f"rank{rank}.pt"))
@@ -137,7 +143,8 @@ def _worker(rank, ports, root):
 
 
 def test_two_gloo_processes_match_single_process(tmp_path):
-    """DDP and FSDP2 over 2 ranks × micro-batch 2 × accum 2 == one process × micro-batch 4 × accum 2."""
+    """DDP and FSDP2 over 2 ranks × micro-batch 2 × accum 2, stopped and resumed halfway, == one process ×
+    micro-batch 4 × accum 2 straight through."""
     single = Net()
     train(single, plain_loss, dataset(), collate, cfg(tmp_path / "single", steps=4, batch_size=4, accum=2))
     mp.spawn(_worker, args=(_free_ports(len(MODES)), str(tmp_path)), nprocs=2)
