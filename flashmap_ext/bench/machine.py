@@ -1,0 +1,68 @@
+"""What machine a measurement ran on, and the dtype to run the real target in (DESIGN.md §9)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+
+import torch
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def auto_dtype() -> str:
+    """bf16 on a GPU or a CPU with avx512_bf16 / amx_bf16 (bf16 decoding is 2.5× faster there and a verify
+    block is nearly free); fp32 elsewhere (bf16 without hardware support is slower than fp32)."""
+    if torch.cuda.is_available() or cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        return "bf16"
+    return "fp32"
+
+
+def describe() -> dict:
+    """Machine, date and command line of this run, for every figure that reports a number."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    flags = cpu_flags()
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "bf16_hw": bool(flags & {"avx512_bf16", "amx_bf16"}), "gpu": gpu,
+        "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": _version("transformers"),
+    }
+
+
+def summary_line(meta: dict) -> str:
+    """One line naming machine and date, for table captions and plot footers."""
+    where = meta["gpu"] or f"{meta['cpu']}, {meta['cores']} cores"
+    return f"{where}; torch {meta['torch']}; {meta['date'][:10]}"
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None

@@ -1,0 +1,126 @@
+"""The decoding methods a benchmark compares, each a `generate` drafter or a Hugging Face peer.
+
+- AR: `speculate.generate` with no drafter (the baseline every speedup divides by).
+- FlashMap-1 / FlashMap-2: one FlashMap checkpoint drafted with 1 or 2 flow-map steps (`StepsDrafter`).
+- DFlash, EAGLE-3: their checkpoints, through the same loop.
+- HF greedy / prompt lookup: `model.generate` (do_sample=False, and prompt_lookup_num_tokens=10), what a
+  user would pick instead of this library.
+The shuffle test wraps a FlashMap drafter in `PerSlotNoiseDrafter` (each slot from its own noise block).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import torch
+
+#: seed offset between the per-slot noise streams of the shuffle test (a prime, far from request seeds)
+SLOT_SEED_STRIDE = 1_000_003
+
+
+class Method(NamedTuple):
+    """name: table label; drafter: a BlockDrafter, None (AR) or "hf" / "pld" (peers)."""
+    name: str
+    drafter: Any
+
+
+class StepsDrafter:
+    """A FlashMap drafter that drafts with a fixed number of flow-map steps (1 or 2)."""
+
+    def __init__(self, drafter, steps: int):
+        self.inner, self.steps = drafter, steps
+        self.num_draft_tokens = drafter.num_draft_tokens
+        self.target_layer_ids = drafter.target_layer_ids
+
+    def new_memory(self, batch_size, device):
+        return self.inner.new_memory(batch_size, device)
+
+    def extend_memory(self, memory, token_ids, taps):
+        self.inner.extend_memory(memory, token_ids, taps)
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        from flashmap_ext.drafters.flashmap import draft_block
+        block = draft_block(self.inner, memory, anchor_tokens, steps=self.steps, seed=seed, position=position)
+        return block.tokens[:, :num_tokens]
+
+
+class PerSlotNoiseDrafter(StepsDrafter):
+    """Shuffle-test probe: slot j is taken from a block drafted with its own independent noise draw, so
+    slots stop sharing one noise sample. Same per-slot marginals, no joint structure; Δγ = γ(shared) −
+    γ(per-slot) measures how much the drafter's block is jointly coherent. K drafter calls per round."""
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        from flashmap_ext.drafters.flashmap import draft_block
+        out = []
+        for j in range(num_tokens):
+            slot_seed = seed + (j + 1) * SLOT_SEED_STRIDE
+            block = draft_block(self.inner, memory, anchor_tokens, steps=self.steps, seed=slot_seed,
+                                position=position)
+            out.append(block.tokens[:, j])
+        return torch.stack(out, dim=1) if out else anchor_tokens.new_empty((anchor_tokens.shape[0], 0))
+
+
+def load_flashmap(path: str, target, dtype: torch.dtype):
+    """A FlashMap checkpoint, or `random` for an untrained drafter shaped for the target (plumbing runs)."""
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    if path == "random":
+        torch.manual_seed(0)
+        drafter = FlashMapDrafter.for_target(target.model, n_layers=2, width=256, heads=4, block_size=8)
+        drafter.reset_parameters(zero_init=False)
+        return drafter.to(dtype).eval()
+    return FlashMapDrafter.from_pretrained(path, target.model, dtype=dtype).eval()
+
+
+def load_dflash(path: str, target, dtype: torch.dtype):
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    return DFlashDrafter.from_pretrained(path, target.model, dtype=dtype).eval()
+
+
+def load_eagle3(path: str, target, dtype: torch.dtype):
+    try:
+        from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    except ImportError as err:
+        raise SystemExit(f"--eagle3: the EAGLE-3 drafter is not available in this build ({err})") from None
+    return Eagle3Drafter.from_pretrained(path, target.model, dtype=dtype).eval()
+
+
+def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str | None, eagle3: str | None,
+                  peers: bool = True) -> list[Method]:
+    """AR first (speedups divide by it), then the drafters given, then the HF peers."""
+    methods = [Method("AR", None)]
+    if flashmap:
+        fm = load_flashmap(flashmap, target, dtype)
+        methods += [Method("FlashMap-1", StepsDrafter(fm, 1)), Method("FlashMap-2", StepsDrafter(fm, 2))]
+    if dflash:
+        methods.append(Method("DFlash", load_dflash(dflash, target, dtype)))
+    if eagle3:
+        methods.append(Method("EAGLE-3", load_eagle3(eagle3, target, dtype)))
+    if peers:
+        methods += [Method("HF greedy", "hf"), Method("prompt lookup", "pld")]
+    return methods
+
+
+class PeerOutput(NamedTuple):
+    tokens: list
+    time_s: float
+
+
+@torch.inference_mode()
+def run_peer(model, kind: str, input_ids: list[int], max_new_tokens: int, temperature: float,
+             stop_token_ids, seed: int) -> PeerOutput:
+    """One HF `generate` call: kind "hf" (plain) or "pld" (prompt lookup, 10 tokens)."""
+    ids = torch.tensor([input_ids], device=model.device)
+    kwargs: dict = dict(max_new_tokens=max_new_tokens, eos_token_id=sorted(stop_token_ids),
+                        pad_token_id=sorted(stop_token_ids)[0], attention_mask=torch.ones_like(ids))
+    if temperature > 0:
+        torch.manual_seed(seed)
+        kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if kind == "pld":
+        kwargs["prompt_lookup_num_tokens"] = 10
+    start = time.perf_counter()
+    out = model.generate(ids, **kwargs)
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize(ids.device)
+    return PeerOutput(out[0, ids.shape[1]:].tolist(), time.perf_counter() - start)

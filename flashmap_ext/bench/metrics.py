@@ -1,0 +1,77 @@
+"""Benchmark metrics over many `generate` calls (DESIGN.md §9), pooled the way the papers pool them.
+
+- γ (acceptance length): tokens committed per target forward, bonus included, pooled over all rounds of
+  all prompts: (Σ accepted + rounds) / rounds.
+- per-slot conditional acceptance: P(slot i accepted | slots < i accepted and slot i drafted).
+- tokens/s: new tokens / wall time, prefill (and the drafter's prefill) included; speedup = AR time per
+  token / method time per token, both measured in the same process on the same prompts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Record:
+    """One method on one prompt turn."""
+    method: str
+    dataset: str
+    prompt_id: str
+    tokens: list
+    time_s: float
+    drafted: list = field(default_factory=list)    # per round: drafts proposed
+    accepted: list = field(default_factory=list)   # per round: drafts accepted (bonus excluded)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    identical: bool | None = None                  # T = 0: tokens == AR tokens (None: not checked)
+    divergence: dict | None = None                 # first mismatch vs AR: position, margin (see run.py)
+
+
+def acceptance_length(records: list[Record]) -> float:
+    """Pooled γ; nan for methods without rounds (HF peers)."""
+    rounds = sum(len(r.accepted) for r in records)
+    return (sum(sum(r.accepted) for r in records) + rounds) / rounds if rounds else math.nan
+
+
+def slot_acceptance(records: list[Record]) -> list[float]:
+    """Conditional acceptance of slot i, i = 0 … max drafted − 1 (nan where never reached)."""
+    width = max((d for r in records for d in r.drafted), default=0)
+    reached, passed = [0] * width, [0] * width
+    for r in records:
+        for k, a in zip(r.drafted, r.accepted):
+            for i in range(min(k, a + 1)):  # slot i was judged iff drafted and all before it accepted
+                reached[i] += 1
+                passed[i] += i < a
+    return [p / n if n else math.nan for p, n in zip(passed, reached)]
+
+
+def committed_histogram(records: list[Record]) -> list[int]:
+    """Counts of rounds by tokens committed (index = accepted + 1; index 0 unused)."""
+    hist: list[int] = []
+    for r in records:
+        for a in r.accepted:
+            hist.extend([0] * (a + 2 - len(hist)))
+            hist[a + 1] += 1
+    return hist
+
+
+def summarize(records: list[Record], ar_records: list[Record] | None) -> dict:
+    """The row a table shows for one method on one dataset."""
+    tokens = sum(len(r.tokens) for r in records)
+    time_s = sum(r.time_s for r in records)
+    row = {"generations": len(records), "new_tokens": tokens, "time_s": time_s,
+           "tokens_per_s": tokens / time_s if time_s > 0 else math.nan,
+           "gamma": acceptance_length(records), "slot_acceptance": slot_acceptance(records),
+           "committed_histogram": committed_histogram(records),
+           "draft_time_s": sum(r.draft_time_s for r in records),
+           "verify_time_s": sum(r.verify_time_s for r in records),
+           "prefill_time_s": sum(r.prefill_time_s for r in records)}
+    if ar_records:
+        ar_tokens, ar_time = sum(len(r.tokens) for r in ar_records), sum(r.time_s for r in ar_records)
+        row["speedup"] = (ar_time / ar_tokens) / (time_s / tokens) if tokens and ar_tokens else math.nan
+    checked = [r.identical for r in records if r.identical is not None]
+    row["identical"] = f"{sum(checked)}/{len(checked)}" if checked else "n/a"
+    row["divergences"] = [dict(r.divergence, prompt_id=r.prompt_id) for r in records if r.divergence]
+    return row

@@ -1,0 +1,95 @@
+"""Benchmark outputs: results.json, results.md (tables) and PNG plots, each naming command, machine, date."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from flashmap_ext.bench.machine import summary_line
+
+
+def _num(x, fmt: str = "{:.2f}") -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
+
+
+def caption(results: dict) -> list[str]:
+    """The lines that say how and where the numbers were measured."""
+    meta, cfg = results["meta"], results["config"]
+    return [f"Command: `{meta['command']}`  ",
+            f"Machine: {summary_line(meta)}; dtype {meta['dtype']}; transformers {meta['transformers']}  ",
+            f"Target `{cfg['target']}`, temperature {cfg['temperature']}, max_new_tokens {cfg['max_new_tokens']}, "
+            f"{cfg['n']} prompts per dataset, seed {cfg['seed']}."]
+
+
+def method_table(rows: dict) -> list[str]:
+    """One dataset: a row per method."""
+    out = ["| method | γ | tokens/s | speedup vs AR | identical to AR (T=0) | draft s | verify s | prefill s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        out.append(f"| {name} | {_num(r['gamma'])} | {_num(r['tokens_per_s'], '{:.1f}')} | "
+                   f"{_num(r.get('speedup'), '{:.2f}×')} | {r['identical']} | {_num(r['draft_time_s'], '{:.1f}')} | "
+                   f"{_num(r['verify_time_s'], '{:.1f}')} | {_num(r['prefill_time_s'], '{:.1f}')} |")
+    return out
+
+
+def slot_table(results: dict) -> list[str]:
+    """Per-slot conditional acceptance, a row per (dataset, drafter)."""
+    width = max((len(r["slot_acceptance"]) for d in results["datasets"].values() for r in d.values()), default=0)
+    if not width:
+        return []
+    out = ["| dataset | method | " + " | ".join(f"slot {i + 1}" for i in range(width)) + " |",
+           "|---|---|" + "---|" * width]
+    for name, rows in results["datasets"].items():
+        for method, r in rows.items():
+            if r["slot_acceptance"]:
+                cells = [_num(a) for a in r["slot_acceptance"]] + [""] * (width - len(r["slot_acceptance"]))
+                out.append(f"| {name} | {method} | " + " | ".join(cells) + " |")
+    return out
+
+
+def shuffle_table(shuffle: dict) -> list[str]:
+    out = ["| dataset | method | γ shared noise | γ per-slot noise | Δγ | prompts |", "|---|---|---|---|---|---|"]
+    for name, rows in shuffle.items():
+        for method, r in rows.items():
+            out.append(f"| {name} | {method} | {_num(r['shared'])} | {_num(r['per_slot'])} | "
+                       f"{_num(r['delta'], '{:+.2f}')} | {r['prompts']} |")
+    return out if len(out) > 2 else []
+
+
+def divergence_lines(results: dict) -> list[str]:
+    out = []
+    for name, rows in results["datasets"].items():
+        for method, r in rows.items():
+            for d in r["divergences"]:
+                margin = f", AR-vs-method logit margin {d['margin']:.3f}" if "margin" in d else ""
+                out.append(f"- {name} / {method} / {d['prompt_id']}: first difference at token {d['position']} "
+                           f"({d['kind']}{margin})")
+    return out
+
+
+def markdown(results: dict) -> str:
+    lines = ["# FlashMap benchmark", ""] + caption(results) + [""]
+    for name, rows in results["datasets"].items():
+        gens = next(iter(rows.values()))["generations"]
+        lines += [f"## {name} ({gens} generations)", ""] + method_table(rows) + [""]
+    for title, body in (("Per-slot conditional acceptance", slot_table(results)),
+                        ("Shuffle test (shared vs per-slot noise)", shuffle_table(results["shuffle"])),
+                        ("Divergences from AR", divergence_lines(results))):
+        if body:
+            lines += [f"## {title}", ""] + body + [""]
+    lines += ["Plots: ![acceptance by slot](acceptance_by_slot.png) ![γ by method](gamma_by_method.png) "
+              "![committed per round](gamma_hist.png)", ""]
+    return "\n".join(lines)
+
+
+def write_all(results: dict, out: Path) -> None:
+    """results.json, results.md and the PNG plots (plots skipped with a note if matplotlib is missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    try:
+        from flashmap_ext.bench import plots
+    except ImportError as err:
+        print(f"[flashmap] plots skipped ({err}); pip install matplotlib")
+        return
+    plots.write_plots(results, out)

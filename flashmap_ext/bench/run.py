@@ -1,0 +1,153 @@
+"""`flashmap bench`: every method on the same prompts in one process (DESIGN.md §9).
+
+Per prompt turn, AR runs first; every other method then decodes the same prompt and is checked against
+it (T = 0: token-identical, or the first divergence is traced to the target's logit margin there).
+Methods are interleaved prompt by prompt, so a machine whose load drifts penalises them alike.
+MT-Bench's second turn uses AR's first answer as the history for every method.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from flashmap_ext.bench import datasets, machine, report
+from flashmap_ext.bench.assets import load_tokenizer, resolve_target
+from flashmap_ext.bench.methods import Method, PerSlotNoiseDrafter, StepsDrafter, build_methods, run_peer
+from flashmap_ext.bench.metrics import Record, acceptance_length, summarize
+
+DEFAULT_DATASETS = ("gsm8k", "aime25", "humaneval", "mtbench", "arena-hard", "alpaca")
+
+
+@dataclass
+class BenchConfig:
+    target: str = "qwen2.5-coder-0.5b"
+    drafter: str | None = None          # FlashMap checkpoint dir (or "random")
+    dflash: str | None = None
+    eagle3: str | None = None
+    datasets: tuple = DEFAULT_DATASETS
+    n: int = 10                         # prompts per dataset
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    dtype: str = "auto"                 # auto: bf16 where the hardware has it (machine.auto_dtype)
+    peers: bool = True                  # HF greedy + prompt lookup rows
+    shuffle_n: int = 2                  # prompts per dataset for the shuffle test (0: skip it)
+    out: str = "runs/bench"
+
+
+def load_target_and_tokenizer(spec: str, dtype: str):
+    """(Target, tokenizer) for `--target`: the built-in offline model or any hub name / local dir."""
+    from flashmap_ext.target import load_target
+    path = resolve_target(spec)
+    return load_target(path, dtype=dtype), load_tokenizer(spec)
+
+
+def decode(target, method: Method, ids: list[int], cfg: BenchConfig, stop) -> Record:
+    """One method on one prompt (no dataset/prompt labels yet)."""
+    if method.drafter in ("hf", "pld"):
+        out = run_peer(target.model, method.drafter, ids, cfg.max_new_tokens, cfg.temperature, stop, cfg.seed)
+        return Record(method.name, "", "", out.tokens, out.time_s)
+    from flashmap_ext.speculate import generate
+    out = generate(target, method.drafter, ids, cfg.max_new_tokens, temperature=cfg.temperature,
+                   seed=cfg.seed, stop_token_ids=stop)
+    s = out.stats
+    return Record(method.name, "", "", out.tokens, s.total_time_s, list(s.drafted), list(s.accepted),
+                  s.draft_time_s, s.verify_time_s, s.prefill_time_s)
+
+
+def divergence(target, ids: list[int], ar: list[int], other: list[int]) -> dict | None:
+    """Where `other` first leaves AR's tokens, and the target's logit margin there (AR's choice minus the
+    other's, one forward over the shared prefix): a margin near 0 is a numerical near-tie."""
+    i = next((j for j, (a, b) in enumerate(zip(ar, other)) if a != b), min(len(ar), len(other)))
+    if i == len(ar) == len(other):
+        return None
+    if i == min(len(ar), len(other)):
+        return {"position": i, "kind": "length", "ar_len": len(ar), "len": len(other)}
+    prefix = torch.tensor([ids + ar[:i]], device=target.device)
+    logits = target.forward(prefix, target.new_cache(), num_logits=1).logits[0, -1].float()
+    return {"position": i, "kind": "token", "ar_token": ar[i], "token": other[i],
+            "margin": float(logits[ar[i]] - logits[other[i]])}
+
+
+def run_turns(target, tokenizer, methods: list[Method], prompt, cfg: BenchConfig, stop) -> list[Record]:
+    """All methods on every user turn of one prompt."""
+    from flashmap_ext.train.data import prompt_ids
+    records, answers = [], []
+    for turn in range(len(prompt.turns)):
+        ids = prompt_ids(tokenizer, prompt.messages_for_turn(turn, answers))
+        ar = None
+        for method in methods:
+            rec = decode(target, method, ids, cfg, stop)
+            rec.dataset, rec.prompt_id = prompt.dataset, f"{prompt.id}#{turn + 1}"
+            if ar is None:
+                ar = rec
+            elif cfg.temperature == 0:
+                rec.divergence = divergence(target, ids, ar.tokens, rec.tokens)
+                rec.identical = rec.divergence is None
+            records.append(rec)
+        answers.append(tokenizer.decode([t for t in ar.tokens if t not in stop], skip_special_tokens=True))
+    return records
+
+
+def warm_up(target, tokenizer, methods: list[Method], cfg: BenchConfig, stop) -> None:
+    """One short untimed call per method (first-call allocations, lazy init)."""
+    ids = tokenizer("def fib(n):", add_special_tokens=False).input_ids
+    short = dataclasses.replace(cfg, max_new_tokens=8)
+    for method in methods:
+        decode(target, method, ids, short, stop)
+
+
+def shuffle_test(target, tokenizer, methods: list[Method], records: list[Record], cfg: BenchConfig,
+                 stop) -> dict:
+    """γ with the block's shared noise vs an independent noise block per slot, first turns of the first
+    `shuffle_n` prompts of each dataset. {dataset: {method: {shared, per_slot, delta}}}."""
+    from flashmap_ext.train.data import prompt_ids
+    out: dict = {}
+    for name in cfg.datasets:
+        prompts = datasets.load(name, cfg.shuffle_n)
+        for method in (m for m in methods if isinstance(m.drafter, StepsDrafter)):
+            probe = Method(method.name, PerSlotNoiseDrafter(method.drafter.inner, method.drafter.steps))
+            ids_of = {f"{p.id}#1": prompt_ids(tokenizer, p.messages) for p in prompts}
+            shared = [r for r in records if r.method == method.name and r.prompt_id in ids_of]
+            per_slot = [decode(target, probe, ids, cfg, stop)
+                        for ids in tqdm(ids_of.values(), desc=f"shuffle {name} {method.name}", leave=False)]
+            g_shared, g_slot = acceptance_length(shared), acceptance_length(per_slot)
+            out.setdefault(name, {})[method.name] = {"shared": g_shared, "per_slot": g_slot,
+                                                     "delta": g_shared - g_slot, "prompts": len(ids_of)}
+    return out
+
+
+def run(cfg: BenchConfig) -> dict:
+    """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results."""
+    from flashmap_ext.target import resolve_dtype
+    from flashmap_ext.train.data import stop_token_ids
+    dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
+    target, tokenizer = load_target_and_tokenizer(cfg.target, dtype)
+    methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers)
+    stop = stop_token_ids(tokenizer)
+    warm_up(target, tokenizer, methods, cfg, stop)
+    records: list[Record] = []
+    for name in cfg.datasets:
+        for prompt in tqdm(datasets.load(name, cfg.n), desc=name, unit="prompt"):
+            records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
+    shuffle = shuffle_test(target, tokenizer, methods, records, cfg, stop) if cfg.shuffle_n else {}
+    results = assemble(cfg, dtype, methods, records, shuffle)
+    report.write_all(results, Path(cfg.out))
+    return results
+
+
+def assemble(cfg: BenchConfig, dtype: str, methods: list[Method], records: list[Record], shuffle: dict) -> dict:
+    """The results document: meta, per-dataset summaries per method, shuffle test, per-record rows."""
+    table: dict = {}
+    for name in dict.fromkeys(r.dataset for r in records):
+        ar = [r for r in records if r.dataset == name and r.method == "AR"]
+        table[name] = {m.name: summarize([r for r in records if r.dataset == name and r.method == m.name], ar)
+                       for m in methods}
+    rows = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} | {"new_tokens": len(r.tokens)}
+            for r in records]
+    return {"meta": machine.describe() | {"dtype": dtype}, "config": dataclasses.asdict(cfg),
+            "methods": [m.name for m in methods], "datasets": table, "shuffle": shuffle, "records": rows}

