@@ -71,6 +71,14 @@ def test_fused_draft_block_equals_reference_on_cpu(target, steps):
     assert fused_mem.length == ref_mem.length == 9  # the anchor entry is scratch, never committed
 
 
+def test_fused_supported_needs_bf16_on_a_gpu_and_kernel_friendly_widths(target):
+    drafter = make(target)
+    assert not fused.fused_supported(drafter)  # fp32 on CPU: the fused ops still run, the CUDA kernels don't apply
+    if torch.cuda.is_available():
+        assert fused.fused_supported(make(tiny_qwen3(vocab_size=300, hidden_size=64).to(torch.bfloat16).cuda(),
+                                          torch.bfloat16, "cuda"))
+
+
 def test_fused_draft_block_draws_the_drafters_seeded_noise(target):
     drafter = make(target)
     packed = fused.pack_weights(drafter)

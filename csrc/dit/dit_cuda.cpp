@@ -65,11 +65,13 @@ struct LinearWorkspace {
   at::Tensor partials, argmax_val, argmax_idx, counters;
 };
 
-LinearWorkspace linear_workspace(const at::Tensor& x, const LinearPlan& plan) {
-  auto f32 = x.options().dtype(at::kFloat);
+// Counters are zeroed (one memset node in a graph) only when a fixup uses them: split-K or the argmax.
+LinearWorkspace linear_workspace(const at::Tensor& x, const LinearPlan& plan, bool argmax) {
+  auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
+  const bool fixup = plan.splits > 1 || argmax;
   return {at::empty({int64_t(plan.partial_floats)}, f32), at::empty({int64_t(plan.argmax_slots)}, f32),
-          at::empty({int64_t(plan.argmax_slots)}, x.options().dtype(at::kInt)),
-          at::zeros({int64_t(plan.counters)}, x.options().dtype(at::kInt))};
+          at::empty({int64_t(plan.argmax_slots)}, i32),
+          fixup ? at::zeros({int64_t(plan.counters)}, i32) : at::empty({0}, i32)};
 }
 
 void expect_gemm_operands(const at::Tensor& x, const at::Tensor& weight, const char* op) {
@@ -96,7 +98,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   const int M = int(x.size(0)), N = int(weight.size(0)), K = int(x.size(1));
   at::Tensor out = at::empty({M, N}, x.options());
   const LinearPlan plan = linear_plan(M, N, K, /*argmax=*/false, x.get_device());
-  LinearWorkspace ws = linear_workspace(x, plan);
+  LinearWorkspace ws = linear_workspace(x, plan, /*argmax=*/false);
   LinearParams p{};
   p.x = bf(x), p.w = bf(weight), p.bias = bf(bias), p.gate = bf(gate), p.residual = bf(residual);
   p.out = bf_mut(out);
@@ -125,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> lm_head_cuda(const at::Tensor& x, const at::T
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor logits = return_logits ? at::empty({M, V}, f32) : at::empty({0}, f32);
   const LinearPlan plan = linear_plan(M, V, K, /*argmax=*/true, x.get_device());
-  LinearWorkspace ws = linear_workspace(x, plan);
+  LinearWorkspace ws = linear_workspace(x, plan, /*argmax=*/true);
   LinearParams p{};
   p.x = bf(x), p.w = bf(weight), p.bias = bf(bias);
   p.x_stride = x.stride(0), p.w_stride = weight.stride(0);
@@ -173,7 +175,8 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   auto f32 = q.options().dtype(at::kFloat);
   const at::Tensor partial_o = at::empty({int64_t(plan.partial_o_floats)}, f32);
   const at::Tensor partial_lse = at::empty({int64_t(plan.partial_lse_floats)}, f32);
-  const at::Tensor counters = at::zeros({int64_t(plan.counters)}, q.options().dtype(at::kInt));
+  const auto i32 = q.options().dtype(at::kInt);  // counters only for the split merge
+  const at::Tensor counters = plan.splits > 1 ? at::zeros({int64_t(plan.counters)}, i32) : at::empty({0}, i32);
   const at::Tensor lens = kv_len ? kv_len->contiguous() : at::Tensor();
   AttentionParams p{};
   p.q = bf(q), p.k = bf(k), p.v = bf(v), p.kv_len = kv_len ? lens.data_ptr<int>() : nullptr, p.out = bf_mut(out);

@@ -1,7 +1,7 @@
 """Fused fast path of the FlashMap drafter (DESIGN §5, §10): the same network as
 `FlashMapDrafter.denoise` / `extend_memory`, run through the `flashmap_ext.dit_ops` kernels.
 
-    packed = pack_weights(drafter)                       # once, at load time
+    packed = pack_weights(drafter)                       # once, at load time (if fused_supported(drafter))
     fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
     block = fused_draft_block(packed, memory, anchor_tokens, noise=z, steps=1)   # replaces draft_block
     graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # optional: CUDA-graph replay
@@ -52,6 +52,15 @@ class PackedFlashMap:
     slot_w: torch.Tensor; slot_b: torch.Tensor; slot_norm: torch.Tensor; slot_pos: torch.Tensor
     final_w: torch.Tensor; final_b: torch.Tensor
     head_w: torch.Tensor; head_b: Optional[torch.Tensor]
+
+
+def fused_supported(drafter: FlashMapDrafter) -> bool:
+    """True when the CUDA kernels accept this drafter: bf16 weights on a GPU, every GEMM input width a
+    multiple of 64 (d_target, width, cond_dim, MLP hidden) and head dim 64 or 128. (On CPU every shape works.)"""
+    c = drafter.config
+    widths = (c.d_target, c.width, c.cond_dim, int(c.width * c.mlp_ratio))
+    return (drafter.slot_pos.is_cuda and drafter.dtype == torch.bfloat16 and c.head_dim in (64, 128)
+            and all(w % 64 == 0 for w in widths))
 
 
 def pack_weights(drafter: FlashMapDrafter) -> PackedFlashMap:
