@@ -57,8 +57,16 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert len((tmp_path / "regen.jsonl").read_text().splitlines()) == 5
     assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "f")]) == 0
     train_args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2"]
-    assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow"), "--steps", "3"]) == 0
-    assert json.loads((tmp_path / "flow" / "drafter" / "config.json").read_text())["two_time"] is False
+    assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow"), "--steps", "3",
+                 "--draft-vocab", "64"]) == 0
+    flow_cfg = json.loads((tmp_path / "flow" / "drafter" / "config.json").read_text())
+    assert flow_cfg["two_time"] is False and flow_cfg["draft_vocab_size"] == 64
+    (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
+    assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
+                 "--draft-vocab", str(tmp_path / "vocab.json")]) == 0
+    assert json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())["draft_vocab_size"] == 129
+    with pytest.raises(ValueError, match="--draft-vocab"):
+        main(["train", "flow", *train_args, "--out", str(tmp_path / "flow3"), "--draft-vocab", "many"])
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
                  "--out", str(tmp_path / "map"), "--steps", "2", "--frac-01", "1/8"]) == 0
     assert json.loads((tmp_path / "map" / "drafter" / "config.json").read_text())["two_time"] is True

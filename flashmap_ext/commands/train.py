@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from flashmap_ext.train import runner
 
@@ -63,23 +64,6 @@ def _overrides(args, preset_shape: dict, names: dict) -> dict:
     return out
 
 
-def draft_vocab_ids(spec: str, features: str, vocab_size: int):
-    """[N] int64 target ids: from a JSON file's 'ids', or the N most frequent supervised ids of the cache."""
-    import json
-    import os
-
-    import torch
-    if os.path.isfile(spec):
-        with open(spec) as f:
-            return torch.tensor(json.load(f)["ids"], dtype=torch.int64)
-    from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens
-    cache = runner.FeatureCache(features)
-    seqs = (torch.as_tensor(it["input_ids"]).long()[torch.as_tensor(it["loss_mask"]).bool()]
-            for it in (cache[i] for i in range(len(cache))))
-    counts = count_tokens(seqs, vocab_size)
-    return build_draft_vocab(counts, int(spec))
-
-
 def run_flow(args) -> int:
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     from flashmap_ext.train.flow import flow_loss
@@ -87,19 +71,42 @@ def run_flow(args) -> int:
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size"})
     target, _ = runner.load_target(args)
-    layer_ids = runner.FeatureCache(args.features).meta["target_layer_ids"]
-    from flashmap_ext.drafters.flashmap_target import hf_causal_lm
-    rows = hf_causal_lm(target).get_input_embeddings().weight.shape[0]
-    ids = draft_vocab_ids(args.draft_vocab, args.features, rows) if args.draft_vocab else None
-    if ids is not None:
-        shape["draft_vocab_size"] = ids.numel()
-    drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(layer_ids), two_time=False)
-    if ids is not None:
-        drafter.set_draft_vocab(ids, target)
+    cache = runner.FeatureCache(args.features)
+    vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
+    if vocab is not None:
+        shape["draft_vocab_size"] = len(vocab)
+    drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(cache.meta["target_layer_ids"]),
+                                         two_time=False)
+    if vocab is not None:
+        drafter.set_draft_vocab(vocab, target)
     metrics = runner.run_stage(drafter, flow_loss, args, run, "flow")
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
+
+
+def draft_vocab(spec, cache, rows: int):
+    """[n] int64 target ids for a draft vocabulary, or None (spec None: the full vocabulary).
+
+    spec: a JSON file holding a list of target ids or {"ids": [...]}, or a count N: the N most frequent
+    response (loss-masked) tokens of the feature cache, capped at `rows`. Raises ValueError otherwise."""
+    import os
+
+    import torch
+    from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens
+    if spec is None:
+        return None
+    if os.path.isfile(str(spec)):
+        with open(spec) as f:
+            data = json.load(f)
+        ids = data["ids"] if isinstance(data, dict) else data
+        if not isinstance(ids, list) or not ids:
+            raise ValueError(f"--draft-vocab {spec}: expected a list of ids or {{\"ids\": [...]}}")
+        return torch.tensor(ids, dtype=torch.long)
+    if not str(spec).isdigit() or int(spec) < 1:
+        raise ValueError(f"--draft-vocab: expected a count N >= 1 or a JSON file (got {spec!r})")
+    counts = count_tokens((cache.supervised_tokens(i) for i in range(len(cache))), rows)
+    return build_draft_vocab(counts, min(int(spec), rows))
 
 
 def run_dflash(args) -> int:
@@ -121,14 +128,13 @@ def run_dflash(args) -> int:
 def run_eagle3(args) -> int:
     import torch
     from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-    from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens, eagle3_loss
+    from flashmap_ext.train.eagle3 import eagle3_loss
     run, shape = runner.settings(args, "train-eagle3", "eagle3")
     shape = _overrides(args, shape, {"draft_vocab_size": "draft_vocab_size", "draft_tokens": "num_draft_tokens"})
     target, _ = runner.load_target(args)
     cache = runner.FeatureCache(args.features)
     rows = target.model.get_input_embeddings().weight.shape[0]
-    counts = count_tokens((cache.supervised_tokens(i) for i in range(len(cache))), rows)
-    ids = build_draft_vocab(counts, min(shape.pop("draft_vocab_size"), rows))
+    ids = draft_vocab(shape.pop("draft_vocab_size"), cache, rows)
     drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)  # EAGLE-3's taps
 
     def loss_fn(model, batch, generator):
