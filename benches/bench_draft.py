@@ -96,6 +96,7 @@ def bytes_per_step(packed, memory, steps) -> int:
 
 def run_variant(variant, drafter, packed, memory, z, anchor, steps):
     """A zero-argument callable running one draft step of `variant` (ending in a device sync)."""
+    drafter.allow_fused = False  # `eager`/`compiled` time the reference path; fused variants call the kernels
     if variant == "fused":
         graph = fused.FusedDraftGraph(packed, memory, batch_size=1, steps=steps)
         step = lambda: graph(memory, anchor, z)

@@ -99,6 +99,7 @@ def test_fused_draft_block_cuda_within_budget(steps, record_property):
     """Fused bf16 vs an fp64 copy of the same drafter and target; the bf16 reference module is the
     low-precision version of the error-budget rule. Tokens may differ only at near-ties (counted)."""
     lowp = make(tiny_qwen3(vocab_size=20000, hidden_size=64).to(torch.bfloat16).cuda(), torch.bfloat16, "cuda")
+    lowp.allow_fused = False  # the bf16 module on the reference (PyTorch) path
     oracle = copy.deepcopy(lowp).double()  # the same bf16-rounded numbers, in fp64
     oracle.attach_tables(TargetTables(lowp.tables.embedding.double(), lowp.tables.head_weight.double(), None))
     packed = fused.pack_weights(lowp)

@@ -51,6 +51,8 @@ class FlashMapDrafter(nn.Module):
         #: t at τ = ½ (the 2-step midpoint), a Python float so compiled graphs see a constant
         self.t_mid = float(t_of_tau(0.5, c.state_vocab_size))
         self._tables: TargetTables | None = None
+        self._packed = None  # weights packed for the fused CUDA kernels (see fused_weights)
+        self.allow_fused = True  # False forces the reference (PyTorch) path on CUDA, e.g. as a baseline
         self.reset_parameters()
         if target is not None:
             self.attach_target(target)
@@ -197,6 +199,22 @@ class FlashMapDrafter(nn.Module):
         return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
     # ------------------------------------------------------------------ inference (BlockDrafter)
+    def fused_weights(self):
+        """Weights packed for the fused CUDA kernels (DESIGN §10, drafters/flashmap_fused.py), or None
+        when the fused path does not apply: CPU weights, training mode, `allow_fused = False`, or shapes the kernels do not take
+        (`fused_supported`). Packed lazily once; `train()`/`eval()` drop the pack, so weights changed by
+        training are never served from stale copies."""
+        from flashmap_ext.drafters import flashmap_fused
+        if self.training or not self.allow_fused or not flashmap_fused.fused_supported(self):
+            return None
+        if self._packed is None:
+            self._packed = flashmap_fused.pack_weights(self)
+        return self._packed
+
+    def train(self, mode: bool = True) -> "FlashMapDrafter":
+        self._packed = None
+        return super().train(mode)
+
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> FlashMapMemory:
         c = self.config
         device = self.slot_pos.device if device is None else device
@@ -211,6 +229,10 @@ class FlashMapDrafter(nn.Module):
             raise ValueError(f"token_ids: expected [B={memory.batch_size}, T], got {list(token_ids.shape)}")
         if taps.shape[:2] != token_ids.shape:
             raise ValueError(f"taps: leading dims {list(taps.shape[:2])} must equal token_ids {list(token_ids.shape)}")
+        packed = self.fused_weights() if taps.is_cuda else None
+        if packed is not None:
+            from flashmap_ext.drafters.flashmap_fused import fused_extend_memory
+            return fused_extend_memory(packed, memory, token_ids, taps)
         entries = self._context_entries(taps)
         T = token_ids.shape[1]
         pos = (memory.length + torch.arange(T, device=entries.device)).expand(memory.batch_size, T)

@@ -43,6 +43,11 @@ def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_token
             or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
         raise ValueError(f"anchor_tokens: expected [B={memory.batch_size}] int64, got "
                          f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
+    packed = drafter.fused_weights() if anchor_tokens.is_cuda else None
+    if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/test_dit_fused.py)
+        from flashmap_ext.drafters.flashmap_fused import fused_draft_block
+        return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
+                                 position=position, return_logits=return_logits)
     B = anchor_tokens.shape[0]
     if noise is None:
         if seed is None or position is None:
