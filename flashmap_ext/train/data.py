@@ -28,24 +28,23 @@ class Sample:
 
 
 def read_jsonl(path: str) -> Iterator[dict]:
-    """Yields the records of a jsonl file; a missing `id` becomes the 0-based line number (as a string).
+    """Streams the records of a jsonl file; a missing `id` becomes the 0-based line number (as a string).
 
-    A torn last line (a write interrupted mid-line) is skipped; any other malformed line raises ValueError
-    naming the file and line.
+    A torn last line (a write interrupted mid-line: no trailing newline) is skipped; any other malformed
+    line raises ValueError naming the file and line. Memory use does not grow with the file.
     """
     with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for n, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if n == len(lines) - 1 and not line.endswith("\n"):
-                return
-            raise ValueError(f"{path}:{n + 1}: not valid JSON ({err})") from None
-        record["id"] = str(record.get("id", n))
-        yield record
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                if not line.endswith("\n"):
+                    return
+                raise ValueError(f"{path}:{n + 1}: not valid JSON ({err})") from None
+            record["id"] = str(record.get("id", n))
+            yield record
 
 
 def _render(tokenizer, messages, generation_prompt: bool, enable_thinking: bool) -> str:
