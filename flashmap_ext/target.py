@@ -78,8 +78,8 @@ class Target:
         from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
-    def forward(self, input_ids: torch.Tensor, cache, *, num_logits: int = 1, tap_layer_ids: Sequence[int] = (),
-                attention_mask: Optional[torch.Tensor] = None,
+    def forward(self, input_ids: torch.Tensor, cache, *, num_logits: int = 1,
+                tap_layer_ids: Sequence[int] = (), attention_mask: Optional[torch.Tensor] = None,
                 position_ids: Optional[torch.Tensor] = None) -> TargetOutput:
         """Runs the target over new tokens, appending their K/V to `cache`.
 
@@ -100,7 +100,8 @@ class Target:
             raise ValueError(f"num_logits must be in [1, {input_ids.shape[1]}] (got {num_logits})")
         attn = str(getattr(self.model.config, "_attn_implementation", None))
         if attention_mask is not None and "flash" in attn:
-            raise ValueError(f"a custom attention mask (tree attention) needs sdpa or eager attention, not {attn}")
+            raise ValueError(f"a custom attention mask (tree attention) needs sdpa or eager attention, "
+                             f"not {attn}")
         captured: list = [None] * len(tap_layer_ids)
         with torch.inference_mode(), self._taps(tap_layer_ids, captured):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -5,6 +5,8 @@
 - ScheduledRejectDrafter: the oracle's proposal with slot j corrupted, j taken in turn from a schedule
   (j = K means no corruption), so a round accepts exactly j drafts; j = 0 always is "always wrong".
 - RandomDrafter: uniform random ids keyed by (seed, position), sometimes -1 or >= V (invalid slots).
+- OracleTreeDrafter (tree rounds): the greedy continuation as one branch, each true node preceded by a
+  wrong sibling, optionally with the true token at one depth replaced (the accepted path stops there).
 
 Every double records its memory: the committed token ids and taps it was given, so tests can check the
 loop's memory contract (memory = all committed tokens except the anchor, taps = HF hidden_states[i + 1]).
@@ -85,6 +87,39 @@ class RandomDrafter(RecordingDrafter):
         gen = torch.Generator().manual_seed(seed * 1_000_003 + position)
         lo, hi = (-1, self.vocab_size + 2) if self.invalid else (0, self.vocab_size)
         return torch.randint(lo, hi, (1, k), generator=gen)
+
+
+class OracleTreeDrafter:
+    """`draft_tree` for `speculate.generate(..., tree=...)`: a depth-`depth` tree holding the target's greedy
+    continuation as one branch, each true node preceded by a wrong sibling ((tok + 7) % V); with
+    `wrong_depth` the true token at that depth is replaced by (tok + 1) % V."""
+    target_layer_ids = (1, 2)
+
+    def __init__(self, model, vocab_size: int, wrong_depth=None):
+        self.model, self.vocab_size, self.wrong_depth = model, vocab_size, wrong_depth
+        self.depths: list = []   # the depth asked for in each draft_tree call
+
+    def new_memory(self, batch_size, device):
+        return []
+
+    def extend_memory(self, memory, token_ids, taps):
+        assert taps.shape[:2] == token_ids.shape
+        memory.extend(token_ids[0].tolist())
+
+    def draft_tree(self, memory, anchor, position, *, depth, topk, num_nodes):
+        from flashmap_ext.drafters.eagle3_tree import DraftTree
+        assert len(memory) == int(position), "memory must hold every committed token except the anchor"
+        self.depths.append(depth)
+        truth, V = greedy_continuation(self.model, memory + [int(anchor)], depth).tolist(), self.vocab_size
+        tokens, parents, parent = [], [], -1
+        for d, tok in enumerate(truth, start=1):
+            tok = (tok + 1) % V if d == self.wrong_depth else tok
+            tokens += [(tok + 7) % V, tok]
+            parents += [parent, parent]
+            parent = len(tokens) - 1
+        n = len(tokens)
+        return DraftTree(torch.tensor(tokens), torch.tensor(parents),
+                         torch.tensor([i // 2 + 1 for i in range(n)]), torch.zeros(n))
 
 
 _GREEDY: dict = {}   # id(model) -> {context tuple: continuation list}, full-recompute greedy results

@@ -13,14 +13,6 @@ BASE = ["generate", "--target", "tiny-random", "--prompt", "Hello, world", "--ma
         "--dtype", "fp32"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def run_cli(argv, capsys):
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
@@ -51,6 +43,22 @@ def test_drafter_checkpoint_round_trip_through_the_cli(kind, tmp_path, capsys):
     ar_out, _ = run_cli(BASE, capsys)
     spec_out, spec_err = run_cli(BASE + ["--drafter", str(tmp_path), "--drafter-type", kind], capsys)
     assert spec_out == ar_out and "24 tokens" in spec_err
+
+
+def test_tree_decoding_with_random_eagle3(capsys):
+    """--tree with a random EAGLE-3 drafter prints exactly the autoregressive text at T = 0."""
+    ar_out, _ = run_cli(BASE, capsys)
+    tree_out, tree_err = run_cli(BASE + ["--drafter", "random-eagle3", "--tree", "3,4,8"], capsys)
+    assert tree_out == ar_out and "24 tokens" in tree_err and "γ = " in tree_err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--drafter", "random-eagle3", "--tree", "7,10"], "DEPTH,TOPK,NODES"),
+    (["--drafter", "random", "--tree", "7,10,16"], "EAGLE-3")])
+def test_tree_argument_errors(extra, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        cli.main(BASE + extra)
+    assert message in str(err.value) + capsys.readouterr().err
 
 
 def test_checkpoint_type_errors(tmp_path):

@@ -4,13 +4,12 @@ Independent references: plain greedy decoding with a full recompute per token (d
 greedy_continuation) for T = 0, and the target's exact joint distribution of the first 3 tokens, by
 enumeration of every prefix in one batched forward, for T > 0.
 """
-import math
-
 import pytest
 import torch
 
 from conftest import tiny_qwen3
 from drafter_doubles import (OracleDrafter, RandomDrafter, ScheduledRejectDrafter, greedy_continuation)
+from loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target
 
@@ -19,22 +18,9 @@ NEW = 2 * K + 5  # new tokens per identity run: several full rounds plus a budge
 TAPS = (1, 2)    # not the last layer: HF's hidden_states[L] is after the final norm, our tap before it
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only add spin-wait contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_qwen3()
-
-
-def prompt_of(length: int, vocab: int = 111) -> list:
-    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length)).tolist()
 
 
 def greedy_reference(model, prompt: tuple, n: int) -> list:
@@ -184,15 +170,8 @@ def test_bad_inputs_raise(model):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_nan_target_logits_raise(model, temperature):
     """NaN logits in a verify block (not in the prefill) end the call with a clear error."""
-    def poison(module, args, out):
-        if out.shape[1] > 1:
-            out[..., 3] = float("nan")
-    handle = model.lm_head.register_forward_hook(poison)
-    try:
-        with pytest.raises(ValueError, match="NaN"):
-            generate(model, OracleDrafter(model, K, TAPS), [1, 2, 3], NEW, temperature=temperature)
-    finally:
-        handle.remove()
+    with nan_block_logits(model), pytest.raises(ValueError, match="NaN"):
+        generate(model, OracleDrafter(model, K, TAPS), [1, 2, 3], NEW, temperature=temperature)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -212,49 +191,6 @@ def test_consecutive_calls_equal_fresh_objects(model, kind, temperature):
 
 # --- T > 0: the distribution of the first 3 tokens is the target's ----------------------------------
 
-V_SMALL = 8
-
-
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """fp64 p after temperature, top-k (on logits) then top-p (smallest nucleus reaching top_p)."""
-    p = torch.softmax(logits.double() / temperature, dim=-1)
-    if top_k:
-        kth = p.topk(top_k, dim=-1).values[..., -1:]
-        p = torch.where(p >= kth, p, 0.0)
-        p = p / p.sum(-1, keepdim=True)
-    if top_p < 1:
-        sorted_p, order = p.sort(dim=-1, descending=True)
-        above = sorted_p.cumsum(-1) - sorted_p
-        keep = torch.zeros_like(p).scatter(-1, order, (above < top_p).double())
-        p = p * keep / (p * keep).sum(-1, keepdim=True)
-    return p
-
-
-def exact_joint(model, prompt: list, **filters) -> torch.Tensor:
-    """[V, V, V] P(t1, t2, t3 | prompt) from one forward over every (t1, t2) continuation."""
-    V = model.config.vocab_size
-    pairs = torch.cartesian_prod(torch.arange(V), torch.arange(V))
-    ids = torch.cat([torch.tensor(prompt).expand(V * V, -1), pairs], dim=1)
-    with torch.no_grad():
-        p = filtered_probs(model(input_ids=ids).logits[:, -3:], **filters)   # [V*V, 3, V]
-    p1, p2, p3 = p[0, 0], p[::V, 1], p[:, 2].view(V, V, V)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple:
-    """(statistic, df): every bin of expected count < 5 pooled into one (grown with the next smallest
-    bins until the pool's expected count reaches 5)."""
-    expected = probs.flatten() * counts.sum()
-    order = expected.argsort()
-    cum = expected[order].cumsum(0)
-    n_small = max(int((expected < 5).sum()), int((cum < 5).sum()) + 1) if expected.min() < 5 else 0
-    small, big = order[:n_small], order[n_small:]
-    counts = counts.flatten()
-    obs = torch.cat([counts[small].sum().view(1), counts[big]]) if n_small else counts
-    exp = torch.cat([expected[small].sum().view(1), expected[big]]) if n_small else expected
-    return float(((obs - exp) ** 2 / exp).sum()), len(exp) - 1
-
-
 @pytest.mark.parametrize("kind, trials, filters", [
     ("oracle", 1500, dict(temperature=0.7, top_k=0, top_p=1.0)),     # ~250 bins: more trials
     ("flashmap", 800, dict(temperature=0.8, top_k=5, top_p=0.9)),    # ~40 bins
@@ -265,19 +201,12 @@ def test_sampling_matches_target_joint_distribution(kind, trials, filters):
     drafter = OracleDrafter(model, 2, TAPS[:1]) if kind == "oracle" else random_flashmap(model, 2, TAPS[:1])
     if kind == "oracle":  # memoised: contexts repeat across trials
         drafter.propose = _memo_oracle(model)
-    target, counts = Target(model), torch.zeros(V_SMALL, V_SMALL, V_SMALL, dtype=torch.float64)
-    accepted = 0
-    for seed in range(trials):
+    target = Target(model)
+
+    def run(seed):
         out = generate(target, drafter, prompt, 3, seed=seed, **filters)
-        counts[tuple(out.tokens)] += 1
-        accepted += sum(out.stats.accepted)
-    joint = exact_joint(model, prompt, **filters)
-    stat, df = chi_square(counts, joint)
-    assert stat < df + 10 * math.sqrt(2 * df), (stat, df)
-    assert 0.05 * trials < accepted < 1.9 * trials  # both the accept and the reject paths were taken
-    hotter = exact_joint(model, prompt, **{**filters, "temperature": 1.5 * filters["temperature"]})
-    stat_hot, df_hot = chi_square(counts, hotter)  # power: a wrong distribution is rejected
-    assert stat_hot > df_hot + 10 * math.sqrt(2 * df_hot), (stat_hot, df_hot)
+        return out.tokens, sum(out.stats.accepted)
+    assert_matches_joint(model, prompt, run, trials, filters)
 
 
 def _memo_oracle(model):

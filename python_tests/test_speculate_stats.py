@@ -12,14 +12,6 @@ K, N = 4, 14
 PROMPT = [7, 1, 42, 42, 9]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_qwen3(num_layers=2)

@@ -14,14 +14,6 @@ from flashmap_ext.target import Target, load_target, resolve_dtype
 V = 97
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_model(arch: str, dtype=torch.float32):
     if arch == "qwen3":
         return tiny_qwen3(vocab_size=V, num_layers=3, dtype=dtype)
@@ -88,6 +80,30 @@ def test_rollback_then_forward_equals_recompute(arch):
     torch.testing.assert_close(out.logits, ref, atol=1e-5, rtol=1e-5)
     target.rollback(cache, 0)
     assert cache.get_seq_length() == 8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_forward_then_keep_positions_equals_recompute(arch):
+    """A tree block [anchor, a, b, b1] (a, b siblings; b1 under b) with the tree mask and depth positions:
+    each node's logits == its path alone; keeping anchor, b, b1 then feeding 2 tokens == recompute."""
+    from flashmap_ext.tree import tree_attention_mask
+    model = tiny_model(arch)
+    target, prefix, anchor = Target(model), IDS[:4], IDS[4]
+    cache = target.new_cache()
+    target.forward(torch.tensor([prefix]), cache)
+    block, parents = torch.tensor([[anchor, 70, 71, 72]]), torch.tensor([-1, -1, 1])
+    out = target.forward(block, cache, num_logits=4, tap_layer_ids=(1,),
+                         attention_mask=tree_attention_mask(parents, 4, torch.float32),
+                         position_ids=torch.tensor([[4, 5, 5, 6]]))
+    for row, path in ((0, []), (1, [70]), (2, [71]), (3, [71, 72])):
+        ref = full_forward(model, prefix + [anchor] + path)
+        torch.testing.assert_close(out.logits[:, row], ref.logits[:, -1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.taps[:, row], ref.hidden_states[2][:, -1], atol=1e-5, rtol=1e-5)
+    target.keep_positions(cache, torch.tensor([0, 1, 2, 3, 4, 6, 7]))
+    assert cache.get_seq_length() == 7
+    after = target.forward(torch.tensor([IDS[6:8]]), cache, num_logits=2)
+    ref = full_forward(model, prefix + [anchor, 71, 72] + IDS[6:8]).logits[:, -2:]
+    torch.testing.assert_close(after.logits, ref, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

@@ -1,5 +1,4 @@
 """Tree speculative decoding (flashmap_ext/tree.py) and EAGLE-3 tree drafting, on tiny random targets."""
-import inspect
 import math
 
 import pytest
@@ -7,22 +6,14 @@ import torch
 from scipy.stats import chi2
 
 from conftest import tiny_qwen3
+from drafter_doubles import OracleTreeDrafter, greedy_continuation
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from flashmap_ext.drafters.eagle3_tree import DraftTree
 from flashmap_ext.reference import verify_target_probs
 from flashmap_ext.speculate import generate_tree
+from flashmap_ext.target import Target
 from flashmap_ext.tree import tree_accept, tree_attention_mask
 
 V = 111
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only add spin-wait contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -31,68 +22,33 @@ def target():
 
 
 def greedy(model, prompt, n):
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], 1)
-    return ids[0, len(prompt):].tolist()
-
-
-class OracleTreeDrafter:
-    """Trees holding the target's greedy continuation as one branch, each true node preceded by a wrong
-    sibling, optionally with the true token at depth `wrong_depth` replaced (so the path stops there)."""
-    target_layer_ids = (1, 4)
-
-    def __init__(self, model, wrong_depth=None):
-        self.model, self.wrong_depth = model, wrong_depth
-
-    def new_memory(self, batch_size, device):
-        return []
-
-    def extend_memory(self, memory, token_ids, taps):
-        assert taps.shape[:2] == token_ids.shape
-        memory.extend(token_ids[0].tolist())
-
-    def draft_tree(self, memory, anchor, position, *, depth, topk, num_nodes):
-        assert len(memory) == int(position), "memory must hold every committed token except the anchor"
-        truth = greedy(self.model, memory + [int(anchor)], depth)
-        tokens, parents, parent = [], [], -1
-        for d, tok in enumerate(truth, start=1):
-            if d == self.wrong_depth:
-                tok = (tok + 1) % V
-            tokens += [(tok + 7) % V, tok]
-            parents += [parent, parent]
-            parent = len(tokens) - 1
-        n = len(tokens)
-        return DraftTree(torch.tensor(tokens), torch.tensor(parents),
-                         torch.tensor([i // 2 + 1 for i in range(n)]), torch.zeros(n))
+    return greedy_continuation(model, prompt, n).tolist()
 
 
 def test_tree_attention_mask_equals_each_path_alone(target):
+    """Target.forward with the tree mask and depth positions: each node's logits == its path alone."""
     prompt, parents = [5, 17, 3], torch.tensor([-1, -1, 0, 0, 2, 1])
     tokens = torch.tensor([40, 41, 42, 43, 44, 45])
     depths = torch.tensor([1, 1, 2, 2, 3, 2])
-    from transformers import DynamicCache
-    kw = {"cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values":
-          DynamicCache(config=target.config)}
-    with torch.no_grad():
-        target(torch.tensor([prompt[:-1]]), use_cache=True, **kw)
-        mask = tree_attention_mask(parents, 2, torch.float32)
-        out = target(torch.cat([torch.tensor([3]), tokens])[None], attention_mask=mask,
-                     position_ids=(2 + torch.cat([torch.zeros(1, dtype=torch.long), depths]))[None],
-                     use_cache=True, **kw).logits[0]
-        for i in range(6):
-            path, j = [], i
-            while j >= 0:
-                path, j = [int(tokens[j])] + path, int(parents[j])
+    adapter = Target(target)
+    cache = adapter.new_cache()
+    adapter.forward(torch.tensor([prompt[:-1]]), cache)
+    out = adapter.forward(torch.cat([torch.tensor([3]), tokens])[None], cache, num_logits=7,
+                          attention_mask=tree_attention_mask(parents, 2, torch.float32),
+                          position_ids=(2 + torch.cat([torch.zeros(1, dtype=torch.long), depths]))[None])
+    for i in range(6):
+        path, j = [], i
+        while j >= 0:
+            path, j = [int(tokens[j])] + path, int(parents[j])
+        with torch.no_grad():
             alone = target(torch.tensor([prompt + path])).logits[0, -1]
-            torch.testing.assert_close(out[i + 1], alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.logits[0, i + 1], alone, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("wrong_depth", [None, 1, 3])
 def test_tree_greedy_equals_autoregressive_with_oracle_trees(target, wrong_depth):
     prompt, n = [5, 17, 3, 99], 14
-    out = generate_tree(target, OracleTreeDrafter(target, wrong_depth), prompt, n, depth=4)
+    out = generate_tree(target, OracleTreeDrafter(target, V, wrong_depth), prompt, n, depth=4)
     assert out.tokens == greedy(target, prompt, n)
     full = 4 if wrong_depth is None else wrong_depth - 1
     assert out.stats.accepted[:-1] == [full] * (len(out.stats.accepted) - 1)
