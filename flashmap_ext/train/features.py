@@ -159,17 +159,20 @@ class FeatureWriter:
 
 
 def _read_index(root: str, repair: bool = False) -> Iterable[dict]:
+    """Streams index.jsonl; a torn last line is skipped (and cut from the file when `repair`)."""
     path = os.path.join(root, "index.jsonl")
     if not os.path.exists(path):
         return
+    good = 0
     with open(path, "rb") as f:
-        data = f.read()
-    keep = data.rfind(b"\n") + 1
-    if repair and keep != len(data):
-        os.truncate(path, keep)
-    for line in data[:keep].decode("utf-8").splitlines():
-        if line.strip():
-            yield json.loads(line)
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            good += len(line)
+            if line.strip():
+                yield json.loads(line)
+    if repair and good != os.path.getsize(path):
+        os.truncate(path, good)
 
 
 class FeatureCache(torch.utils.data.Dataset):

@@ -22,16 +22,21 @@ from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 
 
 def done_ids(out_path: str) -> set[str]:
-    """Ids already written to `out_path`; truncates a torn last line (interrupted write) in place."""
+    """Ids already written to `out_path` (streamed); truncates a torn last line (interrupted write) in place."""
+    ids: set[str] = set()
     if not os.path.exists(out_path):
-        return set()
+        return ids
     with open(out_path, "rb") as f:
-        data = f.read()
-    keep = data.rfind(b"\n") + 1
-    if keep != len(data):
-        with open(out_path, "r+b") as f:
-            f.truncate(keep)
-    return {json.loads(line)["id"] for line in data[:keep].decode("utf-8").splitlines() if line.strip()}
+        good = 0
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            good += len(line)
+            if line.strip():
+                ids.add(json.loads(line)["id"])
+    if good != os.path.getsize(out_path):
+        os.truncate(out_path, good)
+    return ids
 
 
 def _prompt_messages(messages: list[dict]) -> list[dict] | None:
