@@ -3,6 +3,7 @@
 The oracle below is written from the DFlash description (research/dflash.md §1.2–1.4), not from the
 module: fp64, per-head loops, RoPE as complex rotation, no cache, dense attention over [context | block].
 """
+import dataclasses
 import json
 import math
 
@@ -305,3 +306,34 @@ def test_dflash_clear_errors(drafter, tmp_path, target):
         DFlashDrafter.from_pretrained(write_released(tmp_path / "swa", layer_types=["sliding_attention"] * 2), target)
     with pytest.raises(ValueError, match="hidden"):
         DFlashDrafter.from_pretrained(write_released(tmp_path / "ok"), tiny_qwen3(hidden_size=32))
+
+
+# --- draft vocabulary -------------------------------------------------------------------------------
+def test_dflash_draft_vocab_restricts_drafts_loss_and_roundtrips(tmp_path, target):
+    full = DFlashDrafter.from_pretrained(write_released(tmp_path / "ckpt"), target)
+    rows = torch.tensor([3, 7, 12, 40, 41, 99])
+    small = DFlashDrafter(dataclasses.replace(full.config, draft_vocab_size=len(rows)), target)
+    small.load_state_dict(full.state_dict(), strict=False)
+    small.set_draft_vocab(rows[torch.randperm(len(rows))])
+    ids, taps = _ctx(9)
+    memory = small.new_memory(1)
+    small.extend_memory(memory, ids, taps)
+    args = (torch.tensor([7]), torch.tensor([9]))
+    want = full.draft_logits(_filled(full, ids, taps), *args)[0][:, rows]
+    got = small.draft_logits(memory, *args)[0]
+    assert torch.isinf(got[:, [0, 1, 2]]).all()
+    torch.testing.assert_close(got[:, rows], want)
+    drafts = small.draft(memory, args[0], num_tokens=4, seed=torch.tensor([0]), position=args[1])
+    assert drafts.tolist() == [rows[want.argmax(-1)[:4]].tolist()]
+    batch = _batch(small)
+    loss, metrics = dflash_loss(small, batch)
+    assert math.isfinite(loss.item()) and metrics["tokens"] <= int((batch["labels"][..., :BLOCK - 1] >= 0).sum())
+    small.save_pretrained(tmp_path / "small")
+    back = DFlashDrafter.from_pretrained(tmp_path / "small", target)
+    assert back.config.draft_vocab_size == len(rows) and back.draft_rows().tolist() == rows.tolist()
+
+
+def _filled(drafter, ids, taps):
+    memory = drafter.new_memory(1)
+    drafter.extend_memory(memory, ids, taps)
+    return memory

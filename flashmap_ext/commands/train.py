@@ -40,6 +40,8 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--layers", type=int, help="decoder layers")
     shape.add_argument("--block-size", type=int, help="anchor + draft tokens per block")
     shape.add_argument("--intermediate-size", type=int, help="MLP width (default: the target's)")
+    shape.add_argument("--draft-vocab", metavar="N|FILE",
+                       help="draft vocabulary as for `train flow` (drafts and loss on these LM-head rows only)")
     shape.add_argument("--mask-token-id", type=int,
                        help="embedding row used as the mask token (default: the first row past the tokenizer)")
     dflash.set_defaults(func=run_dflash)
@@ -118,7 +120,14 @@ def run_dflash(args) -> int:
     target, tokenizer = runner.load_target(args)
     layer_ids = runner.FeatureCache(args.features).meta["target_layer_ids"]
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
+    from flashmap_ext.drafters.target_parts import hf_model
+    ids = draft_vocab(args.draft_vocab, runner.FeatureCache(args.features),
+                      hf_model(target).get_input_embeddings().weight.shape[0])
+    if ids is not None:
+        shape["draft_vocab_size"] = ids.numel()
     drafter = DFlashDrafter.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
+    if ids is not None:
+        drafter.set_draft_vocab(ids)
     metrics = runner.run_stage(drafter, dflash_loss, args, run, "dflash")
     print(f"dflash: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")

@@ -60,7 +60,10 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = Rotary(c.head_dim, c.rope_theta)
         init_weights(self, c.initializer_range)
+        if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
+            self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self._target: TargetParts | None = None
+        self._head_rows: torch.Tensor | None = None
         if target is not None:
             self.attach_target(target)
 
@@ -102,13 +105,58 @@ class DFlashDrafter(nn.Module):
         if not 0 <= num_tokens <= self.num_draft_tokens:
             raise ValueError(f"num_tokens must be in [0, {self.num_draft_tokens}], got {num_tokens}")
         hidden = self.block_hidden(memory, anchor_tokens, position)[:, :num_tokens]
-        return self.parts.logits(hidden).argmax(-1)
+        return self.to_target_ids(self.vocab_logits(hidden).argmax(-1))
+
+    # --- draft vocabulary ----------------------------------------------------------------------------
+    def draft_rows(self) -> torch.Tensor | None:
+        """[draft_vocab_size] int64 target ids of the draft vocabulary (ascending), or None (all rows)."""
+        if self.config.draft_vocab_size is None:
+            return None
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """Sets the draft vocabulary: [draft_vocab_size] distinct target ids."""
+        ids = torch.as_tensor(token_ids, dtype=torch.int64).flatten().sort().values
+        if self.config.draft_vocab_size != ids.numel() or ids.unique().numel() != ids.numel():
+            raise ValueError(f"token_ids: expected {self.config.draft_vocab_size} distinct ids, got {ids.numel()}")
+        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.numel(), device=self.d2t.device))
+        self._head_rows = None
+
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> logits over the draft vocabulary [..., V_d] (all of the LM head without one)."""
+        rows = self.draft_rows()
+        if rows is None:
+            return self.parts.logits(hidden)
+        head = self.parts.head
+        if not isinstance(head, nn.Linear) or head.bias is not None:
+            raise ValueError("a draft vocabulary needs a bias-free Linear LM head")
+        if self._head_rows is None or self._head_rows.device != head.weight.device:
+            self._head_rows = head.weight.detach()[rows.to(head.weight.device)].contiguous()
+        return torch.nn.functional.linear(hidden.to(self._head_rows.dtype), self._head_rows)
+
+    def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft-vocabulary rows; −100 and ids outside the draft vocabulary -> −100."""
+        rows = self.draft_rows()
+        if rows is None:
+            return token_ids
+        pos = torch.searchsorted(rows, token_ids.clamp_min(0)).clamp_max(rows.numel() - 1)
+        return torch.where((token_ids >= 0) & (rows[pos] == token_ids), pos, torch.full_like(pos, -100))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.config.draft_vocab_size is None else draft_ids + self.d2t[draft_ids]
 
     # --- inference pieces --------------------------------------------------------------------------
     @torch.no_grad()
     def draft_logits(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """Logits [B, block_size−1, V] of the draft slots for anchors at absolute `position` [B]."""
-        return self.parts.logits(self.block_hidden(memory, anchor_tokens, position))
+        """Logits [B, block_size−1, V] of the draft slots for anchors at absolute `position` [B]
+        (−inf outside the draft vocabulary, if any)."""
+        hidden = self.block_hidden(memory, anchor_tokens, position)
+        rows = self.draft_rows()
+        if rows is None:
+            return self.parts.logits(hidden)
+        small = self.vocab_logits(hidden)
+        full = small.new_full((*small.shape[:-1], self.parts.num_rows), float("-inf"))
+        return full.index_copy_(-1, rows, small)
 
     def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1 (no mask: the block
@@ -186,6 +234,7 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"mask_token_id {self.config.mask_token_id} outside the target's "
                              f"{parts.num_rows}-row embedding table")
         self._target = parts
+        self._head_rows = None
         return self
 
     @classmethod

@@ -46,6 +46,7 @@ class DFlashConfig:
     max_position_embeddings: int = 40960
     attention_bias: bool = False
     initializer_range: float = 0.02
+    draft_vocab_size: int | None = None  # drafts from these LM-head rows only (buffer d2t); None: all rows
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -58,6 +59,8 @@ class DFlashConfig:
             raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers}) target layers")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} outside the embedding table [0, {self.vocab_size})")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
@@ -102,7 +105,8 @@ class DFlashConfig:
                    rope_theta=float(rope_theta(cfg)),
                    max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
                    attention_bias=bool(cfg.get("attention_bias", False)),
-                   initializer_range=float(cfg.get("initializer_range", 0.02)))
+                   initializer_range=float(cfg.get("initializer_range", 0.02)),
+                   draft_vocab_size=None if cfg.get("draft_vocab_size") is None else int(cfg["draft_vocab_size"]))
 
 
 def rope_theta(cfg: dict[str, Any]) -> float:

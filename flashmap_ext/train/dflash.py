@@ -33,7 +33,7 @@ def slot_weights(num_slots: int, gamma: float, device=None) -> torch.Tensor:
 
 def _slot_ce(drafter: DFlashDrafter, hidden: torch.Tensor, labels: torch.Tensor):
     """hidden [B, a, K, d], labels [B, a, K] -> (CE [B, a, K] fp32, 0 where masked; correct [B, a, K] bool)."""
-    logits = drafter.parts.logits(hidden).float()
+    logits = drafter.vocab_logits(hidden).float()
     ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="none")
     return ce.view_as(labels), logits.argmax(-1) == labels
 
@@ -69,7 +69,7 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     _check_batch(batch, k)
     device = drafter.parts.embedding.weight.device
     b = {key: batch[key].to(device) for key in ("input_ids", "taps", "anchor_pos", "labels")}
-    labels = b["labels"][:, :, :k]
+    labels = drafter.to_draft_ids(b["labels"][:, :, :k])  # draft-vocabulary rows (identity without one)
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"])
     ces, hits = [], []
     for s in range(0, labels.shape[1], anchor_chunk):
