@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from flashmap_ext.bench import assets, datasets
-from flashmap_ext.bench.metrics import Record, acceptance_length, committed_histogram, slot_acceptance, summarize
+from flashmap_ext.bench.metrics import (Record, acceptance_length, committed_histogram, identity, slot_acceptance,
+                                        summarize)
 
 
 def rec(method, drafted, accepted, tokens=10, time_s=1.0):
@@ -34,7 +35,17 @@ def test_summarize_speedup_and_identity():
     spec = [rec("m", [4, 4], [4, 3], tokens=10, time_s=1.0)]
     spec[0].identical = True
     row = summarize(spec, ar)
-    assert row["speedup"] == pytest.approx(2.0) and row["identical"] == "1/1" and row["tokens_per_s"] == 10.0
+    assert row["speedup"] == pytest.approx(2.0) and row["identical"] == "yes" and row["tokens_per_s"] == 10.0
+
+
+def test_identity_cell_counts_near_ties_by_dtype():
+    same, tie, bad = (rec("m", [4], [0]) for _ in range(3))
+    same.identical, tie.identical, bad.identical = True, False, False
+    tie.divergence = {"position": 3, "kind": "token", "margin": 0.0}
+    bad.divergence = {"position": 5, "kind": "token", "margin": 2.5}
+    assert identity([same, tie], "bf16") == "1/2 (1 near-tie)"
+    assert identity([same, tie, bad], "bf16") == "1/3 (1 near-tie) (1 NOT near-ties)"
+    assert identity([same], "fp32") == "yes" and identity([rec("AR", [], [])]) == "n/a"
 
 
 def _cached_or_skip():

@@ -41,6 +41,17 @@ def auto_dtype() -> str:
     return "fp32"
 
 
+def set_threads(threads: int = 0) -> int:
+    """Sets torch's intra-op threads: `threads` if > 0; else 1 when the machine is already busy (load
+    average ≥ cores: spinning OpenMP workers then slow a bf16 forward down up to 10×), else torch's
+    default. Returns the number in use."""
+    if threads <= 0 and os.getloadavg()[0] >= (os.cpu_count() or 1):
+        threads = 1
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def describe() -> dict:
     """Machine, date and command line of this run, for every figure that reports a number."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -49,6 +60,7 @@ def describe() -> dict:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.argv[0])] + sys.argv[1:]),
         "cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "load_average": round(os.getloadavg()[0], 2),
         "bf16_hw": bool(flags & {"avx512_bf16", "amx_bf16"}), "gpu": gpu,
         "python": platform.python_version(), "torch": torch.__version__,
         "transformers": _version("transformers"),
@@ -57,7 +69,8 @@ def describe() -> dict:
 
 def summary_line(meta: dict) -> str:
     """One line naming machine and date, for table captions and plot footers."""
-    where = meta["gpu"] or f"{meta['cpu']}, {meta['cores']} cores"
+    where = meta["gpu"] or (f"{meta['cpu']}, {meta['cores']} cores, {meta['torch_threads']} torch threads, "
+                            f"load {meta.get('load_average', '?')}")
     return f"{where}; torch {meta['torch']}; {meta['date'][:10]}"
 
 

@@ -145,8 +145,8 @@ def assemble(cfg: BenchConfig, dtype: str, methods: list[Method], records: list[
     table: dict = {}
     for name in dict.fromkeys(r.dataset for r in records):
         ar = [r for r in records if r.dataset == name and r.method == "AR"]
-        table[name] = {m.name: summarize([r for r in records if r.dataset == name and r.method == m.name], ar)
-                       for m in methods}
+        table[name] = {m.name: summarize([r for r in records if r.dataset == name and r.method == m.name], ar,
+                                         dtype) for m in methods}
     rows = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} | {"new_tokens": len(r.tokens)}
             for r in records]
     return {"meta": machine.describe() | {"dtype": dtype}, "config": dataclasses.asdict(cfg),

@@ -25,12 +25,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shuffle-n", type=int, default=2,
                    help="prompts per dataset for the shuffle test (K drafter calls per round; 0 = skip)")
     p.add_argument("--no-peers", action="store_true", help="skip the HF greedy and prompt-lookup rows")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
+                        "else torch's default)")
     p.add_argument("--out", default="runs/bench", help="output dir (results.json, results.md, *.png)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.bench.run import run as run_bench
+    set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,

