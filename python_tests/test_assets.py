@@ -115,3 +115,16 @@ def test_sharegpt_to_messages_and_overlap():
     grams = {tuple("one two three four five six seven eight nine ten eleven twelve thirteen".split())}
     hit = [{"role": "user", "content": "Say: One two three four five six seven eight nine ten eleven twelve thirteen!"}]
     assert sharegpt.overlaps(hit, grams) and not sharegpt.overlaps([{"role": "user", "content": "one two"}], grams)
+
+
+def test_real_target_and_qwen3_tokenizers_agree_when_cached():
+    """The GGUF's own (Qwen2.5) tokenizer and the Qwen3 tokenizer share ids; 'Hello world' is [9707, 1879]."""
+    model_dir, qwen3_dir = assets.qwen05_dir(download=False), assets.qwen3_tokenizer_dir(download=False)
+    if model_dir is None or qwen3_dir is None:
+        pytest.skip("real target or Qwen3 tokenizer not in the asset cache")
+    from transformers import AutoTokenizer
+    real, qwen3 = AutoTokenizer.from_pretrained(model_dir), AutoTokenizer.from_pretrained(qwen3_dir)
+    text = "Hello world\ndef f(x):\n    return x ** 2  # ünïcödé, 数字 12345"
+    assert real("Hello world").input_ids == qwen3("Hello world").input_ids == [9707, 1879]
+    assert real(text).input_ids == qwen3(text).input_ids
+    assert real.convert_tokens_to_ids("<|im_end|>") == qwen3.convert_tokens_to_ids("<|im_end|>") == 151645
