@@ -8,6 +8,8 @@ holding exactly the committed positions before the new anchor, calls `advance` a
 """
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional, Sequence
@@ -86,13 +88,20 @@ class Request:
     device: torch.device = torch.device("cpu")
 
     def __post_init__(self):
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1 "
+        # `not x >= 0` also catches NaN; integers must be integers (a float seed would be truncated)
+        if not 0 <= self.temperature < math.inf or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need finite temperature >= 0, top_k >= 0, 0 < top_p <= 1 "
                              f"(got {self.temperature}, {self.top_k}, {self.top_p})")
+        for name in ("top_k", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        if not -2**63 <= self.seed < 2**63:
+            raise ValueError(f"seed must fit in int64, got {self.seed}")
         dev = self.device
         self.seed_tensor = torch.tensor([self.seed], dtype=torch.int64, device=dev)
         self._tensors = dict(temperature=torch.tensor([self.temperature], dtype=torch.float32, device=dev),
-                             top_k=torch.tensor([self.top_k], dtype=torch.int32, device=dev),
+                             top_k=torch.tensor([min(self.top_k, 2**31 - 1)], dtype=torch.int32, device=dev),
                              top_p=torch.tensor([self.top_p], dtype=torch.float32, device=dev),
                              seed=self.seed_tensor)
 
@@ -124,7 +133,12 @@ class State:
 
 def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor:
     """The prompt as a [1, S] int64 tensor on the target's device, or a ValueError saying why not."""
-    ids = torch.as_tensor(input_ids, dtype=torch.int64).to(target.device)
+    ids = torch.as_tensor(input_ids)
+    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    ids = ids.to(device=target.device, dtype=torch.int64)
     ids = ids[None] if ids.dim() == 1 else ids
     if ids.dim() != 2 or ids.shape[0] != 1:
         raise ValueError(f"input_ids must be [S] or [1, S] (batch size 1), got shape {tuple(ids.shape)}")

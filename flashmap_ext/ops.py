@@ -4,6 +4,8 @@ Dimension letters: B batch, K draft length (slots), V vocabulary, d hidden size.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -36,10 +38,37 @@ def _verify_fake(target_logits, draft_tokens, temperature, top_k, top_p, seed, p
             torch.empty((B,), dtype=torch.int32, device=dev))
 
 
+_INT32_MAX, _INT64 = 2**31 - 1, (-2**63, 2**63)
+
+
+def _check_scalar(name: str, value, dtype: torch.dtype):
+    """A python scalar argument, validated (host-side, no sync): integers for the int parameters, NaN and
+    out-of-range values rejected with the argument's name; top_k above int32 (= off) is clamped."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"verify: {name} must be a python number or a [B] tensor, got {type(value).__name__}")
+    if not dtype.is_floating_point:
+        if not isinstance(value, numbers.Integral):
+            raise TypeError(f"verify: {name} must be an integer, got {value!r}")
+        value = int(value)
+        if name == "top_k":
+            if value < 0:
+                raise ValueError(f"verify: top_k must be >= 0 (0 = off), got {value}")
+            return min(value, _INT32_MAX)  # >= V is off already
+        if not _INT64[0] <= value < _INT64[1]:
+            raise ValueError(f"verify: {name} must fit in int64, got {value}")
+        return value
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"verify: {name} is NaN")
+    if name == "top_p" and not 0.0 <= value <= 1.0:
+        raise ValueError(f"verify: top_p must be in [0, 1] (1 = off), got {value}")
+    return value
+
+
 def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> torch.Tensor:
     """A python scalar or a [B] tensor -> a contiguous [B] tensor of `dtype` on `device`."""
     if not isinstance(value, torch.Tensor):
-        return torch.full((B,), value, dtype=dtype, device=device)
+        return torch.full((B,), _check_scalar(name, value, dtype), dtype=dtype, device=device)
     if value.shape != (B,):
         raise ValueError(f"verify: {name} must be a python scalar or a [B] = [{B}] tensor, "
                          f"got shape {tuple(value.shape)}")
@@ -55,6 +84,12 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
         raise ValueError("verify: target_logits must be a [B, K+1, V] tensor")
     if target_logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"verify: target_logits must be bf16, fp16 or fp32 (got {target_logits.dtype})")
+    if not isinstance(draft_tokens, torch.Tensor):
+        raise TypeError(f"verify: draft_tokens must be a [B, K] int64 tensor, "
+                        f"got {type(draft_tokens).__name__}")
+    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs), ("uniforms", uniforms)):
+        if t is not None and t.device != target_logits.device:  # else a meta tensor reaches the fake kernel
+            raise ValueError(f"verify: {name} is on {t.device}, target_logits on {target_logits.device}")
     B, K1, V = target_logits.shape
     if B < 1 or V < 1:
         raise ValueError(f"verify: target_logits [B, K+1, V] needs B >= 1 and V >= 1, got {(B, K1, V)}")
@@ -102,9 +137,10 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
             anchor and the K drafts (row i scores slot i).
         draft_tokens: [B, K] int64 — drafted ids; -1 (or any id outside [0, valid_vocab)) means no
             draft: that slot and every later one are rejected.
-        temperature: scalar or [B] fp32; 0 (or negative) = greedy row; tiny values (1e-6) still sample.
-        top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off.
-        top_p: scalar or [B] fp32 in (0, 1]; 1 = off.
+        temperature: scalar or [B] fp32; 0 (or negative) = greedy row; tiny values (1e-6) still sample;
+            a NaN scalar raises.
+        top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off; a negative scalar raises.
+        top_p: scalar or [B] fp32 in [0, 1]; 1 = off, 0 keeps only the top id; a scalar outside raises.
         seed: scalar or [B] int64 — Philox key of the row's coins.
         position: scalar or [B] int64 — absolute position of slot 0; slot i's coins use counter
             (position + i, stream), streams ACCEPT = 0 and RESAMPLE = 1 (the drafter owns 2). Never
@@ -154,8 +190,9 @@ def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0
     Args: logits [B, V] bf16/fp16/fp32; the rest as in `verify` (position = the position sampled).
     Returns: tokens [B] int64 (argmax for temperature 0, lowest index on ties).
     """
-    if logits.dim() != 2:
-        raise ValueError(f"sample: logits must be [B, V], got shape {list(logits.shape)}")
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        got = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"sample: logits must be a [B, V] tensor, got {got}")
     drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
     out = verify(logits.unsqueeze(1), drafts, temperature=temperature, top_k=top_k, top_p=top_p,
                  seed=seed, position=position, valid_vocab=valid_vocab, check=check)

@@ -17,6 +17,7 @@ one. The only host sync in a round is reading the accepted length and the commit
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -43,7 +44,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         max_new_tokens: exact budget (>= 0); fewer tokens only when a stop token is emitted.
         temperature, top_k, top_p: target sampling (T = 0 greedy; top_k 0 / top_p 1 = off).
         seed: request seed of the verifier's (and drafter's) counter-based RNG.
-        stop_token_ids: generation ends right after the first of these (it is included).
+        stop_token_ids: generation ends right after the first of these (it is included); a single id
+            or None also work.
         tree: None (chain drafting) or a `TreeSpec(depth, topk, num_nodes)`: tree drafting, which needs a
             drafter with `draft_tree` (Eagle3Drafter); batch 1, reference acceptance path.
         valid_vocab: ids >= valid_vocab are padding rows and are never emitted (default: all).
@@ -60,7 +62,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     target = target if isinstance(target, Target) else Target(target)
     prompt = check_prompt(target, input_ids, max_new_tokens)
     req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
-                  frozenset(int(t) for t in stop_token_ids), on_tokens, profile, target.device)
+                  _stop_set(stop_token_ids), on_tokens, profile, target.device)
     draft, verify = _round_functions(drafter, tree)
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
     if max_new_tokens == 0:
@@ -81,6 +83,16 @@ def generate_tree(target, drafter, input_ids, max_new_tokens: int, *args, depth:
     """`generate(..., tree=TreeSpec(depth, topk, num_nodes))`; defaults: the DFlash paper's 7, 10, 16."""
     return generate(target, drafter, input_ids, max_new_tokens, *args,
                     tree=TreeSpec(depth, topk, num_nodes), **kwargs)
+
+
+def _stop_set(stop_token_ids) -> frozenset:
+    """stop_token_ids as a frozenset of ints: None = none, a single id (int or 0-d tensor) = that one."""
+    if stop_token_ids is None:
+        return frozenset()
+    if isinstance(stop_token_ids, numbers.Integral) or (isinstance(stop_token_ids, torch.Tensor)
+                                                        and stop_token_ids.dim() == 0):
+        return frozenset([int(stop_token_ids)])
+    return frozenset(int(t) for t in stop_token_ids)
 
 
 def _round_functions(drafter, tree: Optional[TreeSpec]) -> tuple[Callable, Callable]:

@@ -1,0 +1,96 @@
+"""Public API argument handling found by a newcomer's break-it pass: every bad argument raises an error that
+names it (no obscure overflow / attribute errors, no silent truncation, no garbage from a meta tensor)."""
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_qwen3
+from drafter_doubles import greedy_continuation
+from flashmap_ext import ops
+from flashmap_ext.speculate import generate
+
+V = 10
+
+
+@pytest.fixture
+def case():
+    return torch.randn(2, 4, V), torch.randint(0, V, (2, 3))
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(temperature=math.nan), ValueError, "temperature is NaN"),
+    (dict(temperature=[0.0, 1.0]), TypeError, "temperature must be a python number or a \\[B\\] tensor"),
+    (dict(temperature="0.5"), TypeError, "temperature must be a python number"),
+    (dict(top_p=math.nan), ValueError, "top_p is NaN"),
+    (dict(top_p=1.5), ValueError, r"top_p must be in \[0, 1\]"),
+    (dict(top_p=-0.1), ValueError, r"top_p must be in \[0, 1\]"),
+    (dict(top_k=-1), ValueError, "top_k must be >= 0"),
+    (dict(top_k=1.5), TypeError, "top_k must be an integer"),
+    (dict(seed=2**64), ValueError, "seed must fit in int64"),
+    (dict(seed=1.5), TypeError, "seed must be an integer"),
+    (dict(position=2**63), ValueError, "position must fit in int64"),
+])
+def test_verify_scalar_arguments_are_checked(case, kw, error, message):
+    logits, drafts = case
+    with pytest.raises(error, match=message):
+        ops.verify(logits, drafts, **kw)
+
+
+def test_verify_huge_top_k_is_off(case):
+    logits, drafts = case
+    for top_k in (V, 2**31, 2**40):  # >= V is off; above int32 used to overflow
+        out = ops.verify(logits, drafts, temperature=1.0, top_k=top_k, seed=3)
+        assert torch.equal(out.tokens, ops.verify(logits, drafts, temperature=1.0, seed=3).tokens)
+
+
+def test_verify_tensor_arguments_on_another_device_raise(case):
+    """A meta draft_tokens used to dispatch to the fake kernel and return uninitialised 'results'."""
+    logits, drafts = case
+    with pytest.raises(ValueError, match="draft_tokens is on meta, target_logits on cpu"):
+        ops.verify(logits, drafts.to("meta"))
+    with pytest.raises(ValueError, match="draft_probs is on meta"):
+        ops.verify(logits, drafts, draft_probs=torch.rand(2, 3, V, device="meta"))
+    with pytest.raises(TypeError, match="draft_tokens must be a \\[B, K\\] int64 tensor, got list"):
+        ops.verify(logits, drafts.tolist())
+    with pytest.raises(ValueError, match="sample: logits must be a \\[B, V\\] tensor, got list"):
+        ops.sample([[1.0, 2.0]])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_qwen3()
+
+
+@pytest.mark.parametrize("args, kw, error, message", [
+    (([1.5, 2.0], 3), {}, TypeError, "input_ids must be integer token ids"),
+    ((torch.tensor([1.0, 2.0]), 3), {}, TypeError, "input_ids must be integer token ids"),
+    (([1, 2], 1.5), {}, TypeError, "max_new_tokens must be an integer"),
+    (([1, 2], None), {}, TypeError, "max_new_tokens must be an integer"),
+    (([1, 2], 3), dict(temperature=math.nan), ValueError, "finite temperature"),
+    (([1, 2], 3), dict(temperature=math.inf), ValueError, "finite temperature"),
+    (([1, 2], 3), dict(seed=2**70), ValueError, "seed must fit in int64"),
+    (([1, 2], 3), dict(seed=0.5), TypeError, "seed must be an integer"),
+])
+def test_generate_arguments_are_checked(model, args, kw, error, message):
+    with pytest.raises(error, match=message):
+        generate(model, None, *args, **kw)
+
+
+def test_generate_empty_prompt_list_still_says_empty(model):
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(model, None, [], 3)
+
+
+def test_generate_stop_token_ids_forms(model):
+    prompt = [1, 2, 3]
+    ref = greedy_continuation(model, prompt, 6).tolist()
+    assert generate(model, None, prompt, 6, stop_token_ids=None).tokens == ref
+    first = ref[0]
+    for stop in (first, torch.tensor(first), [first], torch.tensor([first])):
+        assert generate(model, None, prompt, 6, stop_token_ids=stop).tokens == [first]
+
+
+def test_generate_huge_top_k_is_off(model):
+    a = generate(model, None, [1, 2], 4, temperature=1.0, top_k=2**40, seed=5).tokens
+    assert a == generate(model, None, [1, 2], 4, temperature=1.0, seed=5).tokens
