@@ -81,3 +81,45 @@ def test_text_stream_holds_back_partial_utf8():
         seen.append(out.getvalue())
     stream.finish()
     assert seen == ["a", "a", "aé", "aé", "aé", "aé€"] and out.getvalue() == "aé€\n"
+
+
+def test_byte_tokenizer_round_trips_invalid_utf8():
+    """A random byte-level target emits invalid UTF-8; decode used to turn it into U+FFFD (42% of the
+    characters `data regenerate` wrote for tiny-random), so drafters trained on text the target never said.
+    Now decode → json → encode gives back the ids, and streaming still holds back a cut-off sequence."""
+    tok, gen = ByteTokenizer(), torch.Generator().manual_seed(0)
+    for _ in range(200):
+        ids = torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+        text = json.loads(json.dumps(tok.decode(ids + [65]), ensure_ascii=False))  # 'A' ends any cut sequence
+        assert tok.encode(text) == ids + [65]
+    assert tok.encode("héllo €") == list("héllo €".encode("utf-8"))
+    assert tok.decode(list("€".encode("utf-8"))[:2]) == "\ufffd"
+    out = io.StringIO()
+    stream = TextStream(tok, out)
+    for b in [0xFF, 0xE2, 0x82, 0xAC, 0x41]:
+        stream([b])
+    stream.finish()
+    assert tok.encode(out.getvalue()[:-1]) == [0xFF, 0xE2, 0x82, 0xAC, 0x41]
+
+
+def test_negative_max_new_tokens_is_an_argument_error(capsys):
+    """It used to print nothing and exit 0."""
+    with pytest.raises(SystemExit):
+        cli.main(BASE[:-4] + ["--max-new-tokens", "-3"])
+    assert "expected an integer >= 0" in capsys.readouterr().err
+
+
+def test_missing_paths_name_the_argument(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--target .*no such file or directory"):
+        load_target_and_tokenizer(str(tmp_path / "nope"), torch.float32, "cpu")
+    with pytest.raises(FileNotFoundError, match="--drafter .*no such directory"):
+        checkpoint_type(str(tmp_path / "nope"))
+    run = tmp_path / "run"
+    (run / "drafter").mkdir(parents=True)
+    (run / "drafter" / "config.json").write_text("{}")
+    (run / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000001" / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match="the trained drafter of this run is .*drafter"):
+        checkpoint_type(str(run))
+    with pytest.raises(ValueError, match="training checkpoint"):
+        checkpoint_type(str(run / "checkpoints" / "step-00000001"))

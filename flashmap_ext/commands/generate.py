@@ -15,6 +15,7 @@ eagle3, `model_type` flashmap_drafter → flashmap (or force it with --drafter-t
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=128)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
     p.add_argument("--tree", type=tree_spec, metavar="DEPTH,TOPK,NODES",
@@ -72,6 +73,17 @@ def run(args) -> int:
     return 0
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def tree_spec(text: str) -> TreeSpec:
     """argparse type of --tree: 'DEPTH,TOPK,NODES' → TreeSpec."""
     try:
@@ -95,6 +107,12 @@ def load_target_and_tokenizer(name: str, dtype: torch.dtype, device=None):
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == TINY:
         return Target(tiny_random_model(dtype).to(device)), ByteTokenizer()
+    looks_local = name.endswith(".gguf") or name.startswith(("/", "./", "../", "~"))
+    if looks_local:
+        if not Path(name).expanduser().exists():
+            raise FileNotFoundError(f"--target {name}: no such file or directory (expected a model directory, "
+                                    f"a .gguf file, a hub name such as Qwen/Qwen3-8B, or '{TINY}')")
+        name = str(Path(name).expanduser())
     from transformers import AutoTokenizer
     if name.endswith(".gguf"):
         path = Path(name).resolve()
@@ -137,8 +155,16 @@ def load_drafter(path: str, target: Target, drafter_type: str | None = None, ste
 
 def checkpoint_type(path: str) -> str:
     config_file = Path(path) / "config.json"
+    if not Path(path).exists():
+        raise FileNotFoundError(f"--drafter {path}: no such directory (expected a drafter checkpoint "
+                                f"directory, 'random' or 'random-eagle3')")
     if not config_file.is_file():
-        raise ValueError(f"--drafter {path}: no config.json there")
+        hint = ""
+        if (Path(path) / "drafter" / "config.json").is_file():  # a training run directory
+            hint = f"; the trained drafter of this run is {Path(path) / 'drafter'}"
+        elif (Path(path) / "state.json").is_file():              # a training checkpoint
+            hint = "; this is a training checkpoint: pass the run's drafter/ directory"
+        raise ValueError(f"--drafter {path}: no config.json there{hint}")
     cfg = json.loads(config_file.read_text())
     archs = cfg.get("architectures") or []
     if "DFlashDraftModel" in archs:
@@ -199,15 +225,37 @@ class TextStream:
         self.out.flush()
 
 
+_RAW_BYTE = 0xF700  # private-use U+F700 + b stands for a byte b that is not valid UTF-8 where it occurs
+
+
+def _raw_bytes(err: UnicodeDecodeError):
+    """Decode error handler: a sequence cut off at the end (still streaming) becomes U+FFFD, which
+    TextStream holds back; any other invalid byte b becomes U+F700 + b, which `encode` maps back to b."""
+    if err.reason == "unexpected end of data":
+        return "\ufffd", err.end
+    return "".join(chr(_RAW_BYTE + b) for b in err.object[err.start:err.end]), err.end
+
+
+codecs.register_error("flashmap_raw_bytes", _raw_bytes)
+
+
 class ByteTokenizer:
-    """UTF-8 bytes as ids 0-255, EOS = 256; a plain-text chat template."""
+    """UTF-8 bytes as ids 0-255, EOS = 256; a plain-text chat template.
+
+    decode → encode gives back the same ids, also for the invalid UTF-8 a random model emits (its bytes
+    decode to private-use characters), so `data regenerate` → `features` trains on what the target said;
+    only a multi-byte sequence cut off at the very end decodes to U+FFFD."""
     eos_token_id = BYTE_EOS
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
-        return list(text.encode("utf-8"))
+        ids = []
+        for ch in text:
+            code = ord(ch)
+            ids.extend([code - _RAW_BYTE] if _RAW_BYTE <= code < _RAW_BYTE + 256 else ch.encode("utf-8"))
+        return ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="flashmap_raw_bytes")
 
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
         turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
