@@ -86,3 +86,31 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     eagle = [*common, "--features", str(tmp_path / "f3"), "--preset", "cpu-tiny", "--batch-size", "2"]
     assert main(["train", "eagle3", *eagle, "--out", str(tmp_path / "e3"), "--steps", "2", "--ttt-steps", "3"]) == 0
     assert json.loads((tmp_path / "e3" / "drafter" / "config.json").read_text())["draft_vocab_size"] == 257
+
+
+def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):
+    """`train flow --resume` on a dflash run used to overwrite its run.json, then die in load_state_dict with
+    a screenful of unexpected keys; an interrupted run used to end with the normal success line only."""
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]}) + "\n"
+                            for w in ("one", "two", "three")))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
+                 "--max-new-tokens", "8"]) == 0
+    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    run = tmp_path / "dflash"
+    args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2",
+            "--out", str(run), "--steps", "1"]
+    assert main(["train", "dflash", *args, "--mask-token-id", "0"]) == 0
+    with pytest.raises(ValueError, match="holds a 'dflash' run, not 'flow'.*flashmap train dflash"):
+        main(["train", "flow", *args, "--resume"])
+    with pytest.raises(FileExistsError, match="--resume"):
+        main(["train", "flow", *args])
+    assert json.loads((run / "run.json").read_text())["stage"] == "dflash"
+
+    from flashmap_ext.train import runner
+    real_train = runner.train
+    monkeypatch.setattr(runner, "train", lambda *a, **kw: {**real_train(*a, **kw), "step": 1})  # as if stopped
+    capsys.readouterr()
+    assert main(["train", "dflash", *args[:-1], "3", "--mask-token-id", "0", "--resume"]) == 0
+    assert "stopped by a signal at step 1 of 3" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Callable
 
 import torch
@@ -121,6 +122,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     taps_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     collate_fn = make_collate(run["num_anchors"], num_labels or drafter.num_draft_tokens, run.get("max_length"),
                               taps_dtype)
+    check_out_dir(args.out, name, args.resume)
     if int(os.environ.get("RANK", "0")) == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "run.json"), "w") as f:
@@ -128,7 +130,30 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
                        "settings": run, "features": cache.meta}, f, indent=1, default=str)
     metrics = train(drafter, loss_fn, cache, collate_fn, cfg, resume=args.resume, device=device)
     export(drafter, args)
+    if metrics["step"] < cfg.steps and int(os.environ.get("RANK", "0")) == 0:
+        print(f"{name}: stopped by a signal at step {metrics['step']} of {cfg.steps}; checkpoint saved and "
+              f"{args.out}/drafter holds those weights. Rerun the same command with --resume to continue.",
+              file=sys.stderr)
     return metrics
+
+
+def check_out_dir(out: str, stage: str, resume: bool) -> None:
+    """Before run.json is rewritten: --out must not hold checkpoints unless --resume, and --resume must
+    continue the same stage (another stage's checkpoint fails to load with a long state_dict error)."""
+    if latest(out) is None:
+        return
+    if not resume:
+        raise FileExistsError(f"--out {out} already holds checkpoints ({os.path.basename(latest(out))}): "
+                              "pass --resume to continue, or choose another output directory")
+    try:
+        with open(os.path.join(out, "run.json")) as f:
+            previous = json.load(f).get("stage")
+    except (OSError, ValueError):
+        return
+    if previous is not None and previous != stage:
+        command = "flashmap distill" if previous == "distill" else f"flashmap train {previous}"
+        raise ValueError(f"--out {out} holds a {previous!r} run, not {stage!r}: resume it with `{command} "
+                         f"... --resume`, or choose another output directory")
 
 
 def export(drafter: torch.nn.Module, args) -> str:
