@@ -30,7 +30,7 @@ main() {
     MAX_NEW=${MAX_NEW:-128}
     MAX_LEN=${MAX_LEN:-320}
     STEPS=${STEPS:-800}
-    DISTILL_STEPS=${DISTILL_STEPS:-250}
+    DISTILL_STEPS=${DISTILL_STEPS:-80}
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
     export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS TOKENIZERS_PARALLELISM=false
@@ -151,7 +151,7 @@ stage_flow() {
 stage_distill() {
     [ -s "$RUN/map/drafter/model.safetensors" ] && { echo "skip: distilled drafter exists"; return; }
     $FM distill "${COMMON[@]}" --out "$RUN/map" $(resume_flag "$RUN/map") --teacher "$RUN/flow/drafter" \
-        --steps "$DISTILL_STEPS" --lr 3e-4 --warmup 0.05
+        --steps "$DISTILL_STEPS" --lr 3e-4 --warmup 0.05 --save-every 20
 }
 
 # 7. DFlash baseline: same features, steps, batch and anchors; ~same trainable parameters.
