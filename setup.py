@@ -55,7 +55,12 @@ def _extension():
     if not with_cuda:
         return cpp_extension.CppExtension(extra_compile_args={"cxx": cxx}, **kwargs)
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
-    include_dirs += _cutlass_include()
+    cutlass = _cutlass_include()
+    if not cutlass:  # else nvcc stops on a missing <cute/...> header deep inside the build log
+        raise RuntimeError("building the CUDA kernels needs the CUTLASS headers: run `make cutlass` (or set "
+                           "CUTLASS_DIR to a CUTLASS checkout, the folder holding include/cute), or set "
+                           "FLASHMAP_CUDA=0 for a CPU-only build")
+    include_dirs += cutlass
     nvcc_opt = ["-O0", "-g"] if debug else ["-O3"]  # nvcc has no -g0 (it is the default there)
     nvcc = nvcc_opt + ["-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda", "-lineinfo"]
     return cpp_extension.CUDAExtension(extra_compile_args={"cxx": cxx + ["-DFLASHMAP_WITH_CUDA"],
