@@ -126,6 +126,7 @@ def run(cfg: BenchConfig) -> dict:
     from flashmap_ext.target import resolve_dtype
     from flashmap_ext.train.data import stop_token_ids
     dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
+    meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target_and_tokenizer(cfg.target, dtype)
     methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers)
     stop = stop_token_ids(tokenizer)
@@ -135,19 +136,20 @@ def run(cfg: BenchConfig) -> dict:
         for prompt in tqdm(datasets.load(name, cfg.n), desc=name, unit="prompt"):
             records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
     shuffle = shuffle_test(target, tokenizer, methods, records, cfg, stop) if cfg.shuffle_n else {}
-    results = assemble(cfg, dtype, methods, records, shuffle)
+    results = assemble(cfg, meta, methods, records, shuffle)
     report.write_all(results, Path(cfg.out))
     return results
 
 
-def assemble(cfg: BenchConfig, dtype: str, methods: list[Method], records: list[Record], shuffle: dict) -> dict:
+def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], shuffle: dict) -> dict:
     """The results document: meta, per-dataset summaries per method, shuffle test, per-record rows."""
     table: dict = {}
     for name in dict.fromkeys(r.dataset for r in records):
         ar = [r for r in records if r.dataset == name and r.method == "AR"]
         table[name] = {m.name: summarize([r for r in records if r.dataset == name and r.method == m.name], ar,
-                                         dtype) for m in methods}
+                                         meta["dtype"]) for m in methods}
     rows = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} | {"new_tokens": len(r.tokens)}
             for r in records]
-    return {"meta": machine.describe() | {"dtype": dtype}, "config": dataclasses.asdict(cfg),
+    meta = meta | {"finished": machine.describe()["date"]}
+    return {"meta": meta, "config": dataclasses.asdict(cfg),
             "methods": [m.name for m in methods], "datasets": table, "shuffle": shuffle, "records": rows}
