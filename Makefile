@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 build: $(STAMP)
-	FLASHMAP_CUDA=$${FLASHMAP_CUDA:-0} flock .build.lock $(BIN)/python setup.py -q build_ext --inplace
+	@# CUDA kernels are built when torch is a CUDA build and a toolkit is found (FLASHMAP_CUDA=0/1 forces it)
+	@if command -v nvcc >/dev/null 2>&1 && [ -z "$${CUDA_HOME:-}" ]; then export CUDA_HOME=$$(scripts/cuda_home.sh); fi; \
+	  if $(BIN)/python -c "import torch,sys; sys.exit(torch.version.cuda is None)" && [ -z "$${FLASHMAP_CUDA:-}" ]; then $(MAKE) -s cutlass; fi; \
+	  flock .build.lock $(BIN)/python setup.py -q build_ext --inplace
 
 demo: build
 	$(BIN)/flashmap demo

@@ -5,6 +5,7 @@ never grows with the commands.
 """
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo"]
@@ -25,8 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Runs one command. User errors (bad arguments, missing files) print one line and exit 2;
+    FLASHMAP_DEBUG=1 shows the full traceback instead."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError) as err:
+        if os.environ.get("FLASHMAP_DEBUG") == "1":
+            raise
+        print(f"flashmap {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -123,3 +123,10 @@ def test_missing_paths_name_the_argument(tmp_path):
         checkpoint_type(str(run))
     with pytest.raises(ValueError, match="training checkpoint"):
         checkpoint_type(str(run / "checkpoints" / "step-00000001"))
+
+
+def test_user_errors_print_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    assert cli.main(["generate", "--target", "/nonexistent/model", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("flashmap generate: error: --target /nonexistent/model")

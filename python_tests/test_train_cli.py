@@ -13,6 +13,12 @@ COMMANDS = [["train", "flow"], ["train", "dflash"], ["train", "eagle3"], ["disti
             ["features"]]
 
 
+@pytest.fixture(autouse=True)
+def _raise_user_errors(monkeypatch):
+    """These tests match the exceptions themselves; `flashmap` prints them as one line otherwise."""
+    monkeypatch.setenv("FLASHMAP_DEBUG", "1")
+
+
 @pytest.mark.parametrize("cmd", COMMANDS, ids=" ".join)
 def test_help_explains_the_command(cmd, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -93,6 +93,10 @@ class FlashMapDrafter(nn.Module):
 
     def attach_target(self, target: Any) -> "FlashMapDrafter":
         """References the target's embedding and LM head (never copied into this module's state)."""
+        c, emb = self.config, hf_causal_lm(target).get_input_embeddings().weight
+        if tuple(emb.shape) != (c.vocab_size, c.d_target):
+            raise ValueError(f"target: embedding is {tuple(emb.shape)}, this drafter was built for a target "
+                             f"with (vocab_size={c.vocab_size}, d_target={c.d_target})")
         rows = None
         if self.config.draft_vocab_size is not None:
             rows = torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
