@@ -268,13 +268,7 @@ class DFlashDrafter(nn.Module):
         config = DFlashConfig.from_hf_dict(ckpt.read_config(path))
         weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path).items()
                    if not k.endswith("rotary_emb.inv_freq")}
-        with torch.device("meta"):
-            drafter = cls(config)
-        ckpt.load_strict(drafter, weights, str(path))
-        if device is None and target is not None:
-            device = hf_model(target).get_input_embeddings().weight.device
-        drafter = drafter.to(device=device, dtype=dtype or weights["fc.weight"].dtype)
-        return drafter.attach_target(target) if target is not None else drafter
+        return ckpt.build_loaded(cls, config, weights, str(path), target, device, dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes the released DFlash format: config.json + model.safetensors (no embedding/LM head)."""

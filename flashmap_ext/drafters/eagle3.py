@@ -255,14 +255,7 @@ class Eagle3Drafter(nn.Module):
         config = Eagle3Config.from_hf_dict(ckpt.read_config(path), n_target)
         weights = {k: v for k, v in ckpt.read_weights(path).items()
                    if k != "embed_tokens.weight" and not k.endswith("inv_freq")}
-        with torch.device("meta"):
-            drafter = cls(config)
-        ckpt.load_strict(drafter, weights, str(path))
-        if device is None and target is not None:
-            device = hf_model(target).get_input_embeddings().weight.device
-        # .to(dtype) casts floating tensors only: d2t/t2d keep their int64/bool dtypes
-        drafter = drafter.to(device=device, dtype=dtype or weights["fc.weight"].dtype)
-        return drafter.attach_target(target) if target is not None else drafter
+        return ckpt.build_loaded(cls, config, weights, str(path), target, device, dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes config.json + model.safetensors (SpecForge names, no `embed_tokens`)."""

@@ -70,5 +70,20 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], source: str
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def build_loaded(cls, config, weights: dict[str, torch.Tensor], source: str, target=None,
+                 device=None, dtype: torch.dtype | None = None):
+    """`cls(config)` built on the meta device, `weights` loaded strictly (errors name missing/unexpected
+    keys), moved to `device` (default: the target's embedding device) and `dtype` (default: the dtype of
+    `fc.weight`; only floating tensors are cast), then the target attached when given."""
+    from flashmap_ext.drafters.target_parts import hf_model
+    with torch.device("meta"):
+        module = cls(config)
+    load_strict(module, weights, source)
+    if device is None and target is not None:
+        device = hf_model(target).get_input_embeddings().weight.device
+    module = module.to(device=device, dtype=dtype or weights["fc.weight"].dtype)
+    return module.attach_target(target) if target is not None else module
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}[dtype]
