@@ -22,15 +22,6 @@ D, H, G, HD, INTER, LAYERS, BLOCK, MASK = 64, 4, 2, 16, 96, 2, 6, 110
 TAPS = [0, 2, 3]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only add spin-wait contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def released_weights(seed=1, n_layers=LAYERS):
     """Every tensor of a released DFlash checkpoint, by its documented name (research/dflash.md §5)."""
     g = torch.Generator().manual_seed(seed)

@@ -6,7 +6,6 @@ The fused draft step built from these ops is tested in test_dit_fused.py."""
 import pytest
 import torch
 
-from conftest import HAS_CUDA
 from flashmap_ext import dit_ops as ops
 from flashmap_ext import reference_dit as ref
 

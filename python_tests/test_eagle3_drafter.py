@@ -24,15 +24,6 @@ TAPS = [1, 3, 5]
 DRAFT_IDS = torch.arange(3, 3 + 2 * VD, 2)            # every other id from 3: a real subset with offsets
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: intra-op threads only add spin-wait contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def specforge_weights(seed=1):
     """Every tensor of a SpecForge `LlamaForCausalLMEagle3` checkpoint, by name."""
     g = torch.Generator().manual_seed(seed)

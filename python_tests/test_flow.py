@@ -11,15 +11,6 @@ from flashmap_ext import flow
 QWEN_V = 151_936
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from intra-op threads, and on a shared CPU they lose a lot (40× here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("vocab,ts,n", [(20, (0.35, 0.5, 0.65), 100_000), (1000, (0.6, 0.7), 20_000)])
 def test_tau_matches_monte_carlo_decoding_error(vocab, ts, n):
     g = torch.Generator().manual_seed(1234)

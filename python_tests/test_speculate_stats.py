@@ -2,7 +2,6 @@
 import math
 
 import pytest
-import torch
 
 from conftest import tiny_qwen3
 from drafter_doubles import OracleDrafter, ScheduledRejectDrafter

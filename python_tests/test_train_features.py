@@ -5,7 +5,6 @@ import os
 import pytest
 import torch
 
-from conftest import tiny_qwen3
 from flashmap_ext.train.data import Sample
 from flashmap_ext.train.features import FeatureCache, FeatureWriter, cache_features, compute_taps
 
