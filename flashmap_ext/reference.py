@@ -122,7 +122,7 @@ def verify_reference_row(logits, drafts, temperature, top_k, top_p, seed, positi
     """One batch row of `verify`. logits [K+1, V], drafts [K] (python ints), draft_probs [K, V] or None,
     uniforms [K+1] or None. Returns (tokens list [K+1], num_accepted, status, margin): margin is the
     smallest distance of a decisive coin to its threshold (inf for greedy rows)."""
-    K, V = len(drafts), logits.shape[-1]
+    K = len(drafts)
     tokens = [-1] * (K + 1)
     status = _row_status(logits, valid_vocab)
     if status & VERIFY_STATUS_ERRORS:

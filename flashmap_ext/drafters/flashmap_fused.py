@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from flashmap_ext import dit_ops as ops
 from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, FlashMapMemory
