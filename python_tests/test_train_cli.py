@@ -85,13 +85,25 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert steps == [1, 2, 3]
     assert main(["generate", "--target", "tiny-random", "--drafter", str(tmp_path / "map" / "drafter"),
                  "--prompt", "say one", "--max-new-tokens", "8"]) == 0
-    with pytest.raises(ValueError, match="reads"):  # EAGLE-3 taps other layers than the FlashMap cache holds
+    with pytest.raises(ValueError, match="cache holds"):  # EAGLE-3 taps other layers than the FlashMap cache
         main(["train", "eagle3", *train_args, "--out", str(tmp_path / "e3"), "--steps", "1"])
+    with pytest.raises(ValueError, match="--tap-layers"):
+        main(["train", "flow", *train_args, "--out", str(tmp_path / "flow4"), "--tap-layers", "one"])
     assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "f3"),
                  "--layers", "eagle3"]) == 0
     eagle = [*common, "--features", str(tmp_path / "f3"), "--preset", "cpu-tiny", "--batch-size", "2"]
     assert main(["train", "eagle3", *eagle, "--out", str(tmp_path / "e3"), "--steps", "2", "--ttt-steps", "3"]) == 0
     assert json.loads((tmp_path / "e3" / "drafter" / "config.json").read_text())["draft_vocab_size"] == 257
+    # one cache of the union of taps serves both: flow reads --tap-layers, EAGLE-3 its own subset
+    assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "fu"),
+                 "--layers", "0,1,2"]) == 0
+    union = [*common, "--features", str(tmp_path / "fu"), "--preset", "cpu-tiny", "--batch-size", "2"]
+    assert main(["train", "flow", *union, "--out", str(tmp_path / "flow5"), "--steps", "1", "--tap-layers", "1"]) == 0
+    assert json.loads((tmp_path / "flow5" / "drafter" / "config.json").read_text())["target_layer_ids"] == [1]
+    assert main(["train", "eagle3", *union, "--out", str(tmp_path / "e4"), "--steps", "1", "--ttt-steps", "2",
+                 "--draft-vocab", "64", "--intermediate-size", "32"]) == 0
+    e4 = json.loads((tmp_path / "e4" / "drafter" / "config.json").read_text())
+    assert e4["draft_vocab_size"] == 64 and e4["intermediate_size"] == 32
 
 
 def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):

@@ -56,6 +56,21 @@ def test_cache_roundtrip_across_shards(tiny_target, tmp_path, dtype):
         torch.testing.assert_close(item["taps"], ref.to(item["taps"].dtype), rtol=0, atol=0)
 
 
+def test_cache_view_of_a_subset_of_layers(tiny_target, tmp_path):
+    """A cache of the union of taps read as one drafter's subset: the columns of those layers, in the
+    order asked; a layer the cache lacks is an error naming it."""
+    data = samples(3)
+    cache_features(tiny_target, data, str(tmp_path), LAYERS, dtype="fp32", progress=False)
+    view = FeatureCache(str(tmp_path), layers=[3, 0])
+    assert view.meta["target_layer_ids"] == [3, 0] and view.meta["feature_dim"] == 128
+    for s, item in zip(data, view):
+        ref = compute_taps(tiny_target, torch.tensor([s.input_ids]), [3, 0])[0]
+        torch.testing.assert_close(item["taps"], ref, rtol=0, atol=0)
+    assert FeatureCache(str(tmp_path), layers=LAYERS)[0]["taps"].shape[1] == 192
+    with pytest.raises(ValueError, match=r"layers \[1\] requested"):
+        FeatureCache(str(tmp_path), layers=[0, 1])
+
+
 def test_resume_after_interruption_matches_straight_run(tiny_target, tmp_path):
     data = samples(8)
     straight, resumed = tmp_path / "a", tmp_path / "b"

@@ -25,6 +25,7 @@ main() {
     RUN=${RUN:-runs/real}
     N_REGEN=${N_REGEN:-48}
     REGEN_LIMIT=${REGEN_LIMIT:-24}  # of the N_REGEN short prompts, answer this many (one batch: ~12 min here)
+    REGEN_BATCH=${REGEN_BATCH:-24}  # conversations per batched generate (~70-90 tok/s at 16-48 on 2 quiet cores)
     N_ORIG=${N_ORIG:-52}
     N_HELDOUT=${N_HELDOUT:-12}
     MAX_NEW=${MAX_NEW:-128}
@@ -83,7 +84,7 @@ EOF2
 # 2. Answers by the target itself (greedy, bf16, batched): what the target says is what drafters predict.
 stage_regen() {
     $FM data regenerate --target "$TARGET" --data "$RUN/prompts.jsonl" --out "$RUN/regen.jsonl" \
-        --batch-size 24 --max-new-tokens "$MAX_NEW" --limit "$REGEN_LIMIT" --dtype bf16 --device cpu --no-progress
+        --batch-size "$REGEN_BATCH" --max-new-tokens "$MAX_NEW" --limit "$REGEN_LIMIT" --dtype bf16 --device cpu --no-progress
     echo "regenerated: $(wc -l < "$RUN/regen.jsonl") conversations"
 }
 
@@ -91,6 +92,7 @@ stage_regen() {
 #    data sets go into one cache (ids are disjoint; a rerun skips what is cached).
 stage_features() {
     for data in regen orig; do
+        [ -s "$RUN/$data.jsonl" ] || { echo "skip: $RUN/$data.jsonl is empty"; continue; }
         $FM features --target "$TARGET" --data "$RUN/$data.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
             --dtype bf16 --target-dtype bf16 --device cpu --no-progress
     done

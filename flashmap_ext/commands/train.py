@@ -53,6 +53,9 @@ def add_parser(subparsers) -> None:
     shape = eagle.add_argument_group("drafter shape (default: from --preset)")
     shape.add_argument("--draft-vocab-size", type=int, help="rows of the draft LM head (capped at the target's)")
     shape.add_argument("--draft-tokens", type=int, help="chain length drafted per round")
+    shape.add_argument("--intermediate-size", type=int, help="MLP width of its decoder layer (default: the target's)")
+    shape.add_argument("--draft-vocab", metavar="N|FILE",
+                       help="draft vocabulary as for `train flow` (overrides --draft-vocab-size)")
     shape.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll length (default 7)")
     eagle.set_defaults(func=run_eagle3)
 
@@ -77,7 +80,8 @@ def run_flow(args) -> int:
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
     if vocab is not None:
         shape["draft_vocab_size"] = len(vocab)
-    drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(cache.meta["target_layer_ids"]),
+    layers = runner.tap_layers(args, cache.meta["target_layer_ids"])
+    drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(layers),
                                          two_time=False)
     if vocab is not None:
         drafter.set_draft_vocab(vocab, target)
@@ -118,7 +122,7 @@ def run_dflash(args) -> int:
     shape = _overrides(args, shape, {"layers": "num_hidden_layers", "block_size": "block_size",
                                      "mask_token_id": "mask_token_id", "intermediate_size": "intermediate_size"})
     target, tokenizer = runner.load_target(args)
-    layer_ids = runner.FeatureCache(args.features).meta["target_layer_ids"]
+    layer_ids = runner.tap_layers(args, runner.FeatureCache(args.features).meta["target_layer_ids"])
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
     from flashmap_ext.drafters.target_parts import hf_model
     ids = draft_vocab(args.draft_vocab, runner.FeatureCache(args.features),
@@ -139,12 +143,16 @@ def run_eagle3(args) -> int:
     from flashmap_ext.drafters.eagle3 import Eagle3Drafter
     from flashmap_ext.train.eagle3 import eagle3_loss
     run, shape = runner.settings(args, "train-eagle3", "eagle3")
-    shape = _overrides(args, shape, {"draft_vocab_size": "draft_vocab_size", "draft_tokens": "num_draft_tokens"})
+    shape = _overrides(args, shape, {"draft_vocab_size": "draft_vocab_size", "draft_tokens": "num_draft_tokens",
+                                     "intermediate_size": "intermediate_size"})
     target, _ = runner.load_target(args)
     cache = runner.FeatureCache(args.features)
     rows = target.model.get_input_embeddings().weight.shape[0]
-    ids = draft_vocab(shape.pop("draft_vocab_size"), cache, rows)
-    drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)  # EAGLE-3's taps
+    spec = shape.pop("draft_vocab_size")
+    ids = draft_vocab(args.draft_vocab if args.draft_vocab is not None else spec, cache, rows)
+    if args.tap_layers is not None:  # default: EAGLE-3's low/mid/high taps
+        shape["target_layer_ids"] = runner.tap_layers(args, ())
+    drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)
 
     def loss_fn(model, batch, generator):
         return eagle3_loss(model, batch, generator, steps=args.ttt_steps)

@@ -182,7 +182,9 @@ class FeatureCache(torch.utils.data.Dataset):
     dtype}. Shards are mapped lazily, so a Dataset copied into DataLoader workers opens its own maps.
     """
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, layers: Sequence[int] | None = None):
+        """layers: read only the taps of these target layers (a subset of the cache's, any order kept
+        as given); `meta` then describes the view. Raises ValueError naming a layer the cache lacks."""
         path = os.path.join(root, "manifest.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{root}: not a feature cache (no manifest.json); run `flashmap features`")
@@ -196,6 +198,21 @@ class FeatureCache(torch.utils.data.Dataset):
         # [N, 3] (shard, offset, length): compact, as an index of millions of dicts would cost gigabytes
         self.locations = np.array([[e["shard"], e["offset"], e["length"]] for e in index], dtype=np.int64)
         self._maps: dict = {}
+        self._stored_dim, self._columns = self.meta["feature_dim"], None
+        if layers is not None:
+            self._select(list(layers))
+
+    def _select(self, layers: list[int]) -> None:
+        have = list(self.meta["target_layer_ids"])
+        missing = [i for i in layers if i not in have]
+        if missing or not layers:
+            raise ValueError(f"{self.root}: taps of layers {missing or layers} requested, the cache holds "
+                             f"{have}: cache them with `flashmap features --layers {','.join(map(str, layers))}`")
+        if layers == have:
+            return
+        d = self.meta["hidden_size"]
+        self._columns = torch.cat([torch.arange(have.index(i) * d, (have.index(i) + 1) * d) for i in layers])
+        self.meta = {**self.meta, "target_layer_ids": layers, "feature_dim": d * len(layers)}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -217,7 +234,9 @@ class FeatureCache(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         shard, offset, length = (int(x) for x in self.locations[i])
         sl = slice(offset, offset + length)
-        taps = torch.from_numpy(np.array(self._map(shard, "taps", _NUMPY[self.dtype], self.meta["feature_dim"])[sl]))
+        taps = torch.from_numpy(np.array(self._map(shard, "taps", _NUMPY[self.dtype], self._stored_dim)[sl]))
+        if self._columns is not None:
+            taps = taps[:, self._columns]
         return {"id": self.ids[i],
                 "input_ids": torch.from_numpy(np.array(self._map(shard, "ids", np.int32)[sl])).long(),
                 "loss_mask": torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[sl])).bool(),

@@ -40,6 +40,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS),
                    help="defaults for everything below (default: qwen3-8b, the paper's settings)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--tap-layers", metavar="IDS",
+                   help="target layers whose taps the drafter reads, e.g. 1,6,11,16,21: a subset of --features "
+                        "(default: flow/dflash all of the cache's, eagle3 its low/mid/high layers)")
     g = p.add_argument_group("optimisation (default: from --preset)")
     g.add_argument("--steps", type=int, help="optimizer steps")
     g.add_argument("--lr", type=float, help="peak learning rate (AdamW, warmup then cosine)")
@@ -57,6 +60,17 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
     r.add_argument("--log-every", type=int, default=10, help="steps between lines of <out>/metrics.jsonl")
     r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
+
+
+def tap_layers(args, default) -> list[int]:
+    """--tap-layers as a list of ints, or `default`. Raises ValueError for a malformed list."""
+    if getattr(args, "tap_layers", None) is None:
+        return [int(i) for i in default]
+    try:
+        return [int(i) for i in args.tap_layers.split(",")]
+    except ValueError:
+        raise ValueError(f"--tap-layers: expected comma-separated layer ids like 1,6,11 (got {args.tap_layers!r})") \
+            from None
 
 
 def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
@@ -95,12 +109,12 @@ def make_collate(num_anchors: int, k: int, max_length: int | None, taps_dtype: t
 
 
 def open_features(path: str, layer_ids) -> FeatureCache:
-    """The cache at `path`; ValueError when it tapped other layers than the drafter reads."""
-    cache = FeatureCache(path)
-    if list(cache.meta["target_layer_ids"]) != list(layer_ids):
-        raise ValueError(f"--features {path} holds taps of layers {cache.meta['target_layer_ids']}, the drafter "
-                         f"reads {list(layer_ids)}: cache them with `flashmap features --layers "
-                         f"{','.join(map(str, layer_ids))}`")
+    """The cache at `path`, viewed as the taps of `layer_ids` (the drafter's; a subset of the cache's taps,
+    so one cache of the union serves several drafters). ValueError when a layer is missing or it is empty."""
+    try:
+        cache = FeatureCache(path, layers=[int(i) for i in layer_ids])
+    except ValueError as err:
+        raise ValueError(f"--features {err}") from None
     if len(cache) == 0:
         raise ValueError(f"--features {path} holds no sequence")
     return cache
