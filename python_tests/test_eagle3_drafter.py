@@ -148,6 +148,26 @@ def test_eagle3_save_pretrained_roundtrip(drafter, tmp_path, target):
     torch.testing.assert_close(_chain_after(again, ids, taps, 6, 4)[0], _chain_after(drafter, ids, taps, 6, 4)[0])
 
 
+def test_eagle3_frozen_lm_head_is_the_targets_rows_and_not_stored(tmp_path, target):
+    """frozen_lm_head: head = target LM-head rows of the draft vocabulary, not trained, not saved; loading
+    takes it back from the target (and needs one)."""
+    draft = torch.tensor([5, 1, 90, 33, 7, 64])
+    d = Eagle3Drafter.for_target(target, draft_ids=draft, dtype=torch.float32, intermediate_size=16,
+                                 target_layer_ids=TAPS, frozen_lm_head=True)
+    head = target.lm_head.weight.detach().float()
+    assert torch.equal(d.lm_head.weight, head[draft]) and not d.lm_head.weight.requires_grad
+    assert "lm_head.weight" not in {n for n, p in d.named_parameters() if p.requires_grad}
+    d.save_pretrained(tmp_path / "frozen")
+    assert "lm_head.weight" not in load_file(tmp_path / "frozen" / "model.safetensors")
+    again = Eagle3Drafter.from_pretrained(tmp_path / "frozen", target)
+    assert again.config.frozen_lm_head and torch.equal(again.lm_head.weight, head[draft])
+    ids, taps = _ctx(7)
+    torch.testing.assert_close(_chain_after(again, ids, taps, 6, 3)[0], _chain_after(d, ids, taps, 6, 3)[0],
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="frozen_lm_head"):
+        Eagle3Drafter.from_pretrained(tmp_path / "frozen")
+
+
 def test_eagle3_incremental_memory_equals_one_shot(drafter):
     ids, taps = _ctx(80, batch=2)
     one = _chain_after(drafter, ids, taps, 75, 4)[0]

@@ -101,9 +101,9 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert main(["train", "flow", *union, "--out", str(tmp_path / "flow5"), "--steps", "1", "--tap-layers", "1"]) == 0
     assert json.loads((tmp_path / "flow5" / "drafter" / "config.json").read_text())["target_layer_ids"] == [1]
     assert main(["train", "eagle3", *union, "--out", str(tmp_path / "e4"), "--steps", "1", "--ttt-steps", "2",
-                 "--draft-vocab", "64", "--intermediate-size", "32"]) == 0
+                 "--draft-vocab", "64", "--intermediate-size", "32", "--frozen-lm-head"]) == 0
     e4 = json.loads((tmp_path / "e4" / "drafter" / "config.json").read_text())
-    assert e4["draft_vocab_size"] == 64 and e4["intermediate_size"] == 32
+    assert e4["draft_vocab_size"] == 64 and e4["intermediate_size"] == 32 and e4["frozen_lm_head"] is True
 
 
 def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):

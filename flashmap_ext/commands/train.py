@@ -54,6 +54,9 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--draft-vocab-size", type=int, help="rows of the draft LM head (capped at the target's)")
     shape.add_argument("--draft-tokens", type=int, help="chain length drafted per round")
     shape.add_argument("--intermediate-size", type=int, help="MLP width of its decoder layer (default: the target's)")
+    shape.add_argument("--frozen-lm-head", action="store_true", default=None,
+                       help="use the target's LM-head rows of the draft vocabulary, frozen and not stored (as the "
+                            "FlashMap and DFlash drafters do), instead of training EAGLE-3's own head")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary as for `train flow` (overrides --draft-vocab-size)")
     shape.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll length (default 7)")
@@ -144,7 +147,7 @@ def run_eagle3(args) -> int:
     from flashmap_ext.train.eagle3 import eagle3_loss
     run, shape = runner.settings(args, "train-eagle3", "eagle3")
     shape = _overrides(args, shape, {"draft_vocab_size": "draft_vocab_size", "draft_tokens": "num_draft_tokens",
-                                     "intermediate_size": "intermediate_size"})
+                                     "intermediate_size": "intermediate_size", "frozen_lm_head": "frozen_lm_head"})
     target, _ = runner.load_target(args)
     cache = runner.FeatureCache(args.features)
     rows = target.model.get_input_embeddings().weight.shape[0]

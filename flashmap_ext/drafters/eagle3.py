@@ -77,6 +77,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = Eagle3Layer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.lm_head.weight.requires_grad_(not c.frozen_lm_head)
         self.rotary = Rotary(c.head_dim, c.rope_theta)
         # default draft vocabulary: target ids 0 … draft_vocab−1 (d2t = 0)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
@@ -250,14 +251,22 @@ class Eagle3Drafter(nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
                         device: torch.device | str | None = None) -> "Eagle3Drafter":
         """Loads an `LlamaForCausalLMEagle3` checkpoint; `embed_tokens.weight`, if present, is ignored (the
-        target's embedding is used). Weights keep their stored dtype unless `dtype` is given."""
+        target's embedding is used). Weights keep their stored dtype unless `dtype` is given. A
+        `frozen_lm_head` checkpoint takes its head from `target` (ValueError without one)."""
         n_target = hf_model(target).config.num_hidden_layers if target is not None else None
         config = Eagle3Config.from_hf_dict(ckpt.read_config(path), n_target)
         weights = {k: v for k, v in ckpt.read_weights(path).items()
                    if k != "embed_tokens.weight" and not k.endswith("inv_freq")}
+        if config.frozen_lm_head and "lm_head.weight" not in weights:
+            if target is None:
+                raise ValueError(f"{path}: frozen_lm_head checkpoint: pass the target (its LM head is the head)")
+            head = TargetParts(hf_model(target)).head.weight
+            ids = torch.arange(weights["d2t"].numel()) + weights["d2t"]
+            weights["lm_head.weight"] = head[ids.to(head.device)].detach().to("cpu", weights["fc.weight"].dtype)
         return ckpt.build_loaded(cls, config, weights, str(path), target, device, dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes config.json + model.safetensors (SpecForge names, no `embed_tokens`)."""
         config = {**self.config.to_hf_dict(), "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
-        ckpt.write_checkpoint(path, config, self)
+        skip = {"lm_head.weight"} if self.config.frozen_lm_head else set()
+        ckpt.write_checkpoint(path, config, self, skip=skip)

@@ -28,7 +28,10 @@ def eagle3_layer_ids(num_target_layers: int) -> list[int]:
 class Eagle3Config:
     """Shapes of an EAGLE-3 drafter. `hidden_size` equals the target's (its embeddings feed the layer);
     `vocab_size` = target embedding rows; `draft_vocab_size` = rows of the drafter's own LM head (32k for
-    Qwen3 in EAGLE-3; = vocab_size for no subset). `num_draft_tokens` = chain length per round."""
+    Qwen3 in EAGLE-3; = vocab_size for no subset). `num_draft_tokens` = chain length per round.
+    `frozen_lm_head`: our option, not EAGLE-3's (which trains its head): the head is the target's LM-head
+    rows of the draft vocabulary, frozen and not stored, attached at load as FlashMap and DFlash do here
+    (same head and trainable-parameter budget for a fair comparison; smaller checkpoints)."""
     hidden_size: int
     intermediate_size: int
     num_attention_heads: int
@@ -43,6 +46,7 @@ class Eagle3Config:
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
     initializer_range: float = 0.02
+    frozen_lm_head: bool = False  # True: LM head = the target's rows of the draft vocabulary, frozen, not stored
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -89,4 +93,5 @@ class Eagle3Config:
                    num_target_layers=int(n_target), num_draft_tokens=int(cfg.get("num_draft_tokens", 15)),
                    rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta(cfg)),
                    max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
-                   initializer_range=float(cfg.get("initializer_range", 0.02)))
+                   initializer_range=float(cfg.get("initializer_range", 0.02)),
+                   frozen_lm_head=bool(cfg.get("frozen_lm_head", False)))

@@ -40,11 +40,12 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no {WEIGHTS} or {INDEX} in {path}")
 
 
-def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module) -> None:
-    """Writes config.json and model.safetensors (parameters and persistent buffers) into folder `path`."""
+def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module, skip: set[str] = frozenset()) -> None:
+    """Writes config.json and model.safetensors (parameters and persistent buffers, but the names in `skip`)
+    into folder `path`."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items() if k not in skip}
     tmp = folder / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, folder / WEIGHTS)
