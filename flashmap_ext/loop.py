@@ -31,6 +31,7 @@ class GenerateStats:
     rounds: int = 0                                    # target forwards after prefill
     drafted: list = field(default_factory=list)        # draft tokens (tree nodes) proposed, per round
     accepted: list = field(default_factory=list)       # drafts accepted, per round (bonus excluded)
+    depths: list = field(default_factory=list)         # slots spanned, per round (chain: drafted; tree: depth)
     slot_drafted: list = field(default_factory=list)   # [K] rounds in which slot i was proposed
     slot_accepted: list = field(default_factory=list)  # [K] rounds in which slot i was accepted
     prefill_time_s: float = 0.0
@@ -60,6 +61,7 @@ class GenerateStats:
         self.rounds += 1
         self.drafted.append(drafted)
         self.accepted.append(accepted)
+        self.depths.append(slots)
         grow = max(0, slots - len(self.slot_drafted))
         self.slot_drafted.extend([0] * grow)
         self.slot_accepted.extend([0] * grow)

@@ -92,3 +92,87 @@ def test_bench_pipeline_on_tiny_target(tiny_real_vocab_target, tmp_path):
     assert "| FlashMap-2 |" in md and "Shuffle test" in md and "Command:" in md
     assert all((out / f).stat().st_size > 1000 for f in ("acceptance_by_slot.png", "gamma_by_method.png",
                                                           "gamma_hist.png"))
+
+
+def test_slot_acceptance_of_tree_rounds_is_by_depth():
+    # 8-node trees of depth 3 and 2: paths of length 3 and 1; a 9th "slot" is never judged
+    records = [Record("tree", "d", "p", [0] * 6, 1.0, drafted=[8, 8], accepted=[3, 1], depths=[3, 2])]
+    assert slot_acceptance(records) == [1.0, 0.5, 1.0]
+    assert acceptance_length(records) == pytest.approx((3 + 1 + 2) / 2) and committed_histogram(records)[4] == 1
+
+
+@pytest.fixture
+def byte_bench(tmp_path, monkeypatch):
+    """`flashmap bench` offline: a tiny random Qwen3 over the byte vocabulary (stubbed in for --target), an
+    EAGLE-3 checkpoint whose every node drafts the top-k of the anchor's own distribution (deep paths on
+    repetitive text), and a two-prompt JSONL set with a two-turn prompt."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.bench import run as bench_run
+    from flashmap_ext.commands.generate import BYTE_EOS, ByteTokenizer
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    from flashmap_ext.target import Target
+    model = tiny_qwen3(vocab_size=BYTE_EOS + 1)
+    d = model.config.hidden_size
+    torch.manual_seed(1)
+    drafter = Eagle3Drafter.for_target(model, target_layer_ids=[0, 1, 3], num_draft_tokens=4)
+    with torch.no_grad():
+        drafter.midlayer.self_attn.o_proj.weight.zero_()
+        drafter.midlayer.mlp.down_proj.weight.zero_()
+        drafter.fc.weight.zero_()[:, 2 * d:] = torch.eye(d)
+        drafter.norm.weight.copy_(model.model.norm.weight)
+    drafter.save_pretrained(tmp_path / "eagle3")
+    prompts = tmp_path / "tiny.jsonl"
+    prompts.write_text(json.dumps({"prompt": "abcabcabc"}) + "\n" + json.dumps({"turns": ["Hi", "Again"]}) + "\n")
+    monkeypatch.setattr(bench_run, "load_target_and_tokenizer", lambda spec, dtype: (Target(model), ByteTokenizer()))
+    return tmp_path, f"tiny={prompts}"
+
+
+def test_bench_eagle3_tree_row_is_lossless_and_reported(byte_bench):
+    from flashmap_ext.bench.run import BenchConfig, run
+    from flashmap_ext.tree import TreeSpec
+    tmp, dataset = byte_bench
+    out = tmp / "bench"
+    cfg = BenchConfig(target="stub", eagle3=str(tmp / "eagle3"), eagle3_tree=TreeSpec(3, 4, 8), datasets=(dataset,),
+                      n=2, max_new_tokens=12, dtype="fp32", peers=False, shuffle_n=0, out=str(out))
+    results = run(cfg)
+    assert results["methods"] == ["AR", "EAGLE-3", "EAGLE-3 tree"]
+    assert results["trees"] == {"EAGLE-3 tree": {"depth": 3, "topk": 4, "num_nodes": 8}}
+    row = results["datasets"]["tiny"]["EAGLE-3 tree"]
+    assert row["generations"] == 3 and row["identical"] == "yes" and not row["divergences"]
+    assert row["gamma"] >= 1.0 and row["speedup"] > 0 and row["new_tokens"] == 3 * 12
+    assert 0 < len(row["slot_acceptance"]) <= 3  # by depth, not by node
+    tree_records = [r for r in results["records"] if r["method"] == "EAGLE-3 tree"]
+    assert all(max(r["depths"]) <= 3 < max(r["drafted"]) for r in tree_records)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["config"]["eagle3_tree"] == {"depth": 3, "topk": 4, "num_nodes": 8}
+    md = (out / "results.md").read_text()
+    assert "| EAGLE-3 tree |" in md and "| tiny | EAGLE-3 tree |" in md and "slot i is depth i" in md
+    assert "EAGLE-3 tree: depth 3, top-k 4, 8 nodes per round." in md
+    assert all((out / f).stat().st_size > 1000 for f in ("acceptance_by_slot.png", "gamma_by_method.png",
+                                                          "gamma_hist.png"))
+
+
+def test_bench_eagle3_tree_option(byte_bench):
+    from flashmap_ext.bench.methods import build_methods
+    from flashmap_ext.bench.run import load_target_and_tokenizer
+    from flashmap_ext.commands.bench import eagle3_tree
+    from flashmap_ext.tree import TreeSpec
+    tmp, _ = byte_bench
+    ckpt = str(tmp / "eagle3")
+    assert eagle3_tree(None, ckpt) == TreeSpec(7, 10, 16) and eagle3_tree(" 3,4,8", ckpt) == TreeSpec(3, 4, 8)
+    assert eagle3_tree("none", ckpt) is None and eagle3_tree(None, None) is None
+    target, _ = load_target_and_tokenizer("stub", "fp32")
+    names = [m.name for m in build_methods(target, torch.float32, None, None, ckpt, False, eagle3_tree("None", ckpt))]
+    assert names == ["AR", "EAGLE-3"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--eagle3", "ckpt", "--eagle3-tree", "7,10"], "--eagle3-tree: tree spec must be DEPTH,TOPK,NODES"),
+    (["--eagle3", "ckpt", "--eagle3-tree", "0,10,16"], "--eagle3-tree: tree depth, topk, num_nodes must be >= 1"),
+    (["--eagle3-tree", "3,4,8"], "--eagle3-tree 3,4,8: needs --eagle3")])
+def test_bench_eagle3_tree_argument_errors_are_one_line(argv, message, capsys, monkeypatch):
+    from flashmap_ext import cli
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    assert cli.main(["bench", "--target", "/nonexistent/model"] + argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"flashmap bench: error: {message}"), err

@@ -3,6 +3,8 @@
 - AR: `speculate.generate` with no drafter (the baseline every speedup divides by).
 - FlashMap-1 / FlashMap-2: one FlashMap checkpoint drafted with 1 or 2 flow-map steps (`StepsDrafter`).
 - DFlash, EAGLE-3: their checkpoints, through the same loop.
+- EAGLE-3 tree: the same EAGLE-3 drafter drafting token trees (`generate(..., tree=TreeSpec)`; the DFlash
+  paper's comparison uses depth 7, top-k 10, 16 nodes).
 - HF greedy / prompt lookup: `model.generate` (do_sample=False, and prompt_lookup_num_tokens=10), what a
   user would pick instead of this library.
 The shuffle test wraps a FlashMap drafter in `PerSlotNoiseDrafter` (each slot from its own noise block).
@@ -14,14 +16,17 @@ from typing import Any, NamedTuple
 
 import torch
 
+from flashmap_ext.tree import TreeSpec
+
 #: seed offset between the per-slot noise streams of the shuffle test (a prime, far from request seeds)
 SLOT_SEED_STRIDE = 1_000_003
 
 
 class Method(NamedTuple):
-    """name: table label; drafter: a BlockDrafter, None (AR) or "hf" / "pld" (peers)."""
+    """name: table label; drafter: a BlockDrafter, None (AR) or "hf" / "pld" (peers); tree: tree drafting."""
     name: str
     drafter: Any
+    tree: TreeSpec | None = None
 
 
 class StepsDrafter:
@@ -85,8 +90,9 @@ def load_eagle3(path: str, target, dtype: torch.dtype):
 
 
 def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str | None, eagle3: str | None,
-                  peers: bool = True) -> list[Method]:
-    """AR first (speedups divide by it), then the drafters given, then the HF peers."""
+                  peers: bool = True, eagle3_tree: TreeSpec | None = None) -> list[Method]:
+    """AR first (speedups divide by it), then the drafters given (EAGLE-3 as a chain and, with
+    `eagle3_tree`, as a tree), then the HF peers."""
     methods = [Method("AR", None)]
     if flashmap:
         fm = load_flashmap(flashmap, target, dtype)
@@ -94,7 +100,10 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
     if dflash:
         methods.append(Method("DFlash", load_dflash(dflash, target, dtype)))
     if eagle3:
-        methods.append(Method("EAGLE-3", load_eagle3(eagle3, target, dtype)))
+        eagle = load_eagle3(eagle3, target, dtype)
+        methods.append(Method("EAGLE-3", eagle))
+        if eagle3_tree is not None:
+            methods.append(Method("EAGLE-3 tree", eagle, eagle3_tree))
     if peers:
         methods += [Method("HF greedy", "hf"), Method("prompt lookup", "pld")]
     return methods

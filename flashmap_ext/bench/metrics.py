@@ -2,7 +2,9 @@
 
 - γ (acceptance length): tokens committed per target forward, bonus included, pooled over all rounds of
   all prompts: (Σ accepted + rounds) / rounds.
-- per-slot conditional acceptance: P(slot i accepted | slots < i accepted and slot i drafted).
+- per-slot conditional acceptance: P(slot i accepted | slots < i accepted and slot i drafted). In a tree
+  round slot i is depth i: P(the accepted path reaches depth i | it reached depth i − 1 and the tree
+  has depth i); its `drafted` counts tree nodes, its `accepted` is the accepted path's length.
 - tokens/s: new tokens / wall time, prefill (and the drafter's prefill) included; speedup = AR time per
   token / method time per token, both measured in the same process on the same prompts.
 """
@@ -30,6 +32,7 @@ class Record:
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     prefill_time_s: float = 0.0
+    depths: list = field(default_factory=list)     # per round: slots spanned (tree: its depth); [] = drafted
     identical: bool | None = None                  # T = 0: tokens == AR tokens (None: not checked)
     divergence: dict | None = None                 # first mismatch vs AR: position, margin (see run.py)
 
@@ -41,11 +44,11 @@ def acceptance_length(records: list[Record]) -> float:
 
 
 def slot_acceptance(records: list[Record]) -> list[float]:
-    """Conditional acceptance of slot i, i = 0 … max drafted − 1 (nan where never reached)."""
-    width = max((d for r in records for d in r.drafted), default=0)
+    """Conditional acceptance of slot (tree: depth) i, i = 0 … max depth − 1 (nan where never reached)."""
+    width = max((d for r in records for d in r.depths or r.drafted), default=0)
     reached, passed = [0] * width, [0] * width
     for r in records:
-        for k, a in zip(r.drafted, r.accepted):
+        for k, a in zip(r.depths or r.drafted, r.accepted):
             for i in range(min(k, a + 1)):  # slot i was judged iff drafted and all before it accepted
                 reached[i] += 1
                 passed[i] += i < a

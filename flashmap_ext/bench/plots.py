@@ -1,5 +1,5 @@
-"""PNG plots of a benchmark run (matplotlib, headless): acceptance by slot, γ by method, γ histogram.
-Every figure's footer names the command, machine and date."""
+"""PNG plots of a benchmark run (matplotlib, headless): acceptance by slot (tree rows: by depth, dashed),
+γ by method, γ histogram. Every figure's footer names the command, machine and date."""
 from __future__ import annotations
 
 import math
@@ -26,13 +26,13 @@ def _drafters(results: dict) -> list[str]:
 
 
 def acceptance_by_slot(results: dict, path: Path) -> None:
-    names = list(results["datasets"])
+    names, trees = list(results["datasets"]), results.get("trees", {})
     fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names) + 1, 3.2), squeeze=False, sharey=True)
     for ax, name in zip(axes[0], names):
         for method in _drafters(results):
             acc = results["datasets"][name][method]["slot_acceptance"]
-            ax.plot(range(1, len(acc) + 1), acc, marker="o", ms=3, label=method)
-        ax.set_title(name), ax.set_xlabel("slot"), ax.set_ylim(0, 1.02)
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", ms=3, label=method, ls="--" if method in trees else "-")
+        ax.set_title(name), ax.set_xlabel("slot (tree rows: depth)" if trees else "slot"), ax.set_ylim(0, 1.02)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("P(accept | previous accepted)")
     axes[0][-1].legend(fontsize=7)

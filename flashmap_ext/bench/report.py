@@ -15,10 +15,21 @@ def _num(x, fmt: str = "{:.2f}") -> str:
 def caption(results: dict) -> list[str]:
     """The lines that say how and where the numbers were measured."""
     meta, cfg = results["meta"], results["config"]
+    trees = "".join(f" {name}: depth {t['depth']}, top-k {t['topk']}, {t['num_nodes']} nodes per round."
+                    for name, t in results.get("trees", {}).items())
     return [f"Command: `{meta['command']}`  ",
             f"Machine: {summary_line(meta)}; dtype {meta['dtype']}; transformers {meta['transformers']}  ",
             f"Target `{cfg['target']}`, temperature {cfg['temperature']}, max_new_tokens {cfg['max_new_tokens']}, "
-            f"{cfg['n']} prompts per dataset, seed {cfg['seed']}."]
+            f"{cfg['n']} prompts per dataset, seed {cfg['seed']}.{trees}"]
+
+
+def tree_note(results: dict) -> list[str]:
+    """What the per-slot columns mean for tree rows (nothing when there are none)."""
+    if not results.get("trees"):
+        return []
+    return ["", f"Tree rows ({', '.join(results['trees'])}): slot i is depth i of the draft tree, "
+            "P(the accepted path reaches depth i | it reached depth i − 1 and the tree has depth i); "
+            "its γ is the accepted path's length plus the bonus token, per target forward."]
 
 
 def method_table(rows: dict) -> list[str]:
@@ -33,7 +44,7 @@ def method_table(rows: dict) -> list[str]:
 
 
 def slot_table(results: dict) -> list[str]:
-    """Per-slot conditional acceptance, a row per (dataset, drafter)."""
+    """Per-slot conditional acceptance, a row per (dataset, drafter); tree rows by depth (`tree_note`)."""
     width = max((len(r["slot_acceptance"]) for d in results["datasets"].values() for r in d.values()), default=0)
     if not width:
         return []
@@ -44,7 +55,7 @@ def slot_table(results: dict) -> list[str]:
             if r["slot_acceptance"]:
                 cells = [_num(a) for a in r["slot_acceptance"]] + [""] * (width - len(r["slot_acceptance"]))
                 out.append(f"| {name} | {method} | " + " | ".join(cells) + " |")
-    return out
+    return out + tree_note(results)
 
 
 def shuffle_table(shuffle: dict) -> list[str]:

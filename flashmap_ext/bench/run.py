@@ -18,6 +18,7 @@ from flashmap_ext.bench import datasets, machine, report
 from flashmap_ext.bench.assets import load_tokenizer, resolve_target
 from flashmap_ext.bench.methods import Method, PerSlotNoiseDrafter, StepsDrafter, build_methods, run_peer
 from flashmap_ext.bench.metrics import Record, acceptance_length, summarize
+from flashmap_ext.tree import TreeSpec
 
 DEFAULT_DATASETS = ("gsm8k", "aime25", "humaneval", "mtbench", "arena-hard", "alpaca")
 
@@ -28,6 +29,7 @@ class BenchConfig:
     drafter: str | None = None          # FlashMap checkpoint dir (or "random")
     dflash: str | None = None
     eagle3: str | None = None
+    eagle3_tree: TreeSpec | None = TreeSpec()  # the EAGLE-3 tree row (with `eagle3`); None: chain only
     datasets: tuple = DEFAULT_DATASETS
     n: int = 10                         # prompts per dataset
     max_new_tokens: int = 128
@@ -53,10 +55,11 @@ def decode(target, method: Method, ids: list[int], cfg: BenchConfig, stop) -> Re
         return Record(method.name, "", "", out.tokens, out.time_s)
     from flashmap_ext.speculate import generate
     out = generate(target, method.drafter, ids, cfg.max_new_tokens, temperature=cfg.temperature,
-                   seed=cfg.seed, stop_token_ids=stop)
+                   seed=cfg.seed, stop_token_ids=stop, tree=method.tree)
     s = out.stats
-    return Record(method.name, "", "", out.tokens, s.total_time_s, list(s.drafted), list(s.accepted),
-                  s.draft_time_s, s.verify_time_s, s.prefill_time_s)
+    return Record(method.name, "", "", out.tokens, s.total_time_s, drafted=list(s.drafted),
+                  accepted=list(s.accepted), depths=list(s.depths), draft_time_s=s.draft_time_s,
+                  verify_time_s=s.verify_time_s, prefill_time_s=s.prefill_time_s)
 
 
 def divergence(target, ids: list[int], ar: list[int], other: list[int]) -> dict | None:
@@ -95,7 +98,7 @@ def run_turns(target, tokenizer, methods: list[Method], prompt, cfg: BenchConfig
 
 def warm_up(target, tokenizer, methods: list[Method], cfg: BenchConfig, stop) -> None:
     """One short untimed call per method (first-call allocations, lazy init)."""
-    ids = tokenizer("def fib(n):", add_special_tokens=False).input_ids
+    ids = tokenizer.encode("def fib(n):", add_special_tokens=False)
     short = dataclasses.replace(cfg, max_new_tokens=8)
     for method in methods:
         decode(target, method, ids, short, stop)
@@ -128,7 +131,8 @@ def run(cfg: BenchConfig) -> dict:
     dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target_and_tokenizer(cfg.target, dtype)
-    methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers)
+    methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers,
+                            cfg.eagle3_tree)
     stop = stop_token_ids(tokenizer)
     warm_up(target, tokenizer, methods, cfg, stop)
     records: list[Record] = []
@@ -142,7 +146,8 @@ def run(cfg: BenchConfig) -> dict:
 
 
 def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], shuffle: dict) -> dict:
-    """The results document: meta, per-dataset summaries per method, shuffle test, per-record rows."""
+    """The results document: meta, per-dataset summaries per method, tree shapes of the tree rows, shuffle
+    test, per-record rows."""
     table: dict = {}
     for name in dict.fromkeys(r.dataset for r in records):
         ar = [r for r in records if r.dataset == name and r.method == "AR"]
@@ -151,5 +156,6 @@ def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[
     rows = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} | {"new_tokens": len(r.tokens)}
             for r in records]
     meta = meta | {"finished": machine.describe()["date"]}
-    return {"meta": meta, "config": dataclasses.asdict(cfg),
-            "methods": [m.name for m in methods], "datasets": table, "shuffle": shuffle, "records": rows}
+    trees = {m.name: dataclasses.asdict(m.tree) for m in methods if m.tree}
+    return {"meta": meta, "config": dataclasses.asdict(cfg), "methods": [m.name for m in methods],
+            "trees": trees, "datasets": table, "shuffle": shuffle, "records": rows}

