@@ -8,7 +8,7 @@ from conftest import tiny_qwen3
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.flow import flow_map_jump, t_of_tau
 from flashmap_ext.train.distill import assign_roles, distill_loss, make_student, sample_times
-from flashmap_ext.train.flow import flow_loss, noisy_states, slot_weights, stratified_uniform
+from flashmap_ext.train.flow import block_taus, flow_loss, noisy_states, slot_weights, stratified_uniform
 
 TINY = dict(n_layers=2, width=32, heads=4, block_size=4, cond_dim=16, target_layer_ids=(0, 2))
 
@@ -43,6 +43,23 @@ def test_slot_weights_and_stratified_tau():
     assert slot_weights(16).tolist() == pytest.approx([math.exp(-k / 7) for k in range(16)])
     u = stratified_uniform(1000, torch.Generator().manual_seed(0))
     assert sorted((u * 1000).floor().long().tolist()) == list(range(1000)), "one draw per stratum"
+
+
+def test_tau0_frac_puts_that_share_of_blocks_at_pure_noise(target):
+    tau = block_taus(8, 25, torch.Generator().manual_seed(1), tau0_frac=0.25)
+    assert tau.shape == (8, 25) and int((tau == 0).sum()) == 50
+    assert (tau[tau > 0] < 1).all() and float(tau[tau > 0].std()) > 0.2, "the rest stays spread over (0, 1)"
+    assert float(block_taus(4, 4, torch.Generator().manual_seed(0), 0.0).min()) > 0
+    with pytest.raises(ValueError, match="tau0_frac"):
+        block_taus(2, 2, torch.Generator(), 1.5)
+    # τ = 0 everywhere: x_t is pure noise, so the loss cannot depend on the labels' embeddings
+    drafter = make_flow(target)
+    batch = make_batch(drafter)
+    _, m = flow_loss(drafter, batch, torch.Generator().manual_seed(0), tau0_frac=1.0)
+    assert m["tau_mean"] == 0.0
+    x0 = noisy_states(drafter, batch["labels"], torch.zeros(2, 4), torch.Generator().manual_seed(3))
+    x0b = noisy_states(drafter, batch["labels"].flip(-1), torch.zeros(2, 4), torch.Generator().manual_seed(3))
+    torch.testing.assert_close(x0, x0b, rtol=0, atol=0)
 
 
 def test_flow_loss_is_finite_and_trains_only_the_drafter(target):

@@ -28,6 +28,9 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--width", type=int, help="DiT width")
     shape.add_argument("--heads", type=int, help="attention heads (width %% heads == 0)")
     shape.add_argument("--block-size", type=int, help="draft tokens per block (K)")
+    flow.add_argument("--tau0-frac", type=float, default=0.0,
+                      help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
+                           "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary: the N most frequent supervised ids of --features, or a JSON file "
                             "with 'ids' (target ids); the flow lives on these rows only (default: full vocab)")
@@ -88,7 +91,12 @@ def run_flow(args) -> int:
                                          two_time=False)
     if vocab is not None:
         drafter.set_draft_vocab(vocab, target)
-    metrics = runner.run_stage(drafter, flow_loss, args, run, "flow")
+    if not 0.0 <= args.tau0_frac <= 1.0:
+        raise ValueError(f"--tau0-frac: expected a fraction in [0, 1], got {args.tau0_frac}")
+
+    def loss_fn(model, batch, generator):
+        return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac)
+    metrics = runner.run_stage(drafter, loss_fn, args, run, "flow")
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0

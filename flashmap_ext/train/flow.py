@@ -105,20 +105,34 @@ def noisy_states(drafter: FlashMapDrafter, labels: torch.Tensor, t: torch.Tensor
     return interpolant(drafter.noise_from_xi(xi), data, t[..., None].expand(labels.shape))
 
 
+def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, tau0_frac: float = 0.0) -> torch.Tensor:
+    """[B, A] fp64 training times: τ ~ U[0, 1] stratified over the blocks (DESIGN §4), then
+    round(tau0_frac·B·A) blocks chosen at random set to τ = 0 exactly (pure noise: the only time 1-step
+    drafting evaluates; our option, default 0 = the FLM recipe). ValueError unless 0 <= tau0_frac <= 1."""
+    if not 0.0 <= tau0_frac <= 1.0:
+        raise ValueError(f"tau0_frac must be in [0, 1], got {tau0_frac}")
+    tau = stratified_uniform(batch_size * num_anchors, generator)
+    n0 = round(tau0_frac * tau.numel())
+    if n0:
+        tau[torch.randperm(tau.numel(), generator=generator, device=tau.device)[:n0]] = 0.0
+    return tau.view(batch_size, num_anchors)
+
+
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
-              anchor_chunk: int = 16) -> tuple[torch.Tensor, dict]:
+              anchor_chunk: int = 16, tau0_frac: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Slot-weighted CE of the flow model on one batch (DESIGN §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
     or it wrapped by DDP; the forward goes through `model(...)` so wrapper hooks run.
     batch: input_ids [B, T] int64, taps [B, T, n_taps·d_target], anchor_pos [B, A] int64 (−1 padded),
     labels [B, A, K'] int64 (K' >= K; −100 masked). generator: the source of τ and noise.
+    tau0_frac: fraction of blocks trained at τ = 0 (see `block_taus`).
     Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}).
     """
     drafter = unwrap(model)
     b = prepare_batch(drafter, batch)
     B, A = b["anchor_pos"].shape
-    tau = stratified_uniform(B * A, generator).view(B, A).to(b["labels"].device)
+    tau = block_taus(B, A, generator, tau0_frac).to(b["labels"].device)
     t = t_of_tau(tau, drafter.config.state_vocab_size)
     x_t = noisy_states(drafter, b["labels"], t, generator)
     tau = tau.float()
