@@ -6,7 +6,7 @@
 #   scripts/train_real_drafters.sh                 # every stage, in order
 #   scripts/train_real_drafters.sh regen features  # only the named stages
 #
-# Stages: data regen features vocab flow distill dflash export
+# Stages: data regen features vocab flow distill dflash eagle3 export
 # Knobs (env): N_REGEN, N_ORIG (training conversations), MAX_LEN, N_HELDOUT, MAX_NEW (tokens per regenerated answer),
 #   STEPS (flow = dflash steps), DISTILL_STEPS, THREADS, RUN (work dir).
 #
@@ -34,13 +34,16 @@ main() {
     DISTILL_STEPS=${DISTILL_STEPS:-80}
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
+    FM_TAPS=${FM_TAPS:-1,6,11,16,21}   # FlashMap and DFlash: 5 layers spread over 1..L-3 (L = 24)
+    E3_TAPS=${E3_TAPS:-1,11,20}        # EAGLE-3: low/mid/high = eagle3_layer_ids(24)
+    E3_INTERMEDIATE=${E3_INTERMEDIATE:-1664}  # EAGLE-3 MLP width: 9.75 M trainable parameters like the others
     export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS TOKENIZERS_PARALLELISM=false
     PY="nice -n 5 ${root}/.venv/bin/python"
     FM="nice -n 5 ${root}/.venv/bin/flashmap"
     mkdir -p "$RUN"
 
     local stages=("$@")
-    [ ${#stages[@]} -eq 0 ] && stages=(data regen features vocab flow distill dflash export)
+    [ ${#stages[@]} -eq 0 ] && stages=(data regen features vocab flow distill dflash eagle3 export)
 
     TARGET=$($PY -c 'from flashmap_ext.bench.assets import qwen05_dir; print(qwen05_dir())')
     echo "target: $TARGET"
@@ -94,13 +97,16 @@ stage_features() {
     for data in regen orig; do
         [ -s "$RUN/$data.jsonl" ] || { echo "skip: $RUN/$data.jsonl is empty"; continue; }
         $FM features --target "$TARGET" --data "$RUN/$data.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
-            --dtype bf16 --target-dtype bf16 --device cpu --no-progress
+            --dtype bf16 --target-dtype bf16 --device cpu --no-progress --layers "$(taps_union)"
     done
 }
 stage_features_orig() {
     $FM features --target "$TARGET" --data "$RUN/orig.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
-        --dtype bf16 --target-dtype bf16 --device cpu --no-progress
+        --dtype bf16 --target-dtype bf16 --device cpu --no-progress --layers "$(taps_union)"
 }
+
+# one cache serves every drafter: the union of the FlashMap/DFlash and EAGLE-3 taps
+taps_union() { echo "$FM_TAPS,$E3_TAPS" | tr , '\n' | sort -n | uniq | paste -sd, -; }
 
 # 4. Draft vocabulary (both drafters: drafts and loss on these LM-head rows only): the VOCAB most frequent
 #    response ids of the feature cache, then of the ShareGPT assistant text (training side only), ties by id.
@@ -146,7 +152,8 @@ resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && ec
 stage_flow() {
     [ -s "$RUN/flow/drafter/model.safetensors" ] && { echo "skip: flow drafter exists"; return; }
     $FM train flow "${COMMON[@]}" --out "$RUN/flow" $(resume_flag "$RUN/flow") --steps "$STEPS" --lr 1e-3 \
-        --warmup 0.05 --layers 2 --width 384 --heads 6 --block-size 8 --draft-vocab "$RUN/draft_vocab.json"
+        --warmup 0.05 --layers 2 --width 384 --heads 6 --block-size 8 --draft-vocab "$RUN/draft_vocab.json" \
+        --tap-layers "$FM_TAPS"
 }
 
 # 6. Semigroup flow-map distillation into a 1-2 step drafter.
@@ -161,10 +168,20 @@ stage_dflash() {
     [ -s "$RUN/dflash/drafter/model.safetensors" ] && { echo "skip: dflash drafter exists"; return; }
     $FM train dflash "${COMMON[@]}" --out "$RUN/dflash" $(resume_flag "$RUN/dflash") --steps "$STEPS" \
         --lr 1e-3 --warmup 0.05 --layers 2 --block-size 9 --intermediate-size 384 \
-        --draft-vocab "$RUN/draft_vocab.json" --mask-token-id 151665
+        --draft-vocab "$RUN/draft_vocab.json" --mask-token-id 151665 --tap-layers "$FM_TAPS"
 }
 
-# 8. bf16 copies into checkpoints/ (config.json + model.safetensors, ≤ 24 MB each).
+# 8. EAGLE-3 baseline: same features (its own low/mid/high taps), steps, batch, anchors and draft vocabulary;
+#    one decoder layer at the target's width; its LM head frozen to the target's rows like the others'
+#    (--frozen-lm-head) and its MLP sized so the trainable parameters match (9.75 M); chain of 8 drafts.
+stage_eagle3() {
+    [ -s "$RUN/eagle3/drafter/model.safetensors" ] && { echo "skip: eagle3 drafter exists"; return; }
+    $FM train eagle3 "${COMMON[@]}" --out "$RUN/eagle3" $(resume_flag "$RUN/eagle3") --steps "$STEPS" \
+        --lr 1e-3 --warmup 0.05 --draft-vocab "$RUN/draft_vocab.json" --tap-layers "$E3_TAPS" --frozen-lm-head \
+        --intermediate-size "$E3_INTERMEDIATE" --draft-tokens 8 --ttt-steps 7
+}
+
+# 9. bf16 copies into checkpoints/ (config.json + model.safetensors, ≤ 24 MB each).
 stage_export() {
     $PY - "$RUN" <<'EOF'
 import json, os, sys
@@ -172,7 +189,7 @@ import torch
 from safetensors.torch import load_file, save_file
 run = sys.argv[1]
 pairs = [("flow", "flashmap-flow-qwen2.5-coder-0.5b"), ("map", "flashmap-qwen2.5-coder-0.5b"),
-         ("dflash", "dflash-qwen2.5-coder-0.5b")]
+         ("dflash", "dflash-qwen2.5-coder-0.5b"), ("eagle3", "eagle3-qwen2.5-coder-0.5b")]
 for src, dst in pairs:
     s = f"{run}/{src}/drafter"
     if not os.path.exists(f"{s}/model.safetensors"):
