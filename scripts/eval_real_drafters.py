@@ -5,7 +5,7 @@ then each drafter at T = 0; reports γ (mean committed per round, bonus included
 tokens/s and whether the output is token-identical to AR greedy.
 
     python scripts/eval_real_drafters.py [--run runs/real] [--n 4] [--max-new-tokens 64] [--dtype bf16]
-        [--drafters flow:1,map:1,map:2,dflash] [--from-checkpoints] [--json out.json]
+        [--drafters flow:1,map:1,map:2,dflash,eagle3] [--from-checkpoints] [--json out.json]
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def main() -> int:
     rows = [json.loads(line) for line in open(os.path.join(args.run, "heldout.jsonl"))][:args.n]
     prompts = [prompt_ids(tok, [r["messages"][0]]) for r in rows]
     ckpt = {"flow": "checkpoints/flashmap-flow-qwen2.5-coder-0.5b", "map": "checkpoints/flashmap-qwen2.5-coder-0.5b",
-            "dflash": "checkpoints/dflash-qwen2.5-coder-0.5b"}
+            "dflash": "checkpoints/dflash-qwen2.5-coder-0.5b", "eagle3": "checkpoints/eagle3-qwen2.5-coder-0.5b"}
     results = {}
 
     def run(name, drafter):
@@ -77,7 +77,7 @@ def main() -> int:
         d = load_drafter(path, target)
         if steps:
             d = StepsDrafter(d, int(steps))
-        label = {"flow": "FlashMap-flow", "map": "FlashMap", "dflash": "DFlash"}[name] + (f"-{steps}" if steps else "")
+        label = {"flow": "FlashMap-flow", "map": "FlashMap", "dflash": "DFlash", "eagle3": "EAGLE-3"}[name] + (f"-{steps}" if steps else "")
         outs = run(label, d)
         results[label]["identical_to_greedy"] = [a == b for a, b in zip(outs, ar)]
     print(f"{len(prompts)} held-out prompts, {args.max_new_tokens} new tokens, {args.dtype}, "
