@@ -64,6 +64,11 @@ step bench_verify 180 "$PY" -m pytest -q benches/bench_verify.py -k cuda -o addo
 # torch.compile, the fused draft step vs the reference drafter; then the draft-step benchmark.
 step dit_tests 300 "$PY" -m pytest -q -m cuda python_tests/test_dit_ops.py python_tests/test_dit_fused.py \
   -o addopts="" --junitxml="$OUT/dit_tests.xml"
+# End-to-end decoding round (issue 6 item 6) on a Qwen3-8B-shaped bf16 target with random weights: per
+# round draft / verify forward / verify op / bookkeeping, fused vs reference drafter, 1 and 2 steps (DESIGN
+# §10 target: all but the forward <= 10% of it). About a minute; before bench_draft, whose torch.compile
+# variants are the slowest step. Writes bench_round.json (pytest-benchmark layout) after each variant.
+step bench_round 150 "$PY" benches/bench_round.py --json "$OUT/bench_round.json"
 step bench_draft 420 "$PY" -m pytest -q benches/bench_draft.py -o addopts="" --benchmark-only \
   --benchmark-columns=median,iqr,rounds --benchmark-json="$OUT/bench_draft.json"
 

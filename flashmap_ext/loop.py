@@ -88,6 +88,7 @@ class Request:
     on_tokens: Optional[Callable[[list], None]] = None
     profile: bool = False
     device: torch.device = torch.device("cpu")
+    on_phase: Optional[Callable[[str], None]] = None
 
     def __post_init__(self):
         # `not x >= 0` also catches NaN; integers must be integers (a float seed would be truncated)
@@ -106,6 +107,11 @@ class Request:
                              top_k=torch.tensor([min(self.top_k, 2**31 - 1)], dtype=torch.int32, device=dev),
                              top_p=torch.tensor([self.top_p], dtype=torch.float32, device=dev),
                              seed=self.seed_tensor)
+
+    def phase(self, name: str) -> None:
+        """Tells `on_phase` (a timing seam, e.g. benches/bench_round.py) that a round phase ended."""
+        if self.on_phase is not None:
+            self.on_phase(name)
 
     def sampling(self, position: int) -> dict:
         """Keyword arguments of ops.verify / ops.sample for slot 0 at absolute `position`."""
@@ -174,14 +180,20 @@ def prefill(target: Target, drafter, prompt: torch.Tensor, req: Request, stats: 
 
 def run_round(target: Target, drafter, state: State, req: Request, stats: GenerateStats, draft: Callable,
               verify: Callable) -> None:
-    """One draft → verify → commit round, timed into `stats`; emits the committed tokens."""
+    """One draft → verify → commit round, timed into `stats`; emits the committed tokens.
+
+    `req.phase` marks: "round" as it starts, "draft" after the draft, "commit" at its end (a chain
+    `verify` marks "forward" and "verify" in between)."""
+    req.phase("round")
     t0 = clock(target.device, req.profile)
     proposal = draft(target, drafter, state, req)
     t1 = clock(target.device, req.profile)
+    req.phase("draft")
     committed = verify(target, drafter, state, req, proposal, stats)
     stats.draft_time_s += t1 - t0
     stats.verify_time_s += clock(target.device, req.profile) - t1
     emit(state, committed, req)
+    req.phase("commit")
 
 
 def advance(drafter, state: State, kept_ids: torch.Tensor, kept_taps, bonus: torch.Tensor) -> None:

@@ -34,7 +34,8 @@ __all__ = ["generate", "generate_tree", "GenerateOutput", "GenerateStats", "Tree
 def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (), *,
              tree: Optional[TreeSpec] = None, valid_vocab: Optional[int] = None,
-             on_tokens: Optional[Callable[[list], None]] = None, profile: bool = False) -> GenerateOutput:
+             on_tokens: Optional[Callable[[list], None]] = None, profile: bool = False,
+             on_phase: Optional[Callable[[str], None]] = None) -> GenerateOutput:
     """Generates up to `max_new_tokens` tokens after `input_ids`, losslessly.
 
     Args:
@@ -51,6 +52,9 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         valid_vocab: ids >= valid_vocab are padding rows and are never emitted (default: all).
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
         profile: synchronise the device around each phase so the stats' times are exact (GPU).
+        on_phase: a timing seam, called with "round" as each round starts and with the phase that just
+            ended: "draft", then (chain rounds) "forward" (target) and "verify" (op + the host read of
+            its result), then "commit" (KV rollback, drafter memory, stats, emit). It may synchronise.
     Returns:
         GenerateOutput(tokens, stats). At T = 0 the tokens equal plain greedy decoding of the target;
         at T > 0 their distribution equals the target's, whatever the drafter.
@@ -62,7 +66,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     target = target if isinstance(target, Target) else Target(target)
     prompt = check_prompt(target, input_ids, max_new_tokens)
     req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
-                  _stop_set(stop_token_ids), on_tokens, profile, target.device)
+                  _stop_set(stop_token_ids), on_tokens, profile, target.device, on_phase)
     draft, verify = _round_functions(drafter, tree)
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
     if max_new_tokens == 0:
@@ -126,8 +130,10 @@ def _chain_verify(target: Target, drafter, state: State, req: Request, drafts: t
     k = drafts.shape[1]
     block = torch.cat([state.anchor[:, None], _embeddable(drafts, target.vocab_size)], dim=1)
     out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=tap_ids(drafter))
+    req.phase("forward")
     res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
     n_acc, status, *tokens = torch.cat([res.num_accepted.long(), res.status.long(), res.tokens[0]]).tolist()
+    req.phase("verify")
     if status & ops.STATUS_ERRORS:  # the one host sync of the round is the line above
         raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
                          f"{state.position}..{state.position + k} (verify status {status})")
