@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot GPU validation (issue 6 item 5; DESIGN §10): build the CUDA extension, run the CUDA tests and
-# the benchmarks, write a JSON summary — one call on one H200, about 6 minutes.
+# the benchmarks, write a JSON summary — one call on one H200, at most BUDGET_S (default 560) seconds.
 #
 #   On the device machine, from the repo root, carrying the CUTLASS headers (third_party/ is git-ignored):
 #     run(command="benches/device_check.sh", carry=["third_party/cutlass"], timeout_s=600)
@@ -30,9 +30,21 @@ STEPS_JSON="$OUT/.steps.jsonl"
 : > "$STEPS_JSON"
 FAILED=0
 
+# The device tool allows 600 s per command: every step's limit is cut to what is left of BUDGET_S (minus
+# 15 s for the summary), and a step with no time left is skipped (rc 124), so summary.json is always written.
+BUDGET_S=${BUDGET_S:-560}
+DEADLINE=$(( $(date +%s) + BUDGET_S - 15 ))
+
 step() {  # step NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2
   shift 2
+  local left=$(( DEADLINE - $(date +%s) ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -le 0 ]; then
+    echo "===== [$name] skipped: the ${BUDGET_S}s budget is spent" >> "$LOG"
+    echo "{\"step\": \"$name\", \"rc\": 124, \"seconds\": 0, \"skipped\": true}" >> "$STEPS_JSON"
+    echo "[$name] skipped (budget spent)"; FAILED=1; return
+  fi
   echo "===== [$name] $* (limit ${limit}s)" >> "$LOG"
   local t0 rc ms
   t0=$(date +%s%N)
