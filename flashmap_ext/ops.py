@@ -16,7 +16,9 @@ Scalar = Union[int, float, torch.Tensor]
 STATUS_NONFINITE = 1   # a NaN or +inf logit among the valid ids of some slot
 STATUS_NO_FINITE = 2   # some slot has no finite logit among the valid ids
 STATUS_FALLBACK = 4    # residual mass was 0, the token was sampled from p (informational)
-STATUS_ERRORS = STATUS_NONFINITE | STATUS_NO_FINITE
+STATUS_BAD_DRAFT_PROB = 8  # a sampling slot's draft_probs give its draft q(x) outside (0, 1]
+STATUS_BAD_PARAMS = 16     # NaN temperature, top_p NaN or outside [0, 1], or top_k < 0 in a [B] tensor
+STATUS_ERRORS = STATUS_NONFINITE | STATUS_NO_FINITE | STATUS_BAD_DRAFT_PROB | STATUS_BAD_PARAMS
 
 
 class VerifyOutput(NamedTuple):
@@ -65,8 +67,30 @@ def _check_scalar(name: str, value, dtype: torch.dtype):
     return value
 
 
+# Domains of the per-row parameters: name -> (bad-value test, expected range), as the scalar checks.
+_ROW_DOMAINS = {
+    "temperature": (torch.isnan, "not NaN (0 or negative = greedy)"),
+    "top_k": (lambda t: t < 0, ">= 0 (0 = off)"),
+    "top_p": (lambda t: ~((t >= 0) & (t <= 1)), "in [0, 1] (1 = off)"),
+}
+
+
+def _check_row_values(name: str, t: torch.Tensor) -> None:
+    """ValueError naming `name`, its range, shape and dtype if a row of the [B] tensor `t` is outside its
+    domain. Reads the values: a host sync on CUDA, so `verify` calls it eagerly for CPU tensors only (on
+    CUDA the kernel flags such rows with STATUS_BAD_PARAMS instead)."""
+    test, expected = _ROW_DOMAINS[name]
+    bad = test(t)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        values = t[bad].tolist()[:8]
+        raise ValueError(f"verify: {name} must be {expected} in every row of the [B] = [{t.shape[0]}] "
+                         f"{str(t.dtype).removeprefix('torch.')} tensor; rows {rows[:8]} hold {values}")
+
+
 def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """A python scalar or a [B] tensor -> a contiguous [B] tensor of `dtype` on `device`."""
+    """A python scalar or a [B] tensor -> a contiguous [B] tensor of `dtype` on `device`; values checked
+    on the host for scalars and CPU tensors (see _check_row_values)."""
     if not isinstance(value, torch.Tensor):
         return torch.full((B,), _check_scalar(name, value, dtype), dtype=dtype, device=device)
     if value.shape != (B,):
@@ -76,7 +100,12 @@ def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> to
         raise TypeError(f"verify: {name} must be {dtype} (got {value.dtype})")
     if value.device != torch.device(device):
         raise ValueError(f"verify: {name} is on {value.device}, target_logits on {device}")
-    return value.to(dtype).contiguous()
+    if name == "top_k" and value.dtype == torch.int64:  # no wrap-around: keep the sign, clamp like scalars
+        value = value.clamp(-1, _INT32_MAX)
+    value = value.to(dtype).contiguous()
+    if name in _ROW_DOMAINS and value.device.type == "cpu" and not torch.compiler.is_compiling():
+        _check_row_values(name, value)
+    return value
 
 
 def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
@@ -108,13 +137,26 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
         raise ValueError(f"verify: uniforms must be [B, K+1] = [{B}, {K1}], got {list(uniforms.shape)}")
 
 
-def _raise_on_bad_rows(status: torch.Tensor) -> None:
-    bad = (status & STATUS_ERRORS) != 0
-    if bool(bad.any()):  # host sync: only with check=True
-        rows = torch.nonzero(bad).flatten().tolist()
-        raise ValueError(f"verify: target_logits rows {rows[:16]}{' ...' if len(rows) > 16 else ''} "
-                         "hold NaN or +inf logits, or a slot with no finite logit among the valid ids "
-                         "(status bits 1 = NaN/+inf, 2 = no finite logit)")
+def _rows(status: torch.Tensor, bits: int) -> list:
+    rows = torch.nonzero((status & bits) != 0).flatten().tolist()
+    return rows[:16] + (["..."] if len(rows) > 16 else [])
+
+
+def _raise_on_bad_rows(status: torch.Tensor, params: dict) -> None:
+    if not bool(((status & STATUS_ERRORS) != 0).any()):  # host sync: only with check=True
+        return
+    if bool(((status & STATUS_BAD_PARAMS) != 0).any()):  # [B] tensors on CUDA, checked by the kernel
+        for name in _ROW_DOMAINS:
+            _check_row_values(name, params[name])
+    problems = []
+    if rows := _rows(status, STATUS_NONFINITE | STATUS_NO_FINITE):
+        problems.append(f"target_logits rows {rows} hold NaN or +inf logits, or a slot with no finite logit "
+                        "among the valid ids (status bits 1 = NaN/+inf, 2 = no finite logit)")
+    if rows := _rows(status, STATUS_BAD_DRAFT_PROB):
+        problems.append(f"draft_probs rows {rows} give a drafted token x a probability q(x) outside (0, 1] "
+                        "(NaN, zero, negative or > 1) in a sampling row, but x was sampled from q "
+                        "(status bit 8)")
+    raise ValueError("verify: " + "; ".join(problems or [f"error status {status.tolist()}"]))
 
 
 def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature: Scalar = 0.0,
@@ -138,14 +180,19 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
         draft_tokens: [B, K] int64 — drafted ids; -1 (or any id outside [0, valid_vocab)) means no
             draft: that slot and every later one are rejected.
         temperature: scalar or [B] fp32; 0 (or negative) = greedy row; tiny values (1e-6) still sample;
-            a NaN scalar raises.
-        top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off; a negative scalar raises.
-        top_p: scalar or [B] fp32 in [0, 1]; 1 = off, 0 keeps only the top id; a scalar outside raises.
+            NaN is an error.
+        top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off; negative is an error.
+        top_p: scalar or [B] fp32 in [0, 1]; 1 = off, 0 keeps only the top id; outside is an error.
+            Out-of-domain scalars and CPU tensors raise ValueError at once; [B] tensors on CUDA are
+            checked by the kernel without a host sync: the row gets status bit 16 (raised when check=True).
         seed: scalar or [B] int64 — Philox key of the row's coins.
         position: scalar or [B] int64 — absolute position of slot 0; slot i's coins use counter
             (position + i, stream), streams ACCEPT = 0 and RESAMPLE = 1 (the drafter owns 2). Never
             keyed by batch row: a row's output does not depend on its batch-mates.
-        draft_probs: optional [B, K, V] fp32 — the q each draft was really sampled from.
+        draft_probs: optional [B, K, V] fp32 — the q each draft was really sampled from. In a sampling
+            row, q(x) at each in-range draft x must be in (0, 1], else the row gets status bit 8 (only
+            q(x), read by the accept test anyway, is checked; other entries are trusted, a NaN there
+            weighs 0 in max(p - q, 0)). Greedy rows ignore draft_probs.
         valid_vocab: ids >= valid_vocab (padding rows of the LM head) are never emitted; default V.
         uniforms: optional [B, K+1] fp64 in [0, 1) — injected coins (tests): K accept coins, then the
             one resample coin used at whichever slot emits.
@@ -155,8 +202,9 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
     Returns:
         VerifyOutput(tokens [B, K+1] int64 (accepted drafts, then the emitted token, then -1),
         num_accepted [B] int32 (bonus excluded), status [B] int32 bit flags: 1 NaN/+inf logit,
-        2 a slot without a finite logit (both errors; the row still gets token 0), 4 residual mass was
-        0 and p was sampled instead (informational)).
+        2 a slot without a finite logit, 8 a draft_probs q(x) outside (0, 1], 16 a temperature / top_k /
+        top_p row outside its domain (all errors, over all K+1 slots; the row gets token 0 and
+        num_accepted 0), 4 residual mass was 0 and p was sampled instead (informational)).
 
     Raises:
         ValueError / TypeError naming the argument for bad shapes, dtypes or devices; ValueError
@@ -169,16 +217,14 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
         raise ValueError(f"verify: valid_vocab must be in [1, V] = [1, {V}], got {valid_vocab}")
     if uniforms is not None:
         uniforms = uniforms.to(torch.float64)
-    out = _verify_op(target_logits, draft_tokens,
-                     _per_row("temperature", temperature, B, torch.float32, dev),
-                     _per_row("top_k", top_k, B, torch.int32, dev),
-                     _per_row("top_p", top_p, B, torch.float32, dev),
-                     _per_row("seed", seed, B, torch.int64, dev),
-                     _per_row("position", position, B, torch.int64, dev),
+    params = {name: _per_row(name, value, B, dtype, dev) for name, value, dtype in (
+        ("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
+        ("top_p", top_p, torch.float32), ("seed", seed, torch.int64), ("position", position, torch.int64))}
+    out = _verify_op(target_logits, draft_tokens, *params.values(),
                      draft_probs, V if valid_vocab is None else int(valid_vocab), uniforms)
     result = VerifyOutput(*out)
     if check:
-        _raise_on_bad_rows(result.status)
+        _raise_on_bad_rows(result.status, params)
     return result
 
 

@@ -20,7 +20,10 @@ VERIFY_STREAM_ACCEPT, VERIFY_STREAM_RESAMPLE, VERIFY_STREAM_DRAFTER = 0, 1, 2
 VERIFY_STATUS_NONFINITE = 1   # a NaN or +inf logit among the valid ids of some slot (error)
 VERIFY_STATUS_NO_FINITE = 2   # some slot has no finite logit among the valid ids (error)
 VERIFY_STATUS_FALLBACK = 4    # residual mass was 0: sampled from p instead (informational)
-VERIFY_STATUS_ERRORS = VERIFY_STATUS_NONFINITE | VERIFY_STATUS_NO_FINITE
+VERIFY_STATUS_BAD_DRAFT_PROB = 8  # a sampling slot's draft_probs give its draft q(x) outside (0, 1] (error)
+VERIFY_STATUS_BAD_PARAMS = 16     # NaN temperature, top_p NaN or outside [0, 1], or top_k < 0 (error)
+VERIFY_STATUS_ERRORS = (VERIFY_STATUS_NONFINITE | VERIFY_STATUS_NO_FINITE | VERIFY_STATUS_BAD_DRAFT_PROB
+                        | VERIFY_STATUS_BAD_PARAMS)
 
 _M32 = 0xFFFFFFFF
 
@@ -97,6 +100,21 @@ def _row_status(logits: torch.Tensor, valid_vocab: int) -> int:
     return status
 
 
+def _row_input_status(drafts, temperature, top_k, top_p, draft_probs, valid_vocab: int) -> int:
+    """Status bits of one batch row that do not come from its logits (csrc/accept/verify_core.h::
+    verify_input_status): sampling parameters outside their domain; a sampling row whose q(x) at an
+    in-range draft of slot i < K is not in (0, 1] (x was sampled from q, so q(x) > 0). Only q(x) is
+    checked; greedy rows never read draft_probs."""
+    status = 0
+    if math.isnan(temperature) or not 0.0 <= top_p <= 1.0 or top_k < 0:
+        status |= VERIFY_STATUS_BAD_PARAMS
+    if draft_probs is not None and temperature > 0:
+        for i, x in enumerate(drafts):
+            if 0 <= x < valid_vocab and not 0.0 < float(draft_probs[i, x]) <= 1.0:
+                status |= VERIFY_STATUS_BAD_DRAFT_PROB
+    return status
+
+
 def _sample_emission(p: torch.Tensor, q: Optional[torch.Tensor], x: int, u: float) -> tuple[int, float, int]:
     """Token emitted at a rejected slot: sample ∝ max(p - q, 0) (q None: p with x removed; x < 0: no
     draft, plain p). Returns (token, margin, status bits)."""
@@ -105,8 +123,9 @@ def _sample_emission(p: torch.Tensor, q: Optional[torch.Tensor], x: int, u: floa
     elif q is None:
         residual = p.clone()
         residual[x] = 0.0
-    else:
-        residual = torch.clamp(p - q.double(), min=0.0)
+    else:  # a NaN in q weighs 0, as in the kernels' `r > 0 ? r : 0`
+        residual = p - q.double()
+        residual = torch.where(residual > 0, residual, torch.zeros_like(residual))
     status = 0
     if float(residual.sum()) <= 0.0:  # degenerate residual: fall back to p minus x, then to p
         status = VERIFY_STATUS_FALLBACK
@@ -124,7 +143,8 @@ def verify_reference_row(logits, drafts, temperature, top_k, top_p, seed, positi
     smallest distance of a decisive coin to its threshold (inf for greedy rows)."""
     K = len(drafts)
     tokens = [-1] * (K + 1)
-    status = _row_status(logits, valid_vocab)
+    status = _row_status(logits, valid_vocab) | _row_input_status(drafts, temperature, top_k, top_p,
+                                                                    draft_probs, valid_vocab)
     if status & VERIFY_STATUS_ERRORS:
         tokens[0] = 0  # deterministic in-range token; the wrapper raises for such rows
         return tokens, 0, status, math.inf

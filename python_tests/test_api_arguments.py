@@ -42,19 +42,32 @@ def test_verify_huge_top_k_is_off(case):
     for top_k in (V, 2**31, 2**40):  # >= V is off; above int32 used to overflow
         out = ops.verify(logits, drafts, temperature=1.0, top_k=top_k, seed=3)
         assert torch.equal(out.tokens, ops.verify(logits, drafts, temperature=1.0, seed=3).tokens)
+    B = 64  # an int64 [B] tensor is clamped, not wrapped to int32 (2**32 + 1 used to become top-1)
+    many = logits[:1].expand(B, -1, -1), torch.full((B, 3), -1)
+    out = ops.verify(*many, temperature=1.0, top_k=torch.full((B,), 2**32 + 1), seed=torch.arange(B))
+    assert torch.equal(out.tokens, ops.verify(*many, temperature=1.0, seed=torch.arange(B)).tokens)
+    assert out.tokens[:, 0].unique().numel() > 1
 
 
-def test_verify_tensor_arguments_on_another_device_raise(case):
-    """A meta draft_tokens used to dispatch to the fake kernel and return uninitialised 'results'."""
+@pytest.mark.parametrize("kw, message", [
+    (dict(temperature=torch.tensor([1.0, math.nan])),
+     r"temperature must be not NaN .* float32 tensor; rows \[1\]"),
+    (dict(top_p=torch.tensor([0.5, 1.5])),
+     r"top_p must be in \[0, 1\] \(1 = off\) .* rows \[1\] hold \[1.5\]"),
+    (dict(top_p=torch.tensor([-0.1, 1.0], dtype=torch.float64)), r"top_p must be in \[0, 1\] .* rows \[0\]"),
+    (dict(top_p=torch.tensor([math.nan, 1.0])), r"top_p must be in \[0, 1\] .* rows \[0\]"),
+    (dict(top_k=torch.tensor([-1, 3], dtype=torch.int32)),
+     r"top_k must be >= 0 \(0 = off\) .* int32 tensor; rows \[0\]"),
+    (dict(top_k=torch.tensor([5, -2**40])), r"top_k must be >= 0 .* rows \[1\]"),
+])
+@pytest.mark.parametrize("check", [True, False])
+def test_verify_tensor_arguments_are_range_checked(case, kw, message, check):
+    """The scalar checks, for [B] tensors too: a CPU tensor is checked on the host (no sync), whatever `check`;
+    the message names the argument, its range, the [B] shape and dtype, and the rows."""
     logits, drafts = case
-    with pytest.raises(ValueError, match="draft_tokens is on meta, target_logits on cpu"):
-        ops.verify(logits, drafts.to("meta"))
-    with pytest.raises(ValueError, match="draft_probs is on meta"):
-        ops.verify(logits, drafts, draft_probs=torch.rand(2, 3, V, device="meta"))
-    with pytest.raises(TypeError, match="draft_tokens must be a \\[B, K\\] int64 tensor, got list"):
-        ops.verify(logits, drafts.tolist())
-    with pytest.raises(ValueError, match="sample: logits must be a \\[B, V\\] tensor, got list"):
-        ops.sample([[1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"verify: " + message) as err:
+        ops.verify(logits, drafts, **{"temperature": 1.0, **kw}, check=check)
+    assert "in every row of the [B] = [2]" in str(err.value)
 
 
 @pytest.fixture(scope="module")

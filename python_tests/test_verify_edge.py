@@ -113,6 +113,54 @@ def test_verify_nonfinite_logits_flagged_and_raised(device, temperature):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_verify_invalid_draft_probs_flagged_and_raised(device):
+    """q(x) at the drafted id of a sampling slot must be in (0, 1] (x was sampled from q): NaN, 0, negative,
+    > 1 and inf flag the row with status bit 8 in any slot, even past the first rejection. The other
+    entries of q are trusted (a NaN there weighs 0 in the residual, as in the reference); greedy rows
+    never read q."""
+    B, K, V = 7, 3, 50
+    logits, _ = random_case(B, K, V, scale=1.0, gen_seed=4)
+    q = torch.softmax(torch.randn(B, K, V, generator=torch.Generator().manual_seed(5)), -1)
+    drafts = torch.multinomial(q.reshape(-1, V), 1, generator=torch.Generator().manual_seed(6)).reshape(B, K)
+    for b, (i, value) in {1: (0, math.nan), 2: (1, 0.0), 3: (2, -0.25), 4: (0, 1.5), 5: (2, math.inf)}.items():
+        q[b, i, drafts[b, i]] = value
+    logits[6, 0, drafts[6, 0]] = -30.0                       # row 6 rejects slot 0 and samples the residual,
+    q[6, 0, (drafts[6, 0] + 1) % V] = math.nan               # which reads a NaN q elsewhere: weight 0
+    coins = torch.full((B, K + 1), 0.5, dtype=torch.float64)
+    out = check_against_reference(logits, drafts, per_row(B, 1.0, device=device), draft_probs=q,
+                                  uniforms=coins, device=device)
+    assert out.status.cpu().tolist() == [0] + [ops.STATUS_BAD_DRAFT_PROB] * 5 + [0]
+    assert out.tokens[1:6].cpu().tolist() == [[0, -1, -1, -1]] * 5 and out.num_accepted[1:6].cpu().eq(0).all()
+    assert out.num_accepted[6].item() == 0 and out.tokens[6, 0].item() != (drafts[6, 0].item() + 1) % V
+    with pytest.raises(ValueError, match=r"draft_probs rows \[1, 2, 3, 4, 5\] .* outside \(0, 1\]"):
+        _verify(device, logits, drafts, temperature=1.0, draft_probs=q, uniforms=coins)
+    greedy = _verify(device, logits, drafts, temperature=0.0, draft_probs=q)
+    assert greedy.status.cpu().tolist() == [0] * B
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_row_params_outside_domain_flagged_by_the_op(device):
+    """[B] temperature / top_k / top_p tensors are checked by the op itself (status bit 16, no host sync):
+    on CUDA the wrapper raises from the status when check=True; CPU tensors raise before the op runs."""
+    B, K, V = 6, 2, 40
+    logits, drafts = random_case(B, K, V, gen_seed=8)
+    params = per_row(B, torch.tensor([1.0, math.nan, 1.0, 1.0, 1.0, 0.0]),
+                     torch.tensor([0, 0, -3, 0, 0, 0]), torch.tensor([0.9, 0.9, 0.9, 1.5, math.nan, -0.5]),
+                     device=device)
+    op = torch.ops.flashmap.verify.default
+    status = op(logits.to(device), drafts.to(device), *params.values())[2]
+    assert status.cpu().tolist() == [0] + [ops.STATUS_BAD_PARAMS] * 5
+    cpu = {k: v.cpu() for k, v in params.items()}
+    assert verify_reference(logits, drafts, **cpu)[2].tolist() == status.cpu().tolist()
+    with pytest.raises(ValueError, match=r"temperature must be not NaN .* \[B\] = \[6\] float32 tensor; "
+                                         r"rows \[1\] hold \[nan\]"):
+        _verify(device, logits, drafts, **params)
+    if device == "cuda":
+        out = _verify(device, logits, drafts, **params, check=False)
+        assert out.status.cpu().tolist() == status.cpu().tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_verify_tiny_temperature_is_finite_and_argmax_like(device):
     B, K, V = 6, 3, 1000
     logits, drafts = random_case(B, K, V, scale=2.0)

@@ -111,6 +111,27 @@ FM_HOST_DEVICE bool verify_topk_on(const VerifyParams& p, int64_t b) {
 }
 FM_HOST_DEVICE bool verify_topp_on(const VerifyParams& p, int64_t b) { return p.top_p[b] < 1.f; }
 
+// Draft distribution q of slot i (nullptr: point-mass draft, or the bonus slot K).
+FM_HOST_DEVICE const float* verify_draft_q(const VerifyParams& p, int64_t b, int64_t i) {
+  return (p.draft_probs && i < p.K) ? p.draft_probs + b * p.draft_probs_stride_b + i * p.draft_probs_stride_k
+                                    : nullptr;
+}
+
+// Error bits of slot i that do not come from its logits: the row's sampling parameters outside their
+// domain (the wrapper checks python scalars and CPU tensors on the host; CUDA tensors only here, so it
+// never syncs), and a draft_probs entry q(x) at the drafted id of a sampling slot outside (0, 1] — x was
+// sampled from q, so q(x) > 0; NaN, ±inf, 0, negatives and > 1 all fail. Only q(x), which the accept test
+// reads anyway, is checked: validating every q(j) would cost a pass over V per slot, and no check can
+// prove x was sampled from q. Greedy rows never read draft_probs, so they are not checked.
+FM_HOST_DEVICE int32_t verify_input_status(const VerifyParams& p, int64_t b, int64_t i) {
+  const float t = p.temperature[b], tp = p.top_p[b];
+  int32_t status = (t == t && tp >= 0.f && tp <= 1.f && p.top_k[b] >= 0) ? 0 : kStatusBadParams;
+  const float* q = verify_draft_q(p, b, i);
+  const int64_t x = verify_draft(p, b, i);
+  if (q && x >= 0 && !verify_is_greedy(p, b) && !(q[x] > 0.f && q[x] <= 1.f)) status |= kStatusBadDraftProb;
+  return status;
+}
+
 // 1 / T, finite even for denormal T (then only the max-logit ids keep mass).
 FM_HOST_DEVICE float verify_inv_temperature(float t) {
   const float inv = 1.f / t;

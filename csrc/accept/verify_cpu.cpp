@@ -5,7 +5,8 @@
 // e_j = exp((l_j − m)/T) stored with S = Σ e (one pass), optional top-p threshold and a filtered
 // re-pass, the accept test, and for a rejected / draft-less / bonus slot the inverse-CDF residual
 // sample (one pass for R, one partial scan). A row stops at its first non-accepted slot; the slots
-// after it only get their status scanned, since `status` covers all K+1 slots.
+// after it only get their status scanned (logits, and the input checks of verify_input_status), since
+// `status` covers all K+1 slots.
 //
 // Parallelism (ATen's OpenMP pool): rows in parallel when B >= threads (slots of a row in order);
 // otherwise the slots of one row in parallel (verify_row). Each slot's arithmetic is the same in both
@@ -75,7 +76,7 @@ template <LogitDType D>
 SlotOutcome judge_slot(const VerifyParams& p, int64_t b, int64_t i) {
   const cpu::Ptr<D> l = slot_logits<D>(p, b, i);
   const cpu::SlotScan scan = cpu::scan_slot<D>(l, p.valid_vocab);
-  SlotOutcome out{scan.status, false, 0};
+  SlotOutcome out{scan.status | verify_input_status(p, b, i), false, 0};
   if (out.status & kStatusErrors) return out;
   const int64_t x = verify_draft(p, b, i);
   if (verify_is_greedy(p, b)) {
@@ -85,8 +86,7 @@ SlotOutcome judge_slot(const VerifyParams& p, int64_t b, int64_t i) {
   }
   float* e = scratch(p.V);
   const double S = slot_weights<D>(p, b, l, scan.max, e);
-  const float* q = (p.draft_probs && i < p.K)
-                       ? p.draft_probs + b * p.draft_probs_stride_b + i * p.draft_probs_stride_k : nullptr;
+  const float* q = verify_draft_q(p, b, i);
   if (x >= 0 && verify_accept(verify_coin(p, b, i, kStreamAccept), q ? q[x] : 1.0, e[x], S)) {
     out.accepted = true;
     out.token = x;
@@ -106,7 +106,8 @@ void verify_row(const VerifyParams& p, int64_t b, int64_t threads) {
   auto work = [&](int64_t, int64_t) {
     for (int64_t i = next.fetch_add(1); i <= p.K; i = next.fetch_add(1)) {
       if (i > stop.load()) {
-        out[i].status = cpu::scan_slot<D>(slot_logits<D>(p, b, i), p.valid_vocab).status;
+        out[i].status = cpu::scan_slot<D>(slot_logits<D>(p, b, i), p.valid_vocab).status |
+                        verify_input_status(p, b, i);
         continue;
       }
       out[i] = judge_slot<D>(p, b, i);

@@ -363,7 +363,8 @@ __global__ void __launch_bounds__(kThreads) verify_slot_kernel(const VerifyParam
   float *tile_max = tile_mem, *tile_sum = tile_mem + row.tiles, *tile_r = tile_mem + 2 * row.tiles;
 
   const RowStats st = sweep_stats(row, !greedy && !topk, tile_max, tile_sum, sh);
-  int32_t status = ((st.flags & 1) ? kStatusNonFinite : 0) | ((st.flags & 2) ? 0 : kStatusNoFinite);
+  int32_t status = ((st.flags & 1) ? kStatusNonFinite : 0) | ((st.flags & 2) ? 0 : kStatusNoFinite) |
+                   verify_input_status(p, b, i);
   const int64_t x = verify_draft(p, b, i);
   int64_t* out = p.tokens + b * (p.K + 1) + i;
   if (status & kStatusErrors) {
@@ -389,8 +390,7 @@ __global__ void __launch_bounds__(kThreads) verify_slot_kernel(const VerifyParam
     sweep_stats(row, true, tile_max, tile_sum, sh);
     S = rescale_tiles(row.tiles, row.max, row.inv_t, tile_max, tile_sum, sh);
   }
-  const float* q = (p.draft_probs && i < p.K)
-                       ? p.draft_probs + b * p.draft_probs_stride_b + i * p.draft_probs_stride_k : nullptr;
+  const float* q = verify_draft_q(p, b, i);
   const float ex = x >= 0 ? row.weight(row.load(x)) : 0.f;
   const bool accepted =
       x >= 0 && verify_accept(verify_coin(p, b, i, kStreamAccept), q ? q[x] : 1.0, ex, S);
@@ -411,7 +411,7 @@ __global__ void verify_combine_kernel(const VerifyParams p) {
   int64_t j = -1, token = 0;
   for (int64_t i = 0; i <= p.K; ++i) {
     const int64_t v = row[i];
-    const int32_t st = static_cast<int32_t>((v >> 33) & 7);
+    const int32_t st = static_cast<int32_t>(v >> 33);  // every status bit (pack_slot)
     status |= st & kStatusErrors;
     if (j < 0 && !((v >> 32) & 1)) {
       j = i;

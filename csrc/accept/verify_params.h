@@ -10,11 +10,13 @@ enum class LogitDType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 // status [B] bit flags (mirrored in flashmap_ext/ops.py and reference.py).
 enum VerifyStatus : int32_t {
-  kStatusNonFinite = 1,  // a NaN or +inf logit among the valid ids of some slot (error)
-  kStatusNoFinite = 2,   // some slot has no finite logit among the valid ids (error)
-  kStatusFallback = 4,   // residual mass was 0: sampled from p instead (informational)
+  kStatusNonFinite = 1,     // a NaN or +inf logit among the valid ids of some slot (error)
+  kStatusNoFinite = 2,      // some slot has no finite logit among the valid ids (error)
+  kStatusFallback = 4,      // residual mass was 0: sampled from p instead (informational)
+  kStatusBadDraftProb = 8,  // a sampling slot's draft_probs give its draft q(x) outside (0, 1] (error)
+  kStatusBadParams = 16,    // NaN temperature, top_p NaN or outside [0, 1], or top_k < 0 (error)
 };
-constexpr int32_t kStatusErrors = kStatusNonFinite | kStatusNoFinite;
+constexpr int32_t kStatusErrors = kStatusNonFinite | kStatusNoFinite | kStatusBadDraftProb | kStatusBadParams;
 
 struct VerifyParams {
   // Inputs. target_logits [B, K+1, V] with stride 1 over V.
