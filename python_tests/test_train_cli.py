@@ -132,3 +132,27 @@ def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monke
     capsys.readouterr()
     assert main(["train", "dflash", *args[:-1], "3", "--mask-token-id", "0", "--resume"]) == 0
     assert "stopped by a signal at step 1 of 3" in capsys.readouterr().err
+
+
+def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):
+    """`--resume` on a run already at --steps used to print 'loss nan': it trains nothing and says the run
+    is complete, with its last logged loss."""
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]}) + "\n"
+                            for w in ("one", "two")))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
+                 "--max-new-tokens", "8"]) == 0
+    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    run = tmp_path / "flow"
+    args = ["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size",
+            "2", "--out", str(run), "--steps", "2", "--log-every", "1"]
+    assert main(args) == 0
+    logged = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out
+    assert f"already complete (step 2 of 2); nothing to train. Last logged loss {logged['loss']:.4f}" in out
+    assert f"flow: step 2, loss {logged['loss']:.4f}" in out
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2   # nothing appended

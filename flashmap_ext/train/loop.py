@@ -234,9 +234,24 @@ class Trainer:
             self.save()
         return {**metrics, "stopped": stopping}
 
+    def last_logged(self) -> dict:
+        """Metrics of the newest line of metrics.jsonl at or before the current step ({} if none)."""
+        path = os.path.join(self.cfg.out, "metrics.jsonl")
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            lines = [json.loads(ln) for ln in f if ln.strip() and ln.endswith("\n")]
+        lines = [ln for ln in lines if ln["step"] <= self.step]
+        skip = ("step", "samples", "elapsed_s")
+        return {k: v for k, v in lines[-1].items() if k not in skip} if lines else {}
+
     def run(self) -> dict:
-        """Trains until cfg.steps (or a signal); checkpoints every save_every steps and at the end."""
+        """Trains until cfg.steps (or a signal); checkpoints every save_every steps and at the end. A run
+        resumed at or past cfg.steps trains nothing: its last logged metrics, with "complete": True."""
         cfg, metrics, started = self.cfg, {}, time.time()
+        if self.step >= cfg.steps:
+            self._pool.shutdown()
+            return {"step": self.step, **self.last_logged(), "complete": True}
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", unit="step",
                    disable=not (cfg.progress and self.world.main))
         with _StopFlag() as stop, bar:
@@ -254,7 +269,8 @@ class Trainer:
 
 def train(model: torch.nn.Module, loss_fn: Callable, dataset: Sequence, collate_fn: Callable, cfg: TrainConfig,
           *, resume: bool = False, device: str | None = None) -> dict:
-    """Trains `model` in place (see the module docstring); returns the last step's metrics plus "step".
+    """Trains `model` in place (see the module docstring); returns the last step's metrics plus "step"
+    (plus "complete": True when a resumed run had already reached cfg.steps: its last logged metrics).
 
     resume: continue from `<cfg.out>/checkpoints/latest` (a fresh start when there is none).
     device: "cpu" | "cuda" | None (cuda when available). Under torchrun, every process calls this.

@@ -144,7 +144,11 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
                        "settings": run, "features": cache.meta}, f, indent=1, default=str)
     metrics = train(drafter, loss_fn, cache, collate_fn, cfg, resume=args.resume, device=device)
     export(drafter, args)
-    if metrics["step"] < cfg.steps and int(os.environ.get("RANK", "0")) == 0:
+    if metrics.pop("complete", False) and int(os.environ.get("RANK", "0")) == 0:
+        loss = f"{metrics['loss']:.4f}" if "loss" in metrics else "none (no metrics.jsonl line)"
+        print(f"{name}: the run in {args.out} is already complete (step {metrics['step']} of {cfg.steps}); "
+              f"nothing to train. Last logged loss {loss}.")
+    elif metrics["step"] < cfg.steps and int(os.environ.get("RANK", "0")) == 0:
         print(f"{name}: stopped by a signal at step {metrics['step']} of {cfg.steps}; checkpoint saved and "
               f"{args.out}/drafter holds those weights. Rerun the same command with --resume to continue.",
               file=sys.stderr)
