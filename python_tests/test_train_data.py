@@ -129,3 +129,19 @@ def test_regenerate_batched_resumable(tok, tmp_path):
     out2 = tmp_path / "out2.jsonl"
     regenerate(model, tok, str(src), str(out2), max_new_tokens=3, limit=1, progress=False)
     assert next(read_jsonl(str(out2)))["finish"] == "length"
+
+
+def test_regenerate_counts_records_without_a_user_turn(tok, tmp_path, capsys):
+    """They are still skipped, but no longer silently: one stderr line at the end gives their number."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    user = [{"role": "user", "content": "hello"}]
+    rows = [{"id": "a", "messages": user}, {"id": "b", "messages": [{"role": "system", "content": "x"}]},
+            {"id": "c", "messages": []}, {"id": "d"}, {"id": "e", "messages": user}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = CountingLM(encode(tok, "ok"), tok.eos_token_id)
+    assert regenerate(model, tok, str(src), str(out), batch_size=4, progress=False) == 2
+    err = capsys.readouterr().err
+    assert err.count("regenerate: skipped 3 record(s) with no user turn") == 1
+    assert [r["id"] for r in read_jsonl(str(out))] == ["a", "e"]
+    assert regenerate(model, tok, str(src), str(out), progress=False) == 0   # done ones are not counted
+    assert "skipped 3 record(s)" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zlib
 from typing import Iterator
 
@@ -46,12 +47,17 @@ def _prompt_messages(messages: list[dict]) -> list[dict] | None:
 
 
 def _batches(records: Iterator[dict], skip: set[str], size: int, limit: int | None) -> Iterator[list[dict]]:
-    batch, taken = [], 0
+    """Batches of the records still to answer; records with no user turn are skipped, counted, and reported
+    once on stderr when the records run out."""
+    batch, taken, no_user = [], 0, 0
     for record in records:
         if limit is not None and taken >= limit:
             break
         taken += 1
-        if record["id"] in skip or _prompt_messages(record.get("messages", [])) is None:
+        if record["id"] in skip:
+            continue
+        if _prompt_messages(record.get("messages", [])) is None:
+            no_user += 1
             continue
         batch.append(record)
         if len(batch) == size:
@@ -59,6 +65,9 @@ def _batches(records: Iterator[dict], skip: set[str], size: int, limit: int | No
             batch = []
     if batch:
         yield batch
+    if no_user:
+        print(f"regenerate: skipped {no_user} record(s) with no user turn (nothing to answer)",
+              file=sys.stderr)
 
 
 @torch.no_grad()
