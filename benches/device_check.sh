@@ -73,9 +73,10 @@ step bench_verify 180 "$PY" -m pytest -q benches/bench_verify.py -k cuda -o addo
   --benchmark-columns=median,iqr,rounds --benchmark-json="$OUT/bench_verify.json"
 
 # DiT drafter kernels (issue 6): every CUDA op vs the fp64 oracle under the error budget, CUDA graphs,
-# torch.compile, the fused draft step vs the reference drafter; then the draft-step benchmark.
+# torch.compile, the fused draft step vs the reference drafter, draft_block's graph replay over rounds and
+# in generate, the drafter's noise (CPU == CUDA bit for bit, no sync, graph capture); then the benchmark.
 step dit_tests 300 "$PY" -m pytest -q -m cuda python_tests/test_dit_ops.py python_tests/test_dit_fused.py \
-  -o addopts="" --junitxml="$OUT/dit_tests.xml"
+  python_tests/test_draft_graph.py python_tests/test_drafter_noise.py -o addopts="" --junitxml="$OUT/dit_tests.xml"
 # End-to-end decoding round (issue 6 item 6) on a Qwen3-8B-shaped bf16 target with random weights: per
 # round draft / verify forward / verify op / bookkeeping, fused vs reference drafter, 1 and 2 steps (DESIGN
 # §10 target: all but the forward <= 10% of it). About a minute; before bench_draft, whose torch.compile

@@ -75,16 +75,6 @@ def test_noise_factor_is_exact_square_root_even_when_singular():
         assert torch.allclose(factor @ factor.T, gram, atol=1e-8 * gram.abs().max().item())
 
 
-def test_drafter_stream_depends_only_on_seed_and_position():
-    xi = flow.drafter_xi(torch.tensor([7, 7, 8]), torch.tensor([100, 101, 100]), (3, 5))
-    alone = flow.drafter_xi(torch.tensor([7]), torch.tensor([101]), (3, 5))
-    assert xi.shape == (3, 3, 5) and xi.dtype == torch.float32
-    assert torch.equal(xi[1], alone[0]), "a row must not depend on its batch-mates"
-    assert not torch.equal(xi[0], xi[1]) and not torch.equal(xi[0], xi[2])
-    assert torch.equal(xi, flow.drafter_xi(torch.tensor([7, 7, 8]), torch.tensor([100, 101, 100]), (3, 5)))
-    assert flow.drafter_stream_seed(7, 100) != flow.drafter_stream_seed(7, 100, stream=0)
-
-
 def test_jump_identities():
     g = torch.Generator().manual_seed(2)
     x, delta = torch.randn(4, 9, generator=g), torch.softmax(torch.randn(4, 9, generator=g), -1)

@@ -53,6 +53,7 @@ class FlashMapDrafter(nn.Module):
         self._tables: TargetTables | None = None
         self._packed = None  # weights packed for the fused CUDA kernels (see fused_weights)
         self.allow_fused = True  # False forces the reference (PyTorch) path on CUDA, e.g. as a baseline
+        self.allow_graphs = True  # False runs the fused CUDA path eagerly (also FLASHMAP_CUDA_GRAPHS=0)
         self.reset_parameters()
         if target is not None:
             self.attach_target(target)
@@ -163,9 +164,11 @@ class FlashMapDrafter(nn.Module):
         return d_space_noise(self.tables.noise_factor, xi.float())
 
     def sample_noise(self, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """z [B, K, d_target] fp32 from the drafter's own stream keyed by (seed[b], position[b])."""
-        xi = drafter_xi(seed, position, (self.config.block_size, self.config.d_target))
-        return self.noise_from_xi(xi.to(self.tables.embedding.device))
+        """z [B, K, d_target] fp32 from the drafter's own Philox stream keyed by (seed[b], position[b]),
+        [B] int64; drawn on the embedding's device (no host sync when seed and position live there)."""
+        device = self.tables.embedding.device
+        xi = drafter_xi(seed.to(device), position.to(device), (self.config.block_size, self.config.d_target))
+        return self.noise_from_xi(xi)
 
     # ------------------------------------------------------------------ network pieces
     def _context_entries(self, taps: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,14 @@ class DraftBlock(NamedTuple):
     logits: torch.Tensor | None
 
 
+def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device) -> torch.Tensor:
+    """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
+    it already lives there), an int is filled in on the device (no host-to-device transfer)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
+    return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)
+
+
 @torch.no_grad()
 def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
                 steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
@@ -34,6 +42,12 @@ def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_token
         by seed, position ([B] int64 or ints; `position` = absolute position of the anchor).
     Returns DraftBlock(tokens = per-slot argmax as target ids, logits if return_logits).
     Raises ValueError naming the offending argument.
+
+    Paths: on CUDA with bf16 weights and kernel-friendly shapes (`fused_supported`) the fused kernels run
+    (`drafter.allow_fused = False` forces the reference path); without return_logits that step, noise
+    included, is captured once in a CUDA graph per (memory buffers, batch size, steps, seeded or given
+    noise) and replayed on later calls (`drafter.allow_graphs = False` or FLASHMAP_CUDA_GRAPHS=0 runs it
+    eagerly; never while torch.compile traces). CPU: the reference path.
     """
     c = drafter.config
     steps = c.draft_steps if steps is None else steps
@@ -45,15 +59,14 @@ def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_token
                          f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
     packed = drafter.fused_weights() if anchor_tokens.is_cuda else None
     if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/test_dit_fused.py)
-        from flashmap_ext.drafters.flashmap_fused import fused_draft_block
+        from flashmap_ext.drafters.flashmap_fused import fused_draft_block, graphs_enabled
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
-                                 position=position, return_logits=return_logits)
+                                 position=position, return_logits=return_logits, graph=graphs_enabled(drafter))
     B = anchor_tokens.shape[0]
     if noise is None:
         if seed is None or position is None:
             raise ValueError("seed, position: required when noise is None")
-        seed, position = (torch.as_tensor(x, dtype=torch.int64).reshape(-1).expand(B) for x in (seed, position))
-        noise = drafter.sample_noise(seed, position)
+        noise = drafter.sample_noise(*(per_row(x, B, anchor_tokens.device) for x in (seed, position)))
     if tuple(noise.shape) != (B, c.block_size, c.d_target):
         raise ValueError(f"noise: expected [{B}, {c.block_size}, {c.d_target}], got {list(noise.shape)}")
     z = noise.float()

@@ -4,7 +4,8 @@
     packed = pack_weights(drafter)                       # once, at load time (if fused_supported(drafter))
     fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
     block = fused_draft_block(packed, memory, anchor_tokens, noise=z, steps=1)   # replaces draft_block
-    graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # optional: CUDA-graph replay
+    block = fused_draft_block(packed, memory, anchor_tokens, seed=s, position=p, graph=True)  # CUDA-graph replay
+    graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # the graph itself (what graph=True caches)
     tokens = graph(memory, anchor_tokens, z)
 
 Per DiT layer: adaLN -> fused qkv GEMM -> QK-norm -> slot attention -> out GEMM (gate·y + residual) ->
@@ -18,6 +19,7 @@ weights and the memory must be bf16.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,6 +27,7 @@ import torch
 
 from flashmap_ext import dit_ops as ops
 from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, FlashMapMemory
+from flashmap_ext.drafters.flashmap_draft import per_row
 from flashmap_ext.flow import flow_map_jump
 
 
@@ -176,64 +179,120 @@ def fused_draft_step(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: t
     return fused_denoise(p, memory, lengths, mid, 0.5, 1.0, return_logits=return_logits)
 
 
+def graphs_enabled(drafter: FlashMapDrafter) -> bool:
+    """Whether `draft_block` may replay the fused step as a CUDA graph: `drafter.allow_graphs`, the
+    environment (FLASHMAP_CUDA_GRAPHS=0 turns graphs off) and not while torch.compile traces."""
+    return (not torch.compiler.is_compiling() and drafter.allow_graphs
+            and os.environ.get("FLASHMAP_CUDA_GRAPHS", "1") != "0")
+
+
 @torch.no_grad()
 def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
                       steps: Optional[int] = None, noise: Optional[torch.Tensor] = None,
                       seed: Optional[torch.Tensor] = None, position: Optional[torch.Tensor] = None,
-                      return_logits: bool = False) -> DraftBlock:
-    """`flashmap.draft_block` on the fused ops (same arguments, same result up to fp rounding)."""
+                      return_logits: bool = False, graph: bool = False) -> DraftBlock:
+    """`flashmap.draft_block` on the fused ops (same arguments, same result up to fp rounding).
+
+    graph: on CUDA, without return_logits and outside another capture, replay the step (noise included)
+    from a CUDA graph cached on the memory (`draft_graph`); the tokens equal the eager ones.
+    """
     d = p.drafter
     steps = d.config.draft_steps if steps is None else steps
     if steps not in (1, 2):
         raise ValueError(f"steps: must be 1 or 2, got {steps!r}")
-    B = anchor_tokens.shape[0]
+    B, device = anchor_tokens.shape[0], anchor_tokens.device
     if noise is None:
         if seed is None or position is None:
             raise ValueError("seed, position: required when noise is None")
-        seed, position = (torch.as_tensor(v, dtype=torch.int64).reshape(-1).expand(B) for v in (seed, position))
-        noise = d.sample_noise(seed, position)
+        seed, position = per_row(seed, B, device), per_row(position, B, device)
     memory.reserve(memory.length + 1)
-    lengths = torch.full((B,), memory.length, dtype=torch.int32, device=anchor_tokens.device)
+    if graph and not return_logits and anchor_tokens.is_cuda and not torch.cuda.is_current_stream_capturing():
+        g = draft_graph(p, memory, B, steps, seeded=noise is None)
+        return DraftBlock(g(memory, anchor_tokens, noise, seed=seed, position=position).clone(), None)
+    if noise is None:
+        noise = d.sample_noise(seed, position)
+    lengths = torch.full((B,), memory.length, dtype=torch.int32, device=device)
     out = fused_draft_step(p, memory, anchor_tokens, noise.float(), lengths, steps=steps, return_logits=return_logits)
     return DraftBlock(d.to_target_ids(out.tokens), out.logits)
+
+
+def draft_graph(p: PackedFlashMap, memory: FlashMapMemory, batch_size: int, steps: int, *,
+                seeded: bool) -> "FusedDraftGraph":
+    """The captured draft step for (batch_size, steps, seeded) on this memory, from `memory.draft_graphs`:
+    captured on first use, captured again once its buffers were reallocated (`memory.reserve` empties
+    the cache) or the weights re-packed; otherwise replayed as is."""
+    key = (batch_size, steps, seeded)
+    graph = memory.draft_graphs.get(key)
+    if graph is None or not graph.valid_for(p, memory):
+        graph = memory.draft_graphs[key] = FusedDraftGraph(p, memory, batch_size=batch_size, steps=steps,
+                                                           seeded=seeded)
+    return graph
+
+
+def _layout(memory: FlashMapMemory) -> tuple:
+    return memory.k.data_ptr(), memory.v.data_ptr(), tuple(memory.k.shape)
 
 
 class FusedDraftGraph:
     """The fused draft step captured once in a CUDA graph and replayed per round (DESIGN §10).
 
-    Valid for a fixed batch size, step count and memory buffer: reserve the memory's capacity for the
-    longest generation before capturing (`memory.reserve(n)`); a call after the buffers were reallocated
-    (capacity grew) raises. Inputs are copied into static buffers; the returned tokens [B, K] (target ids)
-    are a static buffer overwritten by the next call.
+    Valid for one packing of the weights, a fixed batch size and step count, and the memory's buffers
+    (address and capacity): the captured kernels read the memory by address, and the committed length
+    enters through a device tensor (the attention grid depends on the capacity only), so the memory may
+    grow within its capacity between replays; after `memory.reserve` reallocated it, capture again.
+    seeded=False takes the noise z [B, K, d_target]; seeded=True takes seed and position [B] int64 and
+    draws the noise inside the graph (flow.drafter_xi: no host sync). Inputs are copied into static
+    buffers; the returned tokens [B, K] (target ids) are a static buffer overwritten by the next call.
     """
 
     def __init__(self, p: PackedFlashMap, memory: FlashMapMemory, *, batch_size: int, steps: int = 1,
-                 warmup: int = 2):
-        c, dev = p.drafter.config, memory.k.device
-        self.p, self.steps, self._buffers = p, steps, (memory.k.data_ptr(), memory.v.data_ptr())
-        self.anchor = torch.zeros(batch_size, dtype=torch.int64, device=dev)
-        self.z = torch.zeros(batch_size, c.block_size, c.d_target, dtype=torch.float32, device=dev)
-        # The warm-up runs write the anchor entry at index `lengths`: the scratch slot, never a committed one.
-        self.lengths = torch.full((batch_size,), memory.length, dtype=torch.int32, device=dev)
+                 seeded: bool = False, warmup: int = 2):
+        c, d, dev = p.drafter.config, p.drafter, memory.k.device
         if memory.length >= memory.capacity:
             raise RuntimeError("FusedDraftGraph: reserve memory capacity beyond the current length first")
-        run = lambda: fused_draft_step(p, memory, self.anchor, self.z, self.lengths, steps=steps).tokens
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():
-            for _ in range(warmup):
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.tokens = p.drafter.to_target_ids(run())
+        self.p, self.steps, self.seeded, self._layout = p, steps, seeded, _layout(memory)
+        # Static buffers in the memory's inference mode, so that later calls may write them in place.
+        with torch.inference_mode(memory.k.is_inference()), torch.no_grad():
+            self.anchor = torch.zeros(batch_size, dtype=torch.int64, device=dev)
+            self.seed, self.position = (torch.zeros(batch_size, dtype=torch.int64, device=dev) for _ in range(2))
+            self.z = torch.zeros(batch_size, c.block_size, c.d_target, dtype=torch.float32, device=dev)
+            # The warm-up runs write the anchor entry at index `lengths`: the scratch slot, never a committed one.
+            self.lengths = torch.full((batch_size,), memory.length, dtype=torch.int32, device=dev)
 
-    def __call__(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        if (memory.k.data_ptr(), memory.v.data_ptr()) != self._buffers or memory.length >= memory.capacity:
+            def run() -> torch.Tensor:
+                z = d.sample_noise(self.seed, self.position) if seeded else self.z
+                return d.to_target_ids(fused_draft_step(p, memory, self.anchor, z, self.lengths, steps=steps).tokens)
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):  # lazily built tables (the noise factor) and kernel plans, off the graph
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.tokens = run()
+
+    def valid_for(self, p: PackedFlashMap, memory: FlashMapMemory) -> bool:
+        """True when a replay on `memory` is this capture's computation: same packed weights, same buffers
+        (address and capacity), and a free scratch slot for the anchor."""
+        return p is self.p and _layout(memory) == self._layout and memory.length < memory.capacity
+
+    def __call__(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: Optional[torch.Tensor] = None, *,
+                 seed: Optional[torch.Tensor] = None, position: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if not self.valid_for(self.p, memory):
             raise RuntimeError("FusedDraftGraph: the memory buffers changed or are full since capture; "
                                "reserve the capacity up front and capture again")
-        self.anchor.copy_(anchor_tokens)
-        self.z.copy_(z)
-        self.lengths.fill_(memory.length)
+        if (z is None) != self.seeded or self.seeded and (seed is None or position is None):
+            raise ValueError("FusedDraftGraph: pass z to a graph captured with seeded=False, "
+                             "seed and position to one captured with seeded=True")
+        with torch.inference_mode(memory.k.is_inference()):
+            self.anchor.copy_(anchor_tokens)
+            if self.seeded:
+                self.seed.copy_(seed)
+                self.position.copy_(position)
+            else:
+                self.z.copy_(z)
+            self.lengths.fill_(memory.length)
         self.graph.replay()
         return self.tokens

@@ -6,7 +6,7 @@ entry's absolute position), so each committed position is projected once per lay
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,9 @@ class FlashMapMemory:
     k: torch.Tensor
     v: torch.Tensor
     length: int = 0
+    #: CUDA graphs of the fused draft step captured against k and v (drafters/flashmap_fused.py): they
+    #: read the buffers by address, so `reserve` drops them when it reallocates.
+    draft_graphs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, heads: int, head_dim: int, device: torch.device,
@@ -47,6 +50,7 @@ class FlashMapMemory:
         pad = (0, 0, 0, new_cap - self.capacity)
         self.k = torch.nn.functional.pad(self.k, pad)
         self.v = torch.nn.functional.pad(self.v, pad)
+        self.draft_graphs.clear()
 
     def write(self, start: int, kv: list[KV]) -> None:
         """Writes per-layer K/V [B, h, T, hd] at entries start..start+T−1 (does not change `length`)."""
