@@ -23,17 +23,19 @@ main() {
     cd "$(dirname "$0")/.."
     local root; root=$(pwd)
     RUN=${RUN:-runs/real}
-    N_REGEN=${N_REGEN:-48}
-    REGEN_LIMIT=${REGEN_LIMIT:-24}  # of the N_REGEN short prompts, answer this many (one batch: ~12 min here)
-    REGEN_BATCH=${REGEN_BATCH:-24}  # conversations per batched generate (~70-90 tok/s at 16-48 on 2 quiet cores)
-    N_ORIG=${N_ORIG:-52}
+    N_REGEN=${N_REGEN:-2000}
+    REGEN_LIMIT=${REGEN_LIMIT:-576}  # of the N_REGEN short prompts, answer this many (18 batches: ~33 min here)
+    REGEN_BATCH=${REGEN_BATCH:-32}  # conversations per batched generate (~70-90 tok/s at 16-48 on 2 quiet cores)
+    N_ORIG=${N_ORIG:-0}
     N_HELDOUT=${N_HELDOUT:-12}
-    MAX_NEW=${MAX_NEW:-128}
-    MAX_LEN=${MAX_LEN:-320}
-    STEPS=${STEPS:-800}
-    DISTILL_STEPS=${DISTILL_STEPS:-80}
+    MAX_NEW=${MAX_NEW:-192}
+    MAX_LEN=${MAX_LEN:-384}
+    STEPS=${STEPS:-3000}
+    DISTILL_STEPS=${DISTILL_STEPS:-400}
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
+    TAU0_FRAC=${TAU0_FRAC:-0.5}        # flow: share of blocks trained at tau = 0, what 1-step drafting sees
+    FRAC_01=${FRAC_01:-1/4}            # distill: share of 0->1 jumps (FMLM default 1/16)
     FM_TAPS=${FM_TAPS:-1,6,11,16,21}   # FlashMap and DFlash: 5 layers spread over 1..L-3 (L = 24)
     E3_TAPS=${E3_TAPS:-1,11,20}        # EAGLE-3: low/mid/high = eagle3_layer_ids(24)
     E3_INTERMEDIATE=${E3_INTERMEDIATE:-1664}  # EAGLE-3 MLP width: 9.75 M trainable parameters like the others
@@ -153,14 +155,14 @@ stage_flow() {
     [ -s "$RUN/flow/drafter/model.safetensors" ] && { echo "skip: flow drafter exists"; return; }
     $FM train flow "${COMMON[@]}" --out "$RUN/flow" $(resume_flag "$RUN/flow") --steps "$STEPS" --lr 1e-3 \
         --warmup 0.05 --layers 2 --width 384 --heads 6 --block-size 8 --draft-vocab "$RUN/draft_vocab.json" \
-        --tap-layers "$FM_TAPS"
+        --tap-layers "$FM_TAPS" --tau0-frac "$TAU0_FRAC"
 }
 
 # 6. Semigroup flow-map distillation into a 1-2 step drafter.
 stage_distill() {
     [ -s "$RUN/map/drafter/model.safetensors" ] && { echo "skip: distilled drafter exists"; return; }
     $FM distill "${COMMON[@]}" --out "$RUN/map" $(resume_flag "$RUN/map") --teacher "$RUN/flow/drafter" \
-        --steps "$DISTILL_STEPS" --lr 3e-4 --warmup 0.05 --save-every 20
+        --steps "$DISTILL_STEPS" --lr 3e-4 --warmup 0.05 --save-every 20 --frac-01 "$FRAC_01"
 }
 
 # 7. DFlash baseline: same features, steps, batch and anchors; ~same trainable parameters.
