@@ -31,7 +31,7 @@ main() {
     MAX_NEW=${MAX_NEW:-192}
     MAX_LEN=${MAX_LEN:-384}
     STEPS=${STEPS:-3000}
-    DISTILL_STEPS=${DISTILL_STEPS:-400}
+    DISTILL_STEPS=${DISTILL_STEPS:-1200}
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
     TAU0_FRAC=${TAU0_FRAC:-0.5}        # flow: share of blocks trained at tau = 0, what 1-step drafting sees
