@@ -28,10 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2;
     FLASHMAP_DEBUG=1 shows the full traceback instead."""
+    from flashmap_ext.bench.assets import AssetError  # missing/unknown offline assets are user errors too
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError) as err:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, AssetError) as err:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         print(f"flashmap {args.command}: error: {err}", file=sys.stderr)

@@ -50,8 +50,10 @@ class GenerateStats:
         return self.new_tokens / self.total_time_s if self.total_time_s > 0 else float("nan")
 
     def summary(self) -> str:
-        return (f"{self.new_tokens} tokens in {self.rounds} rounds, γ = {self.acceptance_length:.2f}, "
-                f"{self.tokens_per_s:.1f} tokens/s (draft {self.draft_time_s:.3f} s, "
+        gamma = f"{self.acceptance_length:.2f}" if self.rounds else "n/a (no round after prefill)"
+        speed = f"{self.tokens_per_s:.1f}" if self.total_time_s > 0 and self.new_tokens else "n/a"
+        return (f"{self.new_tokens} tokens in {self.rounds} rounds, γ = {gamma}, "
+                f"{speed} tokens/s (draft {self.draft_time_s:.3f} s, "
                 f"verify {self.verify_time_s:.3f} s, prefill {self.prefill_time_s:.3f} s)")
 
     def add_round(self, drafted: int, accepted: int, slots: Optional[int] = None) -> None:

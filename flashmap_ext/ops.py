@@ -239,6 +239,8 @@ def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         got = list(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"sample: logits must be a [B, V] tensor, got {got}")
+    if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"sample: logits must be bf16, fp16 or fp32 (got {logits.dtype})")
     drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
     out = verify(logits.unsqueeze(1), drafts, temperature=temperature, top_k=top_k, top_p=top_p,
                  seed=seed, position=position, valid_vocab=valid_vocab, check=check)

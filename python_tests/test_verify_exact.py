@@ -164,3 +164,11 @@ def test_verify_filters_keep_ties_at_threshold(device, V, top_k, top_p):
     for temperature in (0.5, 1.0):
         check_against_reference(logits, drafts, per_row(B, temperature, top_k, top_p, device=device),
                                 uniforms=torch.rand(B, K + 1, dtype=torch.float64, generator=g), device=device)
+
+
+def test_sample_argument_errors_name_sample():
+    from flashmap_ext.ops import sample
+    with pytest.raises(ValueError, match=r"sample: logits must be a \[B, V\] tensor"):
+        sample(torch.zeros(2, 3, 4))
+    with pytest.raises(TypeError, match="sample: logits must be bf16, fp16 or fp32"):
+        sample(torch.zeros(2, 5, dtype=torch.int64))

@@ -50,10 +50,29 @@ def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
     return spec if eagle3 else None
 
 
+def check_args(args) -> None:
+    """ValueError naming the option for counts out of range or an unknown dataset name."""
+    from flashmap_ext.bench.datasets import PACKAGED, USER_JSONL
+    for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                            ("--shuffle-n", args.shuffle_n, 0)):
+        if value < low:
+            raise ValueError(f"{opt}: must be >= {low} (got {value})")
+    names = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    if not names:
+        raise ValueError("--datasets: empty list")
+    for spec in names:
+        name, _, path = spec.partition("=")
+        if not path and name not in PACKAGED:
+            hint = f"pass {name}=/path/to/{name}.jsonl" if name in USER_JSONL else \
+                f"choose from {', '.join(PACKAGED)} or NAME=FILE.jsonl"
+            raise ValueError(f"--datasets: unknown dataset {name!r}: {hint}")
+
+
 def run(args) -> int:
     from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.bench.run import run as run_bench
-    tree = eagle3_tree(args.eagle3_tree, args.eagle3)  # before any model loads
+    tree = eagle3_tree(args.eagle3_tree, args.eagle3)  # argument errors before any model loads
+    check_args(args)
     set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
