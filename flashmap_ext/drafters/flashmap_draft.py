@@ -21,10 +21,16 @@ class DraftBlock(NamedTuple):
     logits: torch.Tensor | None
 
 
-def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device) -> torch.Tensor:
+def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device,
+            name: str = "seed/position") -> torch.Tensor:
     """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
-    it already lives there), an int is filled in on the device (no host-to-device transfer)."""
+    it already lives there), an int is filled in on the device (no host-to-device transfer).
+    Raises ValueError naming `name` for a non-integer tensor or one that is neither [B] nor [1]."""
     if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool \
+                or value.numel() not in (1, batch_size) or value.dim() > 1:
+            raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
+                             f"{list(value.shape)} {value.dtype}")
         return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
     return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)
 
@@ -66,7 +72,8 @@ def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_token
     if noise is None:
         if seed is None or position is None:
             raise ValueError("seed, position: required when noise is None")
-        noise = drafter.sample_noise(*(per_row(x, B, anchor_tokens.device) for x in (seed, position)))
+        noise = drafter.sample_noise(*(per_row(x, B, anchor_tokens.device, n) for x, n in ((seed, "seed"),
+                                                                                          (position, "position"))))
     if tuple(noise.shape) != (B, c.block_size, c.d_target):
         raise ValueError(f"noise: expected [{B}, {c.block_size}, {c.d_target}], got {list(noise.shape)}")
     z = noise.float()

@@ -204,7 +204,7 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
     if noise is None:
         if seed is None or position is None:
             raise ValueError("seed, position: required when noise is None")
-        seed, position = per_row(seed, B, device), per_row(position, B, device)
+        seed, position = per_row(seed, B, device, "seed"), per_row(position, B, device, "position")
     memory.reserve(memory.length + 1)
     if graph and not return_logits and anchor_tokens.is_cuda and not torch.cuda.is_current_stream_capturing():
         g = draft_graph(p, memory, B, steps, seeded=noise is None)
