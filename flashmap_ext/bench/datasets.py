@@ -143,18 +143,25 @@ def load(spec: str, n: int | None = None, download: bool = True) -> list[Prompt]
     n: keep the first n items (all when None). Returns None when download is False and the package is
     not cached yet. Raises AssetError on an unknown name or a wrong item count.
     """
+    check_spec(spec)
     name, _, path = spec.partition("=")
     if path:
         prompts = load_jsonl(path, name)
-    elif name in PACKAGED:
+    else:
         loader, count = PACKAGED[name]
         prompts = loader(download)
         if prompts is None:
             return None
         if len(prompts) != count:
             raise AssetError(f"{name}: expected {count} items, found {len(prompts)} (package changed?)")
-    elif name in USER_JSONL:
-        raise AssetError(f"{name} ships in no package: pass {name}=/path/to/{name}.jsonl")
-    else:
-        raise AssetError(f"unknown dataset {name!r}: choose from {', '.join(PACKAGED)} or NAME=FILE.jsonl")
     return prompts if n is None else prompts[:n]
+
+
+def check_spec(spec: str) -> None:
+    """Raises AssetError unless `spec` is a packaged name or `name=path` (checked before any download)."""
+    name, _, path = spec.partition("=")
+    if path or name in PACKAGED:
+        return
+    if name in USER_JSONL:
+        raise AssetError(f"{name} ships in no package: pass {name}=/path/to/{name}.jsonl")
+    raise AssetError(f"unknown dataset {name!r}: choose from {', '.join(PACKAGED)} or NAME=FILE.jsonl")

@@ -52,7 +52,8 @@ def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
 
 def check_args(args) -> None:
     """ValueError naming the option for counts out of range or an unknown dataset name."""
-    from flashmap_ext.bench.datasets import PACKAGED, USER_JSONL
+    from flashmap_ext.bench.assets import AssetError
+    from flashmap_ext.bench.datasets import check_spec
     for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                             ("--shuffle-n", args.shuffle_n, 0)):
         if value < low:
@@ -61,11 +62,10 @@ def check_args(args) -> None:
     if not names:
         raise ValueError("--datasets: empty list")
     for spec in names:
-        name, _, path = spec.partition("=")
-        if not path and name not in PACKAGED:
-            hint = f"pass {name}=/path/to/{name}.jsonl" if name in USER_JSONL else \
-                f"choose from {', '.join(PACKAGED)} or NAME=FILE.jsonl"
-            raise ValueError(f"--datasets: unknown dataset {name!r}: {hint}")
+        try:
+            check_spec(spec)
+        except AssetError as err:
+            raise ValueError(f"--datasets: {err}") from None
 
 
 def run(args) -> int:
