@@ -68,6 +68,8 @@ class Eagle3Drafter(nn.Module):
 
     Weights (SpecForge names): `fc`, `midlayer.*`, `norm`, `lm_head` [draft_vocab, d]; buffers `d2t`
     [draft_vocab] int64 (target id − draft id) and `t2d` [V] bool (target id is in the draft vocab).
+    With `config.frozen_lm_head` the `lm_head` is the target's draft-vocabulary rows: not trained, not
+    saved, rebuilt from the target by `from_pretrained`.
     """
 
     def __init__(self, config: Eagle3Config, target: Any = None):
