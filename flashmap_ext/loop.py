@@ -25,7 +25,9 @@ class GenerateStats:
     """What one `generate` call did. Times are wall-clock seconds (device-synchronised when `profile`).
 
     Chain rounds: slot i = the i-th draft token. Tree rounds: `drafted` counts tree nodes and slot i is
-    tree depth i + 1 (proposed when the tree reaches it, accepted when the accepted path does)."""
+    tree depth i + 1 (proposed when the tree reaches it, accepted when the accepted path does). The stats
+    describe exactly the returned tokens: new_tokens = 1 + Σ (accepted + 1) over the rounds; a round cut
+    by a stop token counts the drafts before the stop as accepted and the stop as its bonus."""
     prompt_tokens: int = 0
     new_tokens: int = 0
     rounds: int = 0                                    # target forwards after prefill
@@ -64,12 +66,28 @@ class GenerateStats:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         self.depths.append(slots)
+        self._count_slots(slots, accepted, +1)
+
+    def cut_last_round(self, returned: int) -> None:
+        """The last round returned only its first `returned` committed tokens (a stop token ended the
+        output there): it is recorded as those tokens alone, the stop in the bonus's place, so
+        `accepted` = returned − 1 drafts and the slots past them are neither proposed nor accepted.
+        Drafts after the stop never reach the caller and count nowhere but in `drafted` (the cost)."""
+        accepted, slots = self.accepted[-1], self.depths[-1]
+        if returned - 1 >= accepted:
+            return
+        self._count_slots(slots, accepted, -1)
+        self.accepted[-1] = returned - 1
+        self.depths[-1] = min(slots, returned - 1)
+        self._count_slots(self.depths[-1], self.accepted[-1], +1)
+
+    def _count_slots(self, slots: int, accepted: int, sign: int) -> None:
         grow = max(0, slots - len(self.slot_drafted))
         self.slot_drafted.extend([0] * grow)
         self.slot_accepted.extend([0] * grow)
         for i in range(slots):
-            self.slot_drafted[i] += 1
-            self.slot_accepted[i] += i < accepted
+            self.slot_drafted[i] += sign
+            self.slot_accepted[i] += sign * (i < accepted)
 
 
 class GenerateOutput(NamedTuple):
@@ -194,7 +212,9 @@ def run_round(target: Target, drafter, state: State, req: Request, stats: Genera
     committed = verify(target, drafter, state, req, proposal, stats)
     stats.draft_time_s += t1 - t0
     stats.verify_time_s += clock(target.device, req.profile) - t1
-    emit(state, committed, req)
+    returned = emit(state, committed, req)
+    if returned < len(committed):  # a stop token: the stats describe exactly the returned tokens
+        stats.cut_last_round(returned)
     req.phase("commit")
 
 
@@ -207,8 +227,9 @@ def advance(drafter, state: State, kept_ids: torch.Tensor, kept_taps, bonus: tor
     state.position += kept_ids.shape[1]
 
 
-def emit(state: State, new: list, req: Request) -> None:
-    """Appends committed tokens up to and including the first stop token; sets `stopped`."""
+def emit(state: State, new: list, req: Request) -> int:
+    """Appends committed tokens up to and including the first stop token; sets `stopped`. Returns how
+    many of `new` were appended."""
     for i, tok in enumerate(new):
         if tok in req.stop:
             new, state.stopped = new[:i + 1], True
@@ -217,6 +238,7 @@ def emit(state: State, new: list, req: Request) -> None:
     state.stopped = state.stopped or len(state.tokens) >= req.max_new_tokens
     if req.on_tokens is not None and new:
         req.on_tokens(new)
+    return len(new)
 
 
 def tap_ids(drafter) -> Sequence[int]:
