@@ -45,7 +45,8 @@ _INT32_MAX, _INT64 = 2**31 - 1, (-2**63, 2**63)
 
 def _check_scalar(name: str, value, dtype: torch.dtype):
     """A python scalar argument, validated (host-side, no sync): integers for the int parameters, NaN and
-    out-of-range values rejected with the argument's name; top_k above int32 (= off) is clamped."""
+    out-of-range values rejected with the argument's name (the loop's domains: temperature finite >= 0,
+    top_p in (0, 1], top_k >= 0); top_k above int32 (= off) is clamped."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"verify: {name} must be a python number or a [B] tensor, got {type(value).__name__}")
     if not dtype.is_floating_point:
@@ -62,8 +63,10 @@ def _check_scalar(name: str, value, dtype: torch.dtype):
     value = float(value)
     if math.isnan(value):
         raise ValueError(f"verify: {name} is NaN")
-    if name == "top_p" and not 0.0 <= value <= 1.0:
-        raise ValueError(f"verify: top_p must be in [0, 1] (1 = off), got {value}")
+    if name == "temperature" and not 0.0 <= value < math.inf:
+        raise ValueError(f"verify: temperature must be finite and >= 0 (0 = greedy), got {value}")
+    if name == "top_p" and not 0.0 < value <= 1.0:
+        raise ValueError(f"verify: top_p must be in (0, 1] (1 = off), got {value}")
     return value
 
 
@@ -179,12 +182,13 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
             anchor and the K drafts (row i scores slot i).
         draft_tokens: [B, K] int64 — drafted ids; -1 (or any id outside [0, valid_vocab)) means no
             draft: that slot and every later one are rejected.
-        temperature: scalar or [B] fp32; 0 (or negative) = greedy row; tiny values (1e-6) still sample;
-            NaN is an error.
+        temperature: scalar or [B] fp32; 0 = greedy row; tiny values (1e-6) still sample. A scalar must
+            be finite and >= 0; in a [B] tensor a negative value is a greedy row and NaN is an error.
         top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off; negative is an error.
-        top_p: scalar or [B] fp32 in [0, 1]; 1 = off, 0 keeps only the top id; outside is an error.
-            Out-of-domain scalars and CPU tensors raise ValueError at once; [B] tensors on CUDA are
-            checked by the kernel without a host sync: the row gets status bit 16 (raised when check=True).
+        top_p: scalar in (0, 1] or [B] fp32 in [0, 1]; 1 = off, a tensor's 0 keeps only the top id;
+            outside is an error. Out-of-domain scalars and CPU tensors raise ValueError naming the
+            argument at once; [B] tensors on CUDA are checked by the kernel without a host sync: the
+            row gets status bit 16 (raised when check=True).
         seed: scalar or [B] int64 — Philox key of the row's coins.
         position: scalar or [B] int64 — absolute position of slot 0; slot i's coins use counter
             (position + i, stream), streams ACCEPT = 0 and RESAMPLE = 1 (the drafter owns 2). Never

@@ -196,7 +196,7 @@ def test_verify_top_filters_equal_greedy_when_extreme():
     B, K, V = 20, 4, 500
     logits, drafts = random_case(B, K, V, scale=2.0)
     greedy = ops.verify(logits, drafts)
-    for kw in (dict(top_k=1), dict(top_p=1e-9), dict(top_p=0.0)):
+    for kw in (dict(top_k=1), dict(top_p=1e-9), dict(top_p=torch.zeros(B))):  # a scalar 0 is refused
         out = ops.verify(logits, drafts, temperature=1.0, seed=torch.arange(B), **kw)
         assert torch.equal(out.tokens, greedy.tokens), kw
 
