@@ -23,6 +23,7 @@
 
 #include "accept/verify_core.h"
 #include "accept/verify_launch.h"
+#include "accept/verify_smem.h"
 
 namespace flashmap {
 namespace {
@@ -422,11 +423,22 @@ __global__ void verify_combine_kernel(const VerifyParams p) {
   verify_write_row(p, b, j < 0 ? p.K : j, token, status);
 }
 
+// Static shared memory of the slot kernel (BlockScratch and the compiler's own), read once per dtype.
+template <LogitDType D>
+size_t slot_kernel_static_smem() {
+  static const size_t bytes = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, verify_slot_kernel<D>) == cudaSuccess ? attr.sharedSizeBytes
+                                                                               : sizeof(BlockScratch);
+  }();
+  return bytes;
+}
+
 template <LogitDType D>
 void launch(const VerifyParams& p, cudaStream_t stream) {
-  const int64_t tiles = (p.valid_vocab + kTile - 1) / kTile;
-  const size_t smem = static_cast<size_t>(3 * tiles) * sizeof(float);
-  if (smem > 48 * 1024)
+  static_assert(kTile == kVerifyTileIds, "verify_smem.h sizes the tiles of this kernel");
+  const size_t smem = verify_dynamic_smem_bytes(p.valid_vocab);
+  if (verify_needs_smem_optin(smem, slot_kernel_static_smem<D>()))
     cudaFuncSetAttribute(verify_slot_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   verify_slot_kernel<D><<<static_cast<unsigned>(p.B * (p.K + 1)), kThreads, smem, stream>>>(p);
   verify_combine_kernel<<<static_cast<unsigned>((p.B + 127) / 128), 128, 0, stream>>>(p);
@@ -434,7 +446,7 @@ void launch(const VerifyParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int64_t verify_cuda_max_vocab() { return (200 * 1024 / (3 * sizeof(float))) * kTile; }
+int64_t verify_cuda_max_vocab() { return verify_max_vocab(); }
 
 void verify_cuda_launch(const VerifyParams& p, cudaStream_t stream) {
   switch (p.logits_dtype) {

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "dit/dit_plan.h"
+
 namespace flashmap::dit {
 
 using bf16_bits = uint16_t;  // raw bf16 storage (cutlass::bfloat16_t / __nv_bfloat16 in the kernels)
@@ -69,12 +71,6 @@ struct LinearParams {
   int splits;
 };
 
-struct LinearPlan {
-  int tile_m, tile_n, tiles_m, tiles_n, splits;
-  size_t partial_floats;  // fp32 elements of `partials`
-  size_t argmax_slots;    // elements of argmax_val / argmax_idx
-  size_t counters;        // int32 counters, to be zero-initialised
-};
 LinearPlan linear_plan(int M, int N, int K, bool argmax, int device);
 void linear_launch(const LinearParams& p, const LinearPlan& plan, cudaStream_t stream);
 

@@ -18,20 +18,7 @@ int sm_count(int device) {
 }
 
 LinearPlan linear_plan(int M, int N, int K, bool argmax, int device) {
-  LinearPlan plan{};
-  plan.tile_m = M <= tuning::kLinearSmallTileM ? tuning::kLinearSmallTileM : tuning::kLinearLargeTileM;
-  plan.tile_n = tuning::kLinearTileN;
-  plan.tiles_m = (M + plan.tile_m - 1) / plan.tile_m;
-  plan.tiles_n = (N + plan.tile_n - 1) / plan.tile_n;
-  const int tiles = plan.tiles_m * plan.tiles_n;
-  const int k_tiles = K / tuning::kLinearTileK;
-  const int want = (tuning::kLinearCtasPerSm * sm_count(device) + tiles - 1) / tiles;
-  int splits = std::min({want, k_tiles / tuning::kLinearMinKTilesPerSplit, tuning::kLinearMaxSplits});
-  plan.splits = argmax ? 1 : std::max(splits, 1);
-  plan.partial_floats = plan.splits > 1 ? size_t(plan.splits) * M * N : 0;
-  plan.argmax_slots = argmax ? size_t(plan.tiles_n) * M : 0;
-  plan.counters = size_t(tiles) + plan.tiles_m;
-  return plan;
+  return linear_plan_for(M, N, K, argmax, M > 0 && N > 0 ? sm_count(device) : 0);
 }
 
 template <int kTileM>
