@@ -12,6 +12,7 @@ L cache rows, T new rows.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -70,7 +71,8 @@ def _lm_head_fake(x, weight, bias=None, valid_vocab=0, return_logits=False, soft
 
 # ---------------------------------------------------------------- wrappers
 def _rows(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.reshape(-1, t.shape[-1])
+    """(..., N) -> (rows, N); explicit row count, so N = 0 works too (reshape(-1, 0) is ambiguous)."""
+    return None if t is None else t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

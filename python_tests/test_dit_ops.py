@@ -14,6 +14,8 @@ OPS = torch.ops.flashmap
 
 def assert_within_budget(out, oracle, lowp, what):
     """Max |out − oracle| <= 2 · max |lowp − oracle| (+ a tiny floor for exactly representable cases)."""
+    if not (isinstance(what, str) and all(isinstance(t, torch.Tensor) for t in (out, oracle, lowp))):
+        raise TypeError("assert_within_budget(out, oracle, lowp, what): three tensors, then the check's name")
     assert out.shape == oracle.shape, f"{what}: shape {tuple(out.shape)} != {tuple(oracle.shape)}"
     if out.numel() == 0:
         return
@@ -212,67 +214,104 @@ def test_dit_ops_errors_name_the_argument(call, error, words):
         call()
 
 
-# ------------------------------------------------------------------ CUDA kernels (bf16) vs the fp64 oracle
+# ------------------------------------------------------------------ kernels (bf16) vs the fp64 oracle
+# Each budget check is one function of the device; it runs on the CPU kernels at small shapes in CI and on
+# the CUDA kernels at the real shapes, so a slip in a check (e.g. the argument order of
+# assert_within_budget) fails on CPU before a GPU run is spent on it.
+def cuda_cases(*cases):
+    return [pytest.param("cuda", *c, marks=pytest.mark.cuda) for c in cases]
+
+
 @pytest.mark.cuda
 def test_dit_ops_opcheck_cuda():
     for op, args in sample_inputs("cuda", torch.bfloat16):
         torch.library.opcheck(op, args)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("M,N,G", [(16, 2048, 1), (48, 896, 3), (17, 896, 17), (64, 4096, 4)])
-def test_adaln_cuda_within_budget(M, N, G):
-    args = adaln_args(M, N, G, "cuda", torch.bfloat16)
-    assert_within_budget("adaln", ops.adaln(*args), ref.adaln(*args), ref.adaln(*args, dtype=torch.bfloat16))
+def test_assert_within_budget_fails_above_the_budget_and_rejects_misordered_arguments():
+    oracle = torch.linspace(-1, 1, 64, dtype=torch.float64)
+    lowp = oracle.to(torch.bfloat16)
+    base = (lowp.double() - oracle).abs().max().item()
+    assert_within_budget(oracle + 1.5 * base, oracle, lowp, "inside")
+    with pytest.raises(AssertionError, match="outside: error"):
+        assert_within_budget(oracle + 3 * base, oracle, lowp, "outside")
+    with pytest.raises(TypeError, match="out, oracle, lowp, what"):
+        assert_within_budget("name first", oracle, oracle, lowp)
 
 
-@pytest.mark.cuda
+@pytest.mark.parametrize("device,M,N,G", [("cpu", 5, 24, 5)] + cuda_cases((16, 2048, 1), (48, 896, 3), (17, 896, 17),
+                                                                           (64, 4096, 4)))
+def test_adaln_within_budget(device, M, N, G):
+    args = adaln_args(M, N, G, device, torch.bfloat16)
+    assert_within_budget(ops.adaln(*args), ref.adaln(*args), ref.adaln(*args, dtype=torch.bfloat16), "adaln")
+
+
 @pytest.mark.parametrize("activation", ["none", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("M,K,N,G", [(16, 2048, 6144, 1), (48, 896, 3584, 3), (16, 8192, 2048, 1),
-                                     (3, 256, 20000, 3), (17, 2048, 2048, 17), (100, 896, 896, 4)])
-def test_linear_cuda_within_budget(M, K, N, G, activation):
-    x, w, b, g, r = linear_args(M, K, N, G, "cuda", torch.bfloat16)
+@pytest.mark.parametrize("device,M,K,N,G", [("cpu", 5, 64, 24, 5)] + cuda_cases(
+    (16, 2048, 6144, 1), (48, 896, 3584, 3), (16, 8192, 2048, 1), (3, 256, 20000, 3), (17, 2048, 2048, 17),
+    (100, 896, 896, 4)))
+def test_linear_within_budget(device, M, K, N, G, activation):
+    x, w, b, g, r = linear_args(M, K, N, G, device, torch.bfloat16)
     out = ops.linear(x, w, b, activation=activation, gate=g, residual=r)
-    assert_within_budget(f"linear {activation}", out, ref.linear(x, w, b, activation, g, r),
-               ref.linear(x, w, b, activation, g, r, dtype=torch.bfloat16))
-    assert_within_budget("linear plain", ops.linear(x, w), ref.linear(x, w), ref.linear(x, w, dtype=torch.bfloat16))
+    assert_within_budget(out, ref.linear(x, w, b, activation, g, r),
+                         ref.linear(x, w, b, activation, g, r, dtype=torch.bfloat16), f"linear {activation}")
+    assert_within_budget(ops.linear(x, w), ref.linear(x, w), ref.linear(x, w, dtype=torch.bfloat16), "linear plain")
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("M,H,D", [(16, 16, 128), (48, 14, 64), (3, 1, 2048)])
-def test_rms_norm_cuda_within_budget(M, H, D):
-    x, w = randn(M, H, D, device="cuda", dtype=torch.bfloat16, scale=3), randn(D, device="cuda", dtype=torch.bfloat16)
-    pos = torch.randint(0, 5000, (M,), device="cuda")
+@pytest.mark.parametrize("device,M,H,D", [("cpu", 3, 2, 64)] + cuda_cases((16, 16, 128), (48, 14, 64), (3, 1, 2048)))
+def test_rms_norm_within_budget(device, M, H, D):
+    x, w = randn(M, H, D, device=device, dtype=torch.bfloat16, scale=3), randn(D, device=device, dtype=torch.bfloat16)
+    pos = torch.randint(0, 5000, (M,), generator=torch.Generator().manual_seed(0)).to(device)
     for p in (None, pos):
-        assert_within_budget("rms_norm", ops.rms_norm(x, w, p, theta=1e6), ref.rms_norm(x, w, p, 1e6),
-                   ref.rms_norm(x, w, p, 1e6, dtype=torch.bfloat16))
+        assert_within_budget(ops.rms_norm(x, w, p, theta=1e6), ref.rms_norm(x, w, p, 1e6),
+                             ref.rms_norm(x, w, p, 1e6, dtype=torch.bfloat16), "rms_norm")
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("B,Skv,kv_len", [(1, 1, None), (3, 97, [97, 1, 50]), (1, 1025, [1025]), (3, 1025, [5, 1024, 700]),
-                                          (1, 4096, [4000]), (2, 16, None)])
-@pytest.mark.parametrize("Hq,Hkv,D", [(16, 16, 128), (14, 14, 64), (16, 4, 128)])
-def test_attention_cuda_within_budget(B, Skv, kv_len, Hq, Hkv, D):
-    q, k, v = attention_args(B, 16, Hq, Hkv, D, Skv, "cuda", torch.bfloat16)
-    n = None if kv_len is None else lens(kv_len, "cuda")
-    assert_within_budget("attention", ops.attention(q, k, v, n), ref.attention(q, k, v, n),
-               ref.attention(q, k, v, n, dtype=torch.bfloat16))
+ATTN_BUDGET_LENS = [(1, 1, None), (3, 97, [97, 1, 50]), (1, 1025, [1025]), (3, 1025, [5, 1024, 700]),
+                    (1, 4096, [4000]), (2, 16, None)]
 
 
-@pytest.mark.cuda
-def test_attention_cuda_self_attention_views_and_empty_rows():
-    qkv = randn(3, 16, 3, 16, 128, device="cuda", dtype=torch.bfloat16)  # a fused qkv output [B, K, 3, H, D]
+@pytest.mark.parametrize("device,B,Skv,kv_len,Hq,Hkv,D", [("cpu", 2, 9, [9, 4], 4, 2, 32)] + cuda_cases(
+    *[(*lengths, *heads) for lengths in ATTN_BUDGET_LENS for heads in [(16, 16, 128), (14, 14, 64), (16, 4, 128)]]))
+def test_attention_within_budget(device, B, Skv, kv_len, Hq, Hkv, D):
+    q, k, v = attention_args(B, 16, Hq, Hkv, D, Skv, device, torch.bfloat16)
+    n = None if kv_len is None else lens(kv_len, device)
+    assert_within_budget(ops.attention(q, k, v, n), ref.attention(q, k, v, n),
+                         ref.attention(q, k, v, n, dtype=torch.bfloat16), "attention")
+
+
+@pytest.mark.parametrize("device,H,D,L", [("cpu", 2, 32, 24)] + cuda_cases((16, 128, 300)))
+def test_attention_self_attention_views_and_empty_rows(device, H, D, L):
+    qkv = randn(3, 16, 3, H, D, device=device, dtype=torch.bfloat16)  # a fused qkv output [B, K, 3, H, D]
     q, k, v = qkv.unbind(2)
-    assert_within_budget("self-attention", ops.attention(q, k, v), ref.attention(q, k, v),
-               ref.attention(q, k, v, dtype=torch.bfloat16))
-    cache = torch.full((3, 2, 16, 300, 128), float("nan"), device="cuda", dtype=torch.bfloat16)  # [B, 2, H, L, D]
-    cache[:, :, :, :200] = randn(3, 2, 16, 200, 128, device="cuda", dtype=torch.bfloat16)
-    n = lens([0, 200, 37], "cuda")
+    assert_within_budget(ops.attention(q, k, v), ref.attention(q, k, v), ref.attention(q, k, v, dtype=torch.bfloat16),
+                         "self-attention")
+    cache = torch.full((3, 2, H, L, D), float("nan"), device=device, dtype=torch.bfloat16)  # [B, 2, H, L, D]
+    filled = 2 * L // 3
+    cache[:, :, :, :filled] = randn(3, 2, H, filled, D, device=device, dtype=torch.bfloat16)
+    n = lens([0, filled, filled // 5], device)
     out = ops.attention(q, cache[:, 0].transpose(1, 2), cache[:, 1].transpose(1, 2), n)
     assert out[0].eq(0).all() and out.isfinite().all()
-    kk, vv = cache[1:, 0, :, :200].transpose(1, 2), cache[1:, 1, :, :200].transpose(1, 2)
-    assert_within_budget("cross-attention", out[1:], ref.attention(q[1:], kk, vv, n[1:]),
-               ref.attention(q[1:], kk, vv, n[1:], dtype=torch.bfloat16))
+    kk, vv = cache[1:, 0, :, :filled].transpose(1, 2), cache[1:, 1, :, :filled].transpose(1, 2)
+    assert_within_budget(out[1:], ref.attention(q[1:], kk, vv, n[1:]),
+                         ref.attention(q[1:], kk, vv, n[1:], dtype=torch.bfloat16), "cross-attention")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("M,N", [(0, 40), (6, 0), (0, 0), (0, 300)])
+def test_empty_products_through_the_public_ops(device, M, N):
+    """M = 0 or N = 0 returns an empty (M, N) result (the CUDA plan once divided by the tile count: SIGFPE);
+    lm_head with no rows returns no tokens. Expected values: the empty shapes and a float64 x @ wᵀ."""
+    x, w, b, g, r = linear_args(M, 64, N, 1, device, torch.bfloat16)
+    out = ops.linear(x, w, b, activation="gelu_tanh", gate=g, residual=r)
+    assert out.shape == (M, N) and out.device.type == device
+    assert ops.linear(x, w).shape == (M, N)
+    if N:
+        res = ops.lm_head(x, w, return_logits=True)
+        assert res.tokens.shape == (M,) and res.logits.shape == (M, N)
+    nonempty = linear_args(6, 64, 40, 1, device, torch.bfloat16)  # the op still works after an empty call
+    torch.testing.assert_close(ops.linear(nonempty[0], nonempty[1]).double(),
+                               nonempty[0].double() @ nonempty[1].double().T, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.cuda
@@ -286,19 +325,20 @@ def test_kv_append_cuda_equals_cpu():
     assert torch.equal(on_gpu.cpu(), cache)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("M,K,V", [(16, 4096, 151936), (48, 896, 151936), (16, 896, 20000), (3, 4096, 20000)])
-def test_lm_head_cuda_tokens_and_logits(M, K, V, record_property):
-    x, w, _, _, _ = linear_args(M, K, V, 1, "cuda", torch.bfloat16, gate=False, residual=False)
+@pytest.mark.parametrize("device,M,K,V", [("cpu", 8, 64, 3000)] + cuda_cases(
+    (16, 4096, 151936), (48, 896, 151936), (16, 896, 20000), (3, 4096, 20000)))
+def test_lm_head_tokens_and_logits(device, M, K, V, record_property):
+    x, w, _, _, _ = linear_args(M, K, V, 1, device, torch.bfloat16, gate=False, residual=False)
     valid = V - 5
     tokens, logits = ops.lm_head(x, w, valid_vocab=valid, return_logits=True, softcap=30.0)
     r_tokens, r_logits = ref.lm_head(x, w, None, valid, True, 30.0)
     lowp = ref.lm_head(x, w, None, valid, True, 30.0, dtype=torch.bfloat16)[1]
-    assert_within_budget("lm_head logits", logits, r_logits, lowp)
+    assert_within_budget(logits, r_logits, lowp, "lm_head logits")
     assert torch.equal(tokens, ops.lm_head(x, w, valid_vocab=valid, softcap=30.0).tokens)  # argmax-only path
     assert torch.equal(tokens, logits[:, :valid].argmax(-1))  # consistent with its own logits
     # Against the fp64 oracle: a different token only at a near-tie (gap within the error budget).
     budget = 2 * (lowp.double() - r_logits).abs().max().item()
+    r_logits, r_tokens, tokens = r_logits.cpu(), r_tokens.cpu(), tokens.cpu()
     top = r_logits[:, :valid].gather(1, r_tokens[:, None])[:, 0]
     gap = top - r_logits[:, :valid].gather(1, tokens[:, None])[:, 0]
     near_ties = int((tokens != r_tokens).sum())
