@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.deps-installed
 CUTLASS := third_party/cutlass/include/cute
 CUTLASS_VERSION := 4.2.0.0
 
-.PHONY: demo test test-real build bench cuda-check cutlass clean
+.PHONY: demo test test-real build bench checkpoints cuda-check cutlass clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,14 +22,19 @@ build: $(STAMP)
 	  if $(BIN)/python -c "import torch,sys; sys.exit(torch.version.cuda is None)" && [ -z "$${FLASHMAP_CUDA:-}" ]; then $(MAKE) -s cutlass; fi; \
 	  flock .build.lock $(BIN)/python setup.py -q build_ext --inplace
 
-demo: build
+# The committed drafter weights live in git history, not in the tree (checkpoints/README.md): written from
+# their blobs and sha256-checked; silent when they are already there.
+checkpoints:
+	@$(PY) scripts/checkpoints.py
+
+demo: build checkpoints
 	$(BIN)/flashmap demo
 
 test: build
 	$(BIN)/python -m pytest -q python_tests
 	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) cuda-check; else echo "nvcc not found: CUDA compile check skipped"; fi
 
-test-real: build
+test-real: build checkpoints
 	$(BIN)/python -m pytest -q -m slow python_tests
 
 bench: build

@@ -43,6 +43,9 @@ def find_drafter(path: str | None) -> Path | None:
     import flashmap_ext
     for root in (Path.cwd(), Path(flashmap_ext.__file__).resolve().parents[1]):
         if (root / DEMO_DRAFTER / "config.json").is_file():
+            if not (root / DEMO_DRAFTER / "model.safetensors").is_file():
+                raise SystemExit(f"{root / DEMO_DRAFTER}: the weights are not in the working tree: "
+                                 "run `make checkpoints` (they come from git history; checkpoints/README.md)")
             return root / DEMO_DRAFTER
     return None
 
