@@ -5,9 +5,10 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.deps-installed
 CUTLASS := third_party/cutlass/include/cute
+CUTLASS_MIN := third_party/cutlass-min/include/cute
 CUTLASS_VERSION := 4.2.0.0
 
-.PHONY: demo test test-real build bench checkpoints cuda-check cutlass clean
+.PHONY: demo test test-real build bench checkpoints cuda-check cutlass cutlass-min clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,11 +48,19 @@ $(CUTLASS): | $(STAMP)
 
 cutlass: $(CUTLASS)
 
-# Compiles every csrc/**/*.cu for sm_90a against CUTLASS, without torch (and writes compile_commands.json).
-cuda-check: $(CUTLASS)
+# Only the CUTLASS headers the kernels include (nvcc -M), small enough to carry to a GPU machine.
+$(CUTLASS_MIN): $(CUTLASS) $(wildcard csrc/*/*.cu csrc/*/*.cuh csrc/*/*.h csrc/*.h)
+	$(BIN)/python scripts/cutlass_min.py
+
+cutlass-min: $(CUTLASS_MIN)
+
+# Compiles every csrc/**/*.cu for sm_90a against the trimmed CUTLASS copy, without torch (and writes
+# compile_commands.json), then syntax-checks the torch glue of the kernels (csrc/**/*_cuda.cpp).
+cuda-check: $(CUTLASS_MIN) $(STAMP)
 	CUDA_HOME=$$(scripts/cuda_home.sh) && $(BIN)/cmake -S . -B build-cmake -G Ninja \
-	  -DCMAKE_CUDA_COMPILER=$$CUDA_HOME/bin/nvcc -DCUTLASS_DIR=$(CURDIR)/third_party/cutlass >/dev/null \
+	  -DCMAKE_CUDA_COMPILER=$$CUDA_HOME/bin/nvcc -DCUTLASS_DIR=$(CURDIR)/third_party/cutlass-min >/dev/null \
 	  && $(BIN)/cmake --build build-cmake -j 2
+	scripts/check_cuda_glue.sh $(BIN)/python
 
 clean:
 	rm -rf build build-cmake flashmap_ext/*.so

@@ -3,7 +3,8 @@
 C++ CPU kernels are always built. CUDA kernels (csrc/**/*.cu plus their *_cuda.cpp glue) are built when
 torch is a CUDA build and a CUDA toolkit is found; FLASHMAP_CUDA=1 forces them (and fails loudly if that
 is impossible), FLASHMAP_CUDA=0 turns them off. Architecture: TORCH_CUDA_ARCH_LIST, default 9.0a (H100/H200).
-CUTLASS headers: $CUTLASS_DIR/include, else third_party/cutlass/include (see `make cutlass`).
+CUTLASS headers: $CUTLASS_DIR/include, else third_party/cutlass/include (`make cutlass`), else
+third_party/cutlass-min/include (`make cutlass-min`: only the headers the kernels include).
 DEBUG=1 builds with -O0 -g.
 """
 import glob
@@ -28,7 +29,10 @@ def _want_cuda() -> bool:
 
 
 def _cutlass_include() -> list[str]:
-    for base in (os.environ.get("CUTLASS_DIR"), os.path.join(ROOT, "third_party", "cutlass")):
+    # The full copy (`make cutlass`), else the trimmed one carried to a GPU machine (`make cutlass-min`).
+    candidates = (os.environ.get("CUTLASS_DIR"), os.path.join(ROOT, "third_party", "cutlass"),
+                  os.path.join(ROOT, "third_party", "cutlass-min"))
+    for base in candidates:
         if base and os.path.isdir(os.path.join(base, "include", "cute")):
             return [os.path.join(base, "include")]
     return []
