@@ -57,6 +57,14 @@ def verify_target_probs(logits: torch.Tensor, temperature: float, top_k: int, to
     ties kept; top_p >= 1 is off; the most probable ids are always kept); renormalise.
     Requires temperature > 0 and at least one finite logit.
     """
+    return verify_target_probs_margin(logits, temperature, top_k, top_p, valid_vocab)[0]
+
+
+def verify_target_probs_margin(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                               valid_vocab: int) -> tuple[torch.Tensor, float]:
+    """`verify_target_probs` and how fragile its top-p cut is: the distance of top_p to the nearest
+    nucleus mass on either side of the cut (inf when top-p is off). An fp32 kernel may cut elsewhere
+    when this is within its rounding (DESIGN §3.1 identity caveat, docs/design-decisions.md)."""
     l = logits.double().clone()
     l[valid_vocab:] = -math.inf
     if 0 < top_k < valid_vocab:
@@ -65,13 +73,21 @@ def verify_target_probs(logits: torch.Tensor, temperature: float, top_k: int, to
     z = (l - l.max()) / temperature
     p = torch.exp(z)
     p /= p.sum()
+    margin = math.inf
     if top_p < 1.0:
         ps = torch.sort(p, descending=True).values
         above = torch.cumsum(ps, 0) - ps        # mass before each sorted entry; nondecreasing
         kept = max(int((above < top_p).sum()), 1)  # a prefix; the first of a tie group has the least
+        # The cut falls between tie groups: the last kept group's first entry (mass before it < top_p)
+        # and the next group's first entry (mass before it >= top_p); only those masses decide.
+        first = int(torch.searchsorted(-ps, -ps[kept - 1:kept]))  # first entry of the last kept group
+        after = int(torch.searchsorted(-ps, -ps[kept - 1:kept], right=True))  # next group's first entry
+        margin = top_p - float(above[first]) if first > 0 else math.inf
+        if after < ps.numel():
+            margin = min(margin, float(above[after]) - top_p)
         p = torch.where(p >= ps[kept - 1], p, torch.zeros_like(p))  # extend to ties at the threshold
         p /= p.sum()
-    return p
+    return p, margin
 
 
 def _inverse_cdf(weights: torch.Tensor, u: float) -> tuple[int, float]:
@@ -140,7 +156,7 @@ def verify_reference_row(logits, drafts, temperature, top_k, top_p, seed, positi
                          valid_vocab, uniforms):
     """One batch row of `verify`. logits [K+1, V], drafts [K] (python ints), draft_probs [K, V] or None,
     uniforms [K+1] or None. Returns (tokens list [K+1], num_accepted, status, margin): margin is the
-    smallest distance of a decisive coin to its threshold (inf for greedy rows)."""
+    smallest distance of a decisive coin, or of a top-p cut, to its threshold (inf for greedy rows)."""
     K = len(drafts)
     tokens = [-1] * (K + 1)
     status = _row_status(logits, valid_vocab) | _row_input_status(drafts, temperature, top_k, top_p,
@@ -160,7 +176,8 @@ def verify_reference_row(logits, drafts, temperature, top_k, top_p, seed, positi
                 continue
             tokens[i] = best
             return tokens, i, status, margin
-        p = verify_target_probs(logits[i], temperature, top_k, top_p, valid_vocab)
+        p, cut_margin = verify_target_probs_margin(logits[i], temperature, top_k, top_p, valid_vocab)
+        margin = min(margin, cut_margin)
         q = None if draft_probs is None or i == K else draft_probs[i]
         if i < K and x >= 0:
             u = float(uniforms[i]) if uniforms is not None else verify_uniform(seed, position + i, 0)

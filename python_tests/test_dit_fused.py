@@ -138,3 +138,19 @@ def test_fused_draft_graph_replays_like_eager():
                                           taps[:, :extra])
             eager = fused.fused_draft_block(packed, memory, anchor, steps=steps, noise=z).tokens
             assert torch.equal(graph(memory, anchor, z), eager)
+
+
+def test_packed_weights_follow_load_state_dict_and_to_in_eval_mode(target, monkeypatch):
+    """The pack holds concatenated copies (all adaLN modulations): a load_state_dict in eval mode (no
+    train()/eval() call) must not leave them stale. Checked on CPU with fused_supported forced on."""
+    monkeypatch.setattr(fused, "fused_supported", lambda drafter: True)
+    drafter, other = make(target, seed=0), make(target, seed=1)
+    stale = drafter.fused_weights()
+    assert drafter.fused_weights() is stale  # packed once
+    drafter.load_state_dict(other.state_dict())
+    fresh = drafter.fused_weights()
+    assert fresh is not stale
+    expected = torch.cat([b.adaLN.weight for b in other.blocks] + [other.final.adaLN.weight])
+    assert torch.equal(fresh.adaln_w, expected) and not torch.equal(stale.adaln_w, expected)
+    drafter.to(torch.float64)
+    assert drafter.fused_weights() is not fresh and drafter.fused_weights().adaln_w.dtype == torch.float64

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from flashmap_ext import ops
-from flashmap_ext.reference import philox4x32_10, verify_reference, verify_uniform
-from verify_helpers import DEVICES, check_against_reference, per_row, random_case
+from flashmap_ext.reference import philox4x32_10, verify_reference_detailed, verify_uniform
+from verify_helpers import DEVICES, FRAGILE, check_against_reference, per_row, random_case
 
 # Random123 kat_vectors, philox4x32 10.
 PHILOX_KAT = [
@@ -139,18 +139,25 @@ def test_verify_non_contiguous_logits(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_sample_is_verify_with_k0(device):
+    """ops.sample is verify with K = 0 on the same device (one kernel: identical by construction), and
+    matches the float64 reference on every row whose coin or top-p cut is not within FRAGILE of its
+    threshold — fp32 kernels (CPU or CUDA, different exp and summation order) may differ only there."""
     B, V = 17, 1000
-    logits = torch.randn(B, V) * 2
+    logits = torch.randn(B, V, generator=torch.Generator().manual_seed(0)) * 2
     greedy = ops.sample(logits.to(device))
     assert greedy.cpu().tolist() == logits.argmax(-1).tolist()
     params = per_row(B, 0.7, 40, 0.9)
-    got = ops.sample(logits.to(device), **{k: v.to(device) for k, v in params.items()})
-    expected = verify_reference(logits[:, None], torch.empty(B, 0, dtype=torch.int64), **params)[0][:, 0]
-    assert got.cpu().tolist() == expected.tolist()
+    on_device = {k: v.to(device) for k, v in params.items()}
+    got = ops.sample(logits.to(device), **on_device).cpu()
+    empty = torch.empty(B, 0, dtype=torch.int64)
+    assert torch.equal(got, ops.verify(logits[:, None].to(device), empty.to(device), **on_device).tokens[:, 0].cpu())
     coins = torch.tensor([[verify_uniform(int(s), int(p), 1)] for s, p in zip(params["seed"], params["position"])],
                          dtype=torch.float64)  # K = 0 draws its token from the RESAMPLE stream
-    injected = verify_reference(logits[:, None], torch.empty(B, 0, dtype=torch.int64), **params, uniforms=coins)
-    assert got.cpu().tolist() == injected[0][:, 0].tolist()
+    for uniforms in (None, coins):
+        tokens, _, _, margin = verify_reference_detailed(logits[:, None], empty, **params, uniforms=uniforms)
+        solid = margin >= FRAGILE
+        assert solid.sum() >= B - 2, f"too many fragile rows for this seed: {int((~solid).sum())}"
+        assert got[solid].tolist() == tokens[solid, 0].tolist()
 
 
 @pytest.mark.parametrize("device", DEVICES)

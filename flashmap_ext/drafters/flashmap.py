@@ -25,6 +25,11 @@ from flashmap_ext.flow import d_space_noise, drafter_xi, t_of_tau
 __all__ = ["FlashMapConfig", "FlashMapDrafter", "FlashMapMemory", "DraftBlock", "draft_block"]
 
 
+def _drop_packed_after_load(module: "FlashMapDrafter", _incompatible_keys) -> None:
+    """load_state_dict post hook (a module-level function, so the drafter still pickles)."""
+    module.drop_packed()
+
+
 class FlashMapDrafter(nn.Module):
     """FlashMap DiT drafter; implements the BlockDrafter protocol (drafters/base.py).
 
@@ -55,6 +60,8 @@ class FlashMapDrafter(nn.Module):
         self.allow_fused = True  # False forces the reference (PyTorch) path on CUDA, e.g. as a baseline
         self.allow_graphs = True  # False runs the fused CUDA path eagerly (also FLASHMAP_CUDA_GRAPHS=0)
         self.reset_parameters()
+        # Loaded weights replace the parameters' values in place: the concatenated packed copies go stale.
+        self.register_load_state_dict_post_hook(_drop_packed_after_load)
         if target is not None:
             self.attach_target(target)
 
@@ -109,6 +116,7 @@ class FlashMapDrafter(nn.Module):
             raise ValueError(f"target: embedding is {tuple(tables.embedding.shape)}, the drafter expects "
                              f"(vocab_size={c.vocab_size}, d_target={c.d_target})")
         self._tables = tables
+        self.drop_packed()  # the pack holds the LM head rows of the tables
         return self
 
     def set_draft_vocab(self, token_ids: torch.Tensor, target: Any) -> None:
@@ -209,8 +217,9 @@ class FlashMapDrafter(nn.Module):
     def fused_weights(self):
         """Weights packed for the fused CUDA kernels (DESIGN §10, drafters/flashmap_fused.py), or None
         when the fused path does not apply: CPU weights, training mode, `allow_fused = False`, or shapes the kernels do not take
-        (`fused_supported`). Packed lazily once; `train()`/`eval()` drop the pack, so weights changed by
-        training are never served from stale copies."""
+        (`fused_supported`). Packed lazily once; `train()`/`eval()`, `load_state_dict` and `.to()`/`.cuda()`
+        drop the pack (`drop_packed`), so changed weights are never served from stale copies. Weights
+        changed in place by other means (an optimizer step outside training mode): call `drop_packed()`."""
         from flashmap_ext.drafters import flashmap_fused
         if self.training or not self.allow_fused or not flashmap_fused.fused_supported(self):
             return None
@@ -218,9 +227,17 @@ class FlashMapDrafter(nn.Module):
             self._packed = flashmap_fused.pack_weights(self)
         return self._packed
 
-    def train(self, mode: bool = True) -> "FlashMapDrafter":
+    def drop_packed(self) -> None:
+        """Forgets the packed fused-kernel weights; the next `fused_weights()` packs the current ones."""
         self._packed = None
+
+    def train(self, mode: bool = True) -> "FlashMapDrafter":
+        self.drop_packed()
         return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .cuda(), .bfloat16(), ...: new tensors, stale pack
+        self.drop_packed()
+        return super()._apply(fn, *args, **kwargs)
 
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> FlashMapMemory:
         c = self.config

@@ -263,15 +263,17 @@ class FusedDraftGraph:
                 z = d.sample_noise(self.seed, self.position) if seeded else self.z
                 return d.to_target_ids(fused_draft_step(p, memory, self.anchor, z, self.lengths, steps=steps).tokens)
 
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmup):  # lazily built tables (the noise factor) and kernel plans, off the graph
-                    run()
-            torch.cuda.current_stream().wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.tokens = run()
+            # The memory's device, not the caller's current one: streams, warm-up and capture all run there.
+            with torch.cuda.device(dev):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(warmup):  # lazily built tables (the noise factor) and kernel plans, off the graph
+                        run()
+                torch.cuda.current_stream().wait_stream(side)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    self.tokens = run()
 
     def valid_for(self, p: PackedFlashMap, memory: FlashMapMemory) -> bool:
         """True when a replay on `memory` is this capture's computation: same packed weights, same buffers
@@ -294,5 +296,6 @@ class FusedDraftGraph:
             else:
                 self.z.copy_(z)
             self.lengths.fill_(memory.length)
-        self.graph.replay()
+        with torch.cuda.device(self.tokens.device):  # replay on the captured device's current stream
+            self.graph.replay()
         return self.tokens
