@@ -380,6 +380,27 @@ def test_dit_ops_cuda_graph_replay_equals_eager():
 
 
 @pytest.mark.cuda
+def test_dit_ops_graphs_sharing_the_fixup_counters_replay_like_eager():
+    """Captured split-K linears, split attention and the lm_head argmax take their counters from one zeroed
+    buffer per device (no memset node): every kernel must leave its counters zero for the next replay of
+    any graph. Two graphs of the chain, replayed alternately, each equal to eager every time."""
+    args = _chain_inputs()
+    eager = _op_chain(*args)
+    graphs, outs = [], []
+    _op_chain(*args)  # warm-up: sizes the shared counter buffer outside the capture
+    for _ in range(2):
+        graphs.append(torch.cuda.CUDAGraph())
+        with torch.cuda.graph(graphs[-1]):
+            outs.append(_op_chain(*args))
+    for _ in range(4):
+        for graph, out in zip(graphs, outs):
+            graph.replay()
+            torch.cuda.synchronize()
+            for a, b in zip(out, eager):
+                assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
 def test_dit_ops_under_torch_compile_reduce_overhead():
     args = _chain_inputs()
     compiled = torch.compile(_op_chain, mode="reduce-overhead", fullgraph=True)

@@ -268,3 +268,17 @@ def test_verify_cuda_graph_replay_matches_eager():
         eager = run()
         for got, expected in zip(captured, eager):
             assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset,V", [(0, 4096 + 77), (1, 4096), (3, 999)])
+def test_verify_rows_at_any_alignment_and_a_partial_last_tile(device, dtype, offset, V):
+    """The CUDA sweep reads full 256-id tiles of 16-byte aligned rows as vectors and the rest scalar: rows
+    shifted by `offset` elements (unaligned views) and a partial last tile give the reference's tokens."""
+    B, K = 3, 4
+    logits, drafts = random_case(B, K, V + offset, dtype=dtype, gen_seed=V + offset)
+    view = logits.to(device)[..., offset:]  # sliced on the device: rows start `offset` elements in
+    drafts = drafts.clamp(max=V - 1)
+    for temperature, top_k, top_p in ((0.0, 0, 1.0), (1.0, 0, 1.0), (0.8, 50, 0.9)):
+        check_against_reference(view, drafts, per_row(B, temperature, top_k, top_p, device=device), device=device)

@@ -9,7 +9,8 @@
 // allocation, fixed output shapes: CUDA-graph safe.
 //
 // One slot CTA (1024 threads) reads its row of V logits once for the common cases: each warp sweeps
-// "tiles" of 256 consecutive ids (lane l holds ids base + 32k + l, k < 8, so loads coalesce); per tile
+// "tiles" of 256 consecutive ids (lane l holds 8 of them, read as 16-byte vectors when the row is aligned,
+// so a warp reads 512 contiguous bytes per load; a scalar tail for the last tile); per tile
 // it keeps the max and Σ exp((l − m_tile)/T) in shared memory (online softmax by tile), and per thread the
 // max/argmax/finiteness. The global sum is then the tile sums rescaled to the global max, added in tile
 // order (deterministic). The emitted token of a rejected slot is an inverse-CDF sample: one warp scans
@@ -112,34 +113,66 @@ struct Row {
   float inv_t;     // 1 / temperature
   uint32_t kmin;   // keep ids with float_key(logit) >= kmin (0 = all)
 
+  bool vec;        // the row starts 16-byte aligned: full tiles are read as 16-byte vectors
+
   __device__ float load(int64_t j) const { return j < vv ? LogitLoad<D>::load(l, j) : -kInf; }
   // Unnormalised target weight e_j = exp((l_j − max)/T) of a kept id, else 0.
   __device__ float weight(float v) const {
     return float_key(v) >= kmin && v > -kInf ? __expf((v - max) * inv_t) : 0.f;
   }
+
+  // Sweep layout: a lane's kPerLane ids of a tile are kPerLane / kVec runs of kVec consecutive ids (one
+  // 16-byte vector each) and consecutive lanes hold consecutive runs, so each vector slot of a warp
+  // reads 512 contiguous bytes. Within a lane, ids increase with k (argmax ties keep the lowest id).
+  static constexpr int kVec = 16 / sizeof(T);  // 4 fp32 or 8 fp16/bf16 ids per vector
+  static_assert(kPerLane % kVec == 0, "a lane's ids are whole vectors");
+  __device__ static int64_t sweep_id(int64_t t, int k, int lane) {
+    return t * kTile + (k / kVec) * (32 * kVec) + lane * kVec + k % kVec;
+  }
+  // The lane's values of tile t in sweep layout: 16-byte loads for a tile inside the valid ids of an
+  // aligned row, scalar loads (-inf past the end) for the tail tile or an unaligned row.
+  __device__ void load_tile(int64_t t, int lane, float (&v)[kPerLane]) const {
+    if (vec && (t + 1) * kTile <= vv) {
+#pragma unroll
+      for (int c = 0; c < kPerLane / kVec; ++c) {
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(l + sweep_id(t, c * kVec, lane)));
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          if constexpr (sizeof(T) == 4) {
+            v[c * kVec + e] = __uint_as_float(words[e]);
+          } else {
+            const T half = static_cast<T>(words[e / 2] >> (16 * (e % 2)));  // little-endian: low half first
+            v[c * kVec + e] = LogitLoad<D>::load(&half, 0);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) v[k] = load(sweep_id(t, k, lane));
+    }
+  }
 };
 
 // Pass 1: per-thread max/argmax/finiteness over all ids; with `tiles` set, per-tile (max, Σ exp) of
-// kept ids into tile_max/tile_sum (relative to the tile max).
+// kept ids into tile_max/tile_sum (relative to the tile max). Reads in sweep layout (Row::load_tile): a
+// tile's members are the same 256 ids as in the other passes, only their order within the sum differs.
 template <LogitDType D>
 __device__ RowStats sweep_stats(const Row<D>& row, bool tiles, float* tile_max, float* tile_sum,
                                 BlockScratch& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   RowStats s;
   float next[kPerLane];  // the warp's next tile, loaded one iteration ahead: twice the bytes in flight
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) next[k] = row.load(warp * kTile + k * 32 + lane);
+  row.load_tile(warp, lane, next);
   for (int64_t t = warp; t < row.tiles; t += kWarps) {
     float v[kPerLane];
     float m = -kInf;
 #pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      v[k] = next[k];
-      next[k] = row.load((t + kWarps) * kTile + k * 32 + lane);  // -inf past the end
-    }
+    for (int k = 0; k < kPerLane; ++k) v[k] = next[k];
+    row.load_tile(t + kWarps, lane, next);  // -inf past the end
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
-      const int64_t j = t * kTile + k * 32 + lane;
+      const int64_t j = Row<D>::sweep_id(t, k, lane);
       if (j < row.vv) {
         s.flags |= (isnan(v[k]) || v[k] == kInf) ? 1 : 0;
         s.flags |= isfinite(v[k]) ? 2 : 0;
@@ -361,6 +394,7 @@ __global__ void __launch_bounds__(kThreads) verify_slot_kernel(const VerifyParam
   row.max = 0.f;
   row.inv_t = greedy ? 1.f : verify_inv_temperature(p.temperature[b]);
   row.kmin = 0u;
+  row.vec = (reinterpret_cast<uintptr_t>(row.l) & 15u) == 0;
   float *tile_max = tile_mem, *tile_sum = tile_mem + row.tiles, *tile_r = tile_mem + 2 * row.tiles;
 
   const RowStats st = sweep_stats(row, !greedy && !topk, tile_max, tile_sum, sh);

@@ -9,8 +9,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "dit/dit_args.h"
 #include "dit/dit_ops.h"
@@ -45,6 +48,33 @@ const bf16_bits* bf(const std::optional<at::Tensor>& t) { return t ? bf(*t) : nu
 bf16_bits* bf_mut(const at::Tensor& t) { return static_cast<bf16_bits*>(t.data_ptr()); }
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
+// Fixup counters (split-K linear, lm_head argmax, split attention): int32, zero on entry, and every kernel
+// resets each counter it used before it exits (linear_kernel.cuh arrive_last, attention_kernel.cuh). So a
+// CUDA-graph capture takes them from one zeroed buffer per device, zeroed once outside any capture, instead
+// of adding a memset node per op (~40 in the captured draft step). Eager calls keep a fresh zeroed tensor
+// (safe on any stream) and grow the buffer so that the capture after a warm-up finds it large enough; a
+// capture that finds it too small falls back to a fresh zeroed tensor (a memset node, as before). Graphs
+// that share the buffer must not replay concurrently on two streams of one device. Old buffers are kept:
+// graphs captured earlier hold their addresses.
+at::Tensor fixup_counters(const at::Tensor& like, size_t n) {
+  const auto i32 = like.options().dtype(at::kInt);
+  if (n == 0) return at::empty({0}, i32);
+  constexpr int kMaxDevices = 64;
+  static std::mutex mu;
+  static auto* pools = new std::vector<at::Tensor>[kMaxDevices];  // never freed: captured graphs use them
+  const int device = like.get_device();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
+  if (device < 0 || device >= kMaxDevices) return at::zeros({int64_t(n)}, i32);
+  const std::lock_guard<std::mutex> lock(mu);
+  std::vector<at::Tensor>& pool = pools[device];
+  const size_t have = pool.empty() ? 0 : size_t(pool.back().numel());
+  if (capture != cudaStreamCaptureStatusNone)
+    return have >= n ? pool.back().narrow(0, 0, int64_t(n)) : at::zeros({int64_t(n)}, i32);
+  if (have < n) pool.push_back(at::zeros({int64_t(std::max(n, 2 * have))}, i32));
+  return at::zeros({int64_t(n)}, i32);
+}
+
 at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
   check_adaln(x, shift, scale);
   for (auto [t, name] : {std::pair{&x, "x"}, {&shift, "shift"}, {&scale, "scale"}}) {
@@ -65,13 +95,12 @@ struct LinearWorkspace {
   at::Tensor partials, argmax_val, argmax_idx, counters;
 };
 
-// Counters are zeroed (one memset node in a graph) only when a fixup uses them: split-K or the argmax.
+// Counters only when a fixup uses them (split-K or the argmax), from fixup_counters.
 LinearWorkspace linear_workspace(const at::Tensor& x, const LinearPlan& plan, bool argmax) {
   auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
   const bool fixup = plan.splits > 1 || argmax;
   return {at::empty({int64_t(plan.partial_floats)}, f32), at::empty({int64_t(plan.argmax_slots)}, f32),
-          at::empty({int64_t(plan.argmax_slots)}, i32),
-          fixup ? at::zeros({int64_t(plan.counters)}, i32) : at::empty({0}, i32)};
+          at::empty({int64_t(plan.argmax_slots)}, i32), fixup_counters(x, fixup ? plan.counters : 0)};
 }
 
 void expect_gemm_operands(const at::Tensor& x, const at::Tensor& weight, const char* op) {
@@ -175,8 +204,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   auto f32 = q.options().dtype(at::kFloat);
   const at::Tensor partial_o = at::empty({int64_t(plan.partial_o_floats)}, f32);
   const at::Tensor partial_lse = at::empty({int64_t(plan.partial_lse_floats)}, f32);
-  const auto i32 = q.options().dtype(at::kInt);  // counters only for the split merge
-  const at::Tensor counters = plan.splits > 1 ? at::zeros({int64_t(plan.counters)}, i32) : at::empty({0}, i32);
+  const at::Tensor counters = fixup_counters(q, plan.splits > 1 ? plan.counters : 0);  // only for the split merge
   const at::Tensor lens = kv_len ? kv_len->contiguous() : at::Tensor();
   AttentionParams p{};
   p.q = bf(q), p.k = bf(k), p.v = bf(v), p.kv_len = kv_len ? lens.data_ptr<int>() : nullptr, p.out = bf_mut(out);
