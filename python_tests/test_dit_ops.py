@@ -1,7 +1,8 @@
 """DiT drafter ops (flashmap_ext.dit_ops, csrc/dit): opcheck on every op, the CPU kernels against the fp64
-oracle (flashmap_ext.reference_dit) on awkward shapes, clear argument errors, and — on a GPU — every CUDA
-kernel against the oracle under the error-budget rule (kernel error <= 2x the error of the bf16 PyTorch
-version, both against fp64; research/house-style.md §8.4), CUDA-graph replay and torch.compile.
+oracle (flashmap_ext.reference_dit) on awkward shapes, clear argument errors, and every kernel against the
+oracle under the error-budget rule (kernel error <= 2x the error of the bf16 PyTorch version, both against
+fp64; research/house-style.md §8.4): each budget check runs on the CPU kernels at small shapes and — on a
+GPU — on the CUDA kernels at the real ones; then CUDA-graph replay and torch.compile.
 The fused draft step built from these ops is tested in test_dit_fused.py."""
 import pytest
 import torch
