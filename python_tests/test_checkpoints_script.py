@@ -88,3 +88,14 @@ def test_the_committed_manifest_names_blobs_of_this_repository():
     for entry in json.loads((ROOT / "checkpoints" / "MANIFEST.json").read_text())["files"]:
         assert checkpoints.git(ROOT, "cat-file", "-s", entry["blob"]) == str(entry["size"]), entry["path"]
         assert not checkpoints.git(ROOT, "ls-files", entry["path"]), f"{entry['path']} is still tracked"
+
+
+def test_demo_names_make_checkpoints_when_the_weights_are_not_written(tmp_path, monkeypatch):
+    from flashmap_ext.commands.demo import DEMO_DRAFTER, find_drafter
+    (tmp_path / DEMO_DRAFTER).mkdir(parents=True)
+    (tmp_path / DEMO_DRAFTER / "config.json").write_text("{}")  # tracked; model.safetensors is not
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="make checkpoints"):
+        find_drafter(None)
+    (tmp_path / DEMO_DRAFTER / "model.safetensors").write_bytes(b"")
+    assert find_drafter(None) == tmp_path / DEMO_DRAFTER
