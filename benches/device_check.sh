@@ -16,11 +16,13 @@
 #   env, build            toolkit and GPU facts; setup.py build_ext --inplace (CUDA_HOME from
 #                         scripts/cuda_home.sh: a wrapper nvcc on PATH makes torch guess wrong)
 #   verify_tests          python_tests/test_verify_*.py -k cuda   (CUDA_LAUNCH_BLOCKING=1: an illegal address
-#   dit_tests             DiT op / fused step / graph / noise -m cuda  is reported at its kernel, not later)
+#   dit_op_tests          DiT ops -m cuda                          is reported at its kernel, not later)
+#   dit_step_tests        fused draft step / graph / noise -m cuda
 #   bench_verify          verify vs the PyTorch composition, K = 16, V = 151,936, B 1/8/64
 #   bench_draft_<variant> draft step, one process per variant (fused, fused-eager, eager; never the
 #                         torch.compile variant): pytest-benchmark writes its JSON only when its process ends
 #   bench_round           one decoding round end to end (Qwen3-8B shape), JSON rewritten per variant
+#   dit_compile_tests     the torch.compile tests (inductor compile time), last
 # Every pytest step runs under `timeout -k` (a hung CUDA context cannot outlive its limit).
 #
 # Outputs in $OUT (default ./device_check_out); the device tool returns at most 8 files, so there are three:
@@ -104,9 +106,14 @@ step build 240 "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build fai
 # Fused acceptance `verify`: exact vs the fp64 reference, edge cases, graph replay, chi-square, opcheck.
 step verify_tests 80 "${TESTS[@]}" python_tests/test_verify_exact.py python_tests/test_verify_edge.py \
   python_tests/test_verify_stats.py python_tests/test_verify_opcheck.py -k cuda --junitxml="$WORK/verify_tests.xml"
-# DiT drafter kernels vs the fp64 oracle under the error budget, fused step, graph replay, seeded noise.
-step dit_tests 100 "${TESTS[@]}" -m cuda python_tests/test_dit_ops.py python_tests/test_dit_fused.py \
-  python_tests/test_draft_graph.py python_tests/test_drafter_noise.py --junitxml="$WORK/dit_tests.xml"
+# DiT drafter kernels vs the fp64 oracle under the error budget; then the fused step, graph replay, seeded
+# noise. Two steps, so that a timeout (pytest writes its junit XML only at the end) loses one half; the
+# torch.compile test (inductor: the slowest to start) runs last of all, after the benchmarks.
+NO_COMPILE="not torch_compile"
+step dit_op_tests 80 "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/test_dit_ops.py \
+  --junitxml="$WORK/dit_op_tests.xml"
+step dit_step_tests 80 "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/test_dit_fused.py \
+  python_tests/test_draft_graph.py python_tests/test_drafter_noise.py --junitxml="$WORK/dit_step_tests.xml"
 
 step bench_verify 40 "${BENCH[@]}" benches/bench_verify.py -k cuda --benchmark-json="$WORK/bench_verify.json"
 # Draft step, Qwen3-8B drafter shape: one process per variant, each with its own JSON.
@@ -120,6 +127,8 @@ for variant in fused fused-eager eager; do
     --benchmark-json="$WORK/bench_draft_$variant.json"
 done
 step bench_round 110 "$PY" benches/bench_round.py --json "$WORK/bench_round.json"
+step dit_compile_tests 60 "${TESTS[@]}" -m cuda -k torch_compile python_tests/test_dit_ops.py \
+  --junitxml="$WORK/dit_compile_tests.xml"
 
 # ------------------------------------------------------------------------------------------ SUMMARY
 summarize --print
