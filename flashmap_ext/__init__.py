@@ -6,6 +6,7 @@ Public API:
     FlashMapDrafter         the flow-map DiT drafter (DESIGN.md §5)
     DFlashDrafter           block-diffusion baseline drafter (DFlash)
     Eagle3Drafter           autoregressive baseline drafter (EAGLE-3)
+    CheckpointError         a drafter checkpoint that cannot be loaded (one line: path, problem, kind)
     Target, load_target     Hugging Face target adapter (DESIGN.md §6)
     generate                the lossless speculative decoding loop (DESIGN.md §7); tree=TreeSpec(...)
                             drafts EAGLE-3 token trees (batch 1, reference path)
@@ -18,9 +19,10 @@ from flashmap_ext.ops import VerifyOutput, sample, verify
 from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_block
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+from flashmap_ext.drafters.hf_checkpoint import CheckpointError
 from flashmap_ext.target import Target, load_target
 from flashmap_ext.speculate import GenerateOutput, GenerateStats, TreeSpec, generate, generate_tree
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
-           "DFlashDrafter", "Eagle3Drafter", "Target", "load_target", "generate", "GenerateOutput",
+           "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate", "GenerateOutput",
            "GenerateStats", "generate_tree", "TreeSpec"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from flashmap_ext import cli
+from flashmap_ext.drafters.hf_checkpoint import CheckpointError
 from flashmap_ext.commands.generate import (ByteTokenizer, TextStream, checkpoint_type, load_drafter,
                                             load_target_and_tokenizer)
 
@@ -112,7 +113,7 @@ def test_negative_max_new_tokens_is_an_argument_error(capsys):
 def test_missing_paths_name_the_argument(tmp_path):
     with pytest.raises(FileNotFoundError, match="--target .*no such file or directory"):
         load_target_and_tokenizer(str(tmp_path / "nope"), torch.float32, "cpu")
-    with pytest.raises(FileNotFoundError, match="--drafter .*no such directory"):
+    with pytest.raises(CheckpointError, match="--drafter .*no such directory"):
         checkpoint_type(str(tmp_path / "nope"))
     run = tmp_path / "run"
     (run / "drafter").mkdir(parents=True)

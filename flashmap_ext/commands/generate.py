@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import json
 import sys
 from pathlib import Path
 
@@ -151,27 +150,19 @@ def load_drafter(path: str, target: Target, drafter_type: str | None = None, ste
 
 
 def checkpoint_type(path: str) -> str:
-    config_file = Path(path) / "config.json"
-    if not Path(path).exists():
-        raise FileNotFoundError(f"--drafter {path}: no such directory (expected a drafter checkpoint "
-                                f"directory, 'random' or 'random-eagle3')")
-    if not config_file.is_file():
-        hint = ""
-        if (Path(path) / "drafter" / "config.json").is_file():  # a training run directory
-            hint = f"; the trained drafter of this run is {Path(path) / 'drafter'}"
-        elif (Path(path) / "state.json").is_file():              # a training checkpoint
-            hint = "; this is a training checkpoint: pass the run's drafter/ directory"
-        raise ValueError(f"--drafter {path}: no config.json there{hint}")
-    cfg = json.loads(config_file.read_text())
-    archs = cfg.get("architectures") or []
-    if "DFlashDraftModel" in archs:
-        return "dflash"
-    if "LlamaForCausalLMEagle3" in archs:
-        return "eagle3"
-    if cfg.get("model_type") == "flashmap_drafter":
-        return "flashmap"
-    raise ValueError(f"--drafter {path}: unknown drafter type (architectures={archs}, "
-                     f"model_type={cfg.get('model_type')!r}); pass --drafter-type")
+    """'flashmap' | 'dflash' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
+    one line) for a missing directory, a missing / malformed / empty config or an unknown kind."""
+    from flashmap_ext.drafters.hf_checkpoint import CheckpointError, config_kind, read_config
+    try:
+        cfg = read_config(path)
+    except CheckpointError as err:
+        raise CheckpointError(f"--drafter {err}") from None
+    kind = config_kind(cfg)
+    if kind is None:
+        raise CheckpointError(f"--drafter {path}: unknown drafter type (architectures="
+                              f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); "
+                              f"pass --drafter-type")
+    return kind
 
 
 def drafter_class(kind: str):

@@ -265,10 +265,10 @@ class DFlashDrafter(nn.Module):
                         device: torch.device | str | None = None) -> "DFlashDrafter":
         """Loads a released-format DFlash checkpoint (config.json + safetensors). Weights keep their
         stored dtype unless `dtype` is given; device defaults to the target's embedding device."""
-        config = DFlashConfig.from_hf_dict(ckpt.read_config(path))
-        weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path).items()
+        config = ckpt.load_config(path, "dflash", DFlashConfig.from_hf_dict)
+        weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path, "dflash").items()
                    if not k.endswith("rotary_emb.inv_freq")}
-        return ckpt.build_loaded(cls, config, weights, str(path), target, device, dtype)
+        return ckpt.build_loaded(cls, config, weights, f"{path} (DFlash drafter)", target, device, dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes the released DFlash format: config.json + model.safetensors (no embedding/LM head)."""

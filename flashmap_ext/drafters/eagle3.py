@@ -256,8 +256,8 @@ class Eagle3Drafter(nn.Module):
         target's embedding is used). Weights keep their stored dtype unless `dtype` is given. A
         `frozen_lm_head` checkpoint takes its head from `target` (ValueError without one)."""
         n_target = hf_model(target).config.num_hidden_layers if target is not None else None
-        config = Eagle3Config.from_hf_dict(ckpt.read_config(path), n_target)
-        weights = {k: v for k, v in ckpt.read_weights(path).items()
+        config = ckpt.load_config(path, "eagle3", lambda cfg: Eagle3Config.from_hf_dict(cfg, n_target))
+        weights = {k: v for k, v in ckpt.read_weights(path, "eagle3").items()
                    if k != "embed_tokens.weight" and not k.endswith("inv_freq")}
         if config.frozen_lm_head and "lm_head.weight" not in weights:
             if target is None:
@@ -265,7 +265,7 @@ class Eagle3Drafter(nn.Module):
             head = TargetParts(hf_model(target)).head.weight
             ids = torch.arange(weights["d2t"].numel()) + weights["d2t"]
             weights["lm_head.weight"] = head[ids.to(head.device)].detach().to("cpu", weights["fc.weight"].dtype)
-        return ckpt.build_loaded(cls, config, weights, str(path), target, device, dtype)
+        return ckpt.build_loaded(cls, config, weights, f"{path} (EAGLE-3 drafter)", target, device, dtype)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes config.json + model.safetensors (SpecForge names, no `embed_tokens`)."""

@@ -342,14 +342,16 @@ class FlashMapDrafter(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Any, *, dtype: torch.dtype | None = None) -> "FlashMapDrafter":
         """Loads a `save_pretrained` directory onto the target's device and attaches the target's
-        embedding and LM head. dtype: cast the weights (default: as stored)."""
-        from safetensors.torch import load_file
-        path = Path(path)
-        config = FlashMapConfig.load(path / "config.json")
+        embedding and LM head. dtype: cast the weights (default: as stored). A missing, malformed or
+        truncated checkpoint raises hf_checkpoint.CheckpointError (one line naming the file)."""
+        from flashmap_ext.drafters import hf_checkpoint as ckpt
+        config = ckpt.load_config(path, "flashmap", FlashMapConfig.from_dict)
+        weights = ckpt.read_weights(path, "flashmap")
         device = hf_causal_lm(target).get_input_embeddings().weight.device
         with torch.device("meta"):
             drafter = cls(config)
-        drafter.load_state_dict(load_file(str(path / "model.safetensors"), device=str(device)), assign=True)
+        ckpt.load_strict(drafter, weights, f"{path} (FlashMap drafter)")
+        drafter.to(device)
         if dtype is not None:
             drafter.to(dtype)
         return drafter.attach_target(target)

@@ -16,28 +16,108 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-def read_config(path: str | os.PathLike) -> dict:
-    """The parsed `config.json` of checkpoint folder `path`; FileNotFoundError names the file."""
-    file = Path(path) / "config.json"
+class CheckpointError(ValueError):
+    """A drafter checkpoint that cannot be loaded; the message is one line naming the path, what is wrong
+    and the drafter kind its config.json names."""
+
+
+class UnsupportedCheckpoint(CheckpointError, NotImplementedError):
+    """A well-formed checkpoint using a feature this implementation does not reproduce."""
+
+
+KINDS = {"flashmap": "a FlashMap", "dflash": "a DFlash", "eagle3": "an EAGLE-3"}
+
+
+def config_kind(cfg: dict) -> str | None:
+    """'flashmap' | 'dflash' | 'eagle3' from a parsed config.json (its architectures / model_type), else None."""
+    archs = cfg.get("architectures") or []
+    if "DFlashDraftModel" in archs:
+        return "dflash"
+    if "LlamaForCausalLMEagle3" in archs:
+        return "eagle3"
+    if cfg.get("model_type") == "flashmap_drafter":
+        return "flashmap"
+    return None
+
+
+def describe_kind(kind: str | None) -> str:
+    """'FlashMap drafter' etc. for error messages."""
+    return f"{KINDS[kind].split(' ', 1)[1]} drafter" if kind else "unknown drafter kind"
+
+
+def read_config(path: str | os.PathLike, expected: str | None = None) -> dict:
+    """The parsed `config.json` of checkpoint folder `path`. CheckpointError (one line) for a missing
+    folder or file, invalid JSON, an empty or non-object config, or (with `expected`, a kind of KINDS)
+    a config naming another drafter kind."""
+    folder = Path(path)
+    if not folder.exists():
+        raise CheckpointError(f"{path}: no such directory (expected a drafter checkpoint: config.json + "
+                              f"{WEIGHTS})")
+    file = folder / "config.json"
     if not file.is_file():
-        raise FileNotFoundError(f"no config.json in {path}")
-    with open(file) as f:
-        return json.load(f)
+        hint = ""
+        if (folder / "drafter" / "config.json").is_file():  # a training run directory
+            hint = f"; the trained drafter of this run is {folder / 'drafter'}"
+        elif (folder / "state.json").is_file():              # a training checkpoint
+            hint = "; this is a training checkpoint: pass the run's drafter/ directory"
+        raise CheckpointError(f"{path}: no config.json there{hint}")
+    try:
+        cfg = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{file}: not a JSON object (got {type(cfg).__name__})")
+    if not cfg:
+        raise CheckpointError(f"{file}: empty config ({{}}): it names no drafter kind and no shape")
+    kind = config_kind(cfg)
+    if expected is not None and kind != expected:
+        raise CheckpointError(f"{file}: not {KINDS[expected]} checkpoint: its config describes "
+                              f"{'a checkpoint of unknown kind' if kind is None else KINDS[kind] + ' drafter'} "
+                              f"(architectures={cfg.get('architectures')}, model_type={cfg.get('model_type')!r})")
+    return cfg
 
 
-def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of `model.safetensors`, or of every shard listed in `model.safetensors.index.json`."""
+def load_config(path: str | os.PathLike, kind: str, parse):
+    """`parse(config dict)` of checkpoint `path` of `kind`; its ValueError / TypeError / KeyError become a
+    CheckpointError naming the file (NotImplementedError: UnsupportedCheckpoint)."""
+    cfg = read_config(path, kind)
+    where = f"{Path(path) / 'config.json'} ({describe_kind(kind)})"
+    try:
+        return parse(cfg)
+    except NotImplementedError as err:
+        raise UnsupportedCheckpoint(f"{where}: {err}") from None
+    except KeyError as err:
+        raise CheckpointError(f"{where}: missing field {err}") from None
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{where}: {err}") from None
+
+
+def read_weights(path: str | os.PathLike, kind: str | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors`, or of every shard listed in `model.safetensors.index.json`.
+    CheckpointError (one line, naming the file and `kind`) when none is there or a file is unreadable."""
     folder = Path(path)
     if (folder / WEIGHTS).is_file():
-        return load_file(folder / WEIGHTS)
+        return _load_file(folder / WEIGHTS, kind)
     if (folder / INDEX).is_file():
-        with open(folder / INDEX) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"{folder / INDEX} ({describe_kind(kind)}): not a valid shard index "
+                                  f"({type(err).__name__}: {err})") from None
         weights: dict[str, torch.Tensor] = {}
         for shard in shards:
-            weights.update(load_file(folder / shard))
+            weights.update(_load_file(folder / shard, kind))
         return weights
-    raise FileNotFoundError(f"no {WEIGHTS} or {INDEX} in {path}")
+    raise CheckpointError(f"{path} ({describe_kind(kind)}): no {WEIGHTS} or {INDEX} there")
+
+
+def _load_file(file: Path, kind: str | None) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    try:
+        return load_file(file)
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{file} ({describe_kind(kind)}): unreadable, truncated or corrupt "
+                              f"safetensors file ({err})") from None
 
 
 def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module, skip: set[str] = frozenset()) -> None:
@@ -56,14 +136,14 @@ def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module, s
 
 def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
     """Assigns `weights` to `module` (which may live on the meta device: the tensors are taken as they
-    are, dtype included); ValueError listing missing/unexpected names or wrong shapes."""
+    are, dtype included); CheckpointError listing missing/unexpected names or wrong shapes."""
     own = module.state_dict()
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     wrong = [f"{k}: {tuple(weights[k].shape)} vs expected {tuple(own[k].shape)}"
              for k in own if k in weights and weights[k].shape != own[k].shape]
     if missing or unexpected or wrong:
-        raise ValueError(f"checkpoint {source} does not match the config: missing {missing[:8]}, "
+        raise CheckpointError(f"checkpoint {source} does not match its config: missing {missing[:8]}, "
                          f"unexpected {unexpected[:8]}, wrong shapes {wrong[:8]}")
     module.load_state_dict(weights, strict=True, assign=True)
 
