@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo"]
+COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,134 @@
+"""Teacher-forced per-slot top-1 accuracy of a drafter on fixed held-out self-answered sequences.
+
+For every scored anchor a of an answer (a committed token whose next K tokens are all answer tokens), the
+drafter sees exactly what `speculate.generate` gives it when a is the anchor: its memory holds tokens
+0..a-1 with the target's taps at those positions (one teacher-forced target pass over the sequence), and it
+drafts K tokens from anchor token a at position a. Slot k is correct when draft k equals token a + k of
+the held-out sequence (the target's own greedy answer). At T = 0 a round commits 1 + (leading run of
+correct slots) tokens, so the expected acceptance length implied is
+
+    γ = 1 + E_a[ max{ r ≤ K : slots 1..r all correct } ]
+
+(the bonus token included, as in `GenerateStats.acceptance_length`). It depends on the drafter, the data and
+the dtype only: no timing, the same figure on every machine.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class HeldoutSequence:
+    """One held-out sequence. input_ids / loss_mask: [T] (1 on answer tokens); taps: [T, n_taps * d] of
+    the target at `tap_layers` (None until `add_taps`); greedy: [T] target argmax at each position."""
+    domain: str
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    taps: torch.Tensor | None = None
+    tap_layers: tuple[int, ...] = ()
+    greedy: list[int] = field(default_factory=list)
+
+
+def anchors(seq: HeldoutSequence, k: int, stride: int = 1) -> list[int]:
+    """Scored anchor positions: a with loss_mask[a..a+k] all 1 (the anchor and its k labels are answer
+    tokens), every `stride`-th one counted from the first answer token."""
+    mask, n = seq.loss_mask, len(seq.loss_mask)
+    first = next((i for i, m in enumerate(mask) if m), n)
+    return [a for a in range(first, n - k) if (a - first) % stride == 0 and all(mask[a:a + k + 1])]
+
+
+@torch.no_grad()
+def add_taps(target, seqs: Sequence[HeldoutSequence], layer_ids: Sequence[int]) -> None:
+    """Runs the target (a `target.Target`) once over each sequence: stores taps at `layer_ids` (sorted,
+    union of every drafter's) and the greedy argmax per position, in place."""
+    layer_ids = tuple(sorted(set(int(i) for i in layer_ids)))
+    for s in seqs:
+        ids = torch.tensor([s.input_ids], device=target.device)
+        out = target.forward(ids, target.new_cache(), num_logits=ids.shape[1], tap_layer_ids=layer_ids)
+        s.taps = None if out.taps is None else out.taps[0]
+        s.tap_layers = layer_ids
+        s.greedy = out.logits[0].argmax(-1).tolist()
+
+
+def _select_taps(s: HeldoutSequence, layer_ids: Sequence[int]) -> torch.Tensor | None:
+    """[T, len(layer_ids) * d]: the drafter's taps, in its order, out of the stored union."""
+    if not layer_ids:
+        return None
+    if s.taps is None:
+        raise ValueError(f"sequence {s.id!r} has no taps: call add_taps with the drafter's layers first")
+    d = s.taps.shape[-1] // len(s.tap_layers)
+    missing = [i for i in layer_ids if i not in s.tap_layers]
+    if missing:
+        raise ValueError(f"taps of layers {missing} were not computed (have {list(s.tap_layers)})")
+    return torch.cat([s.taps[:, s.tap_layers.index(i) * d:(s.tap_layers.index(i) + 1) * d] for i in layer_ids], -1)
+
+
+@torch.no_grad()
+def slot_hits(drafter, seqs: Sequence[HeldoutSequence], k: int, *, batch_size: int = 8, stride: int = 1,
+              seed: int = 0, device=None, dtype=None) -> list[torch.Tensor]:
+    """Per sequence, a [num_anchors, k] bool tensor: slot j of the draft at each scored anchor is correct.
+
+    drafter: any `drafters.base.BlockDrafter` with num_draft_tokens ≥ k. Sequences are decoded in batches
+    of `batch_size` rows aligned at position 0 (a row past its end is padded and not scored); the memory of
+    every row is extended one position at a time exactly as the decoding loop does. Raises ValueError when
+    k < 1 or k > drafter.num_draft_tokens.
+    """
+    if not 1 <= k <= drafter.num_draft_tokens:
+        raise ValueError(f"k must be in [1, {drafter.num_draft_tokens}] (the drafter's num_draft_tokens), got {k}")
+    out: list[torch.Tensor] = []
+    for start in range(0, len(seqs), batch_size):
+        out += _batch_hits(drafter, seqs[start:start + batch_size], k, stride, seed, device, dtype)
+    return out
+
+
+def _batch_hits(drafter, seqs, k, stride, seed, device, dtype):
+    layer_ids = list(drafter.target_layer_ids)
+    n, width = len(seqs), max(len(s.input_ids) for s in seqs)
+    tokens = torch.zeros(n, width, dtype=torch.long)
+    taps = None
+    for i, s in enumerate(seqs):
+        tokens[i, :len(s.input_ids)] = torch.tensor(s.input_ids)
+        t = _select_taps(s, layer_ids)
+        if t is not None:
+            taps = taps if taps is not None else torch.zeros(n, width, t.shape[-1], dtype=dtype or t.dtype)
+            taps[i, :t.shape[0]] = t.to(taps.dtype)
+    tokens = tokens.to(device) if device is not None else tokens
+    taps = taps.to(device) if taps is not None and device is not None else taps
+    scored = [set(anchors(s, k, stride)) for s in seqs]
+    hits = [torch.zeros(len(a), k, dtype=torch.bool) for a in scored]
+    row_index = [{a: j for j, a in enumerate(sorted(a))} for a in scored]
+    first = min((min(a) for a in scored if a), default=None)
+    if first is None:
+        return hits
+    memory = drafter.new_memory(n, tokens.device)
+    drafter.extend_memory(memory, tokens[:, :first], None if taps is None else taps[:, :first])
+    seeds = torch.full((n,), seed, dtype=torch.long, device=tokens.device)
+    last = max(max(a) for a in scored if a)
+    for a in range(first, last + 1):
+        if a > first:
+            drafter.extend_memory(memory, tokens[:, a - 1:a], None if taps is None else taps[:, a - 1:a])
+        rows = [i for i in range(n) if a in scored[i]]
+        if not rows:
+            continue
+        pos = torch.full((n,), a, dtype=torch.long, device=tokens.device)
+        drafts = drafter.draft(memory, tokens[:, a], num_tokens=k, seed=seeds, position=pos)
+        for i in rows:
+            hits[i][row_index[i][a]] = (drafts[i, :k] == tokens[i, a + 1:a + 1 + k]).cpu()
+    return hits
+
+
+def summarize(hits: Sequence[torch.Tensor], k: int) -> dict:
+    """{"anchors", "slot_accuracy" [k] (top-1 accuracy per slot), "gamma" (1 + mean leading run of correct
+    slots), "run_histogram" [k + 1] (share of anchors whose run is 0..k)}; NaNs when there is no anchor."""
+    h = torch.cat([x.reshape(-1, k) for x in hits]) if hits else torch.zeros(0, k, dtype=torch.bool)
+    if h.shape[0] == 0:
+        nan = float("nan")
+        return {"anchors": 0, "slot_accuracy": [nan] * k, "gamma": nan, "run_histogram": [nan] * (k + 1)}
+    run = h.long().cumprod(1).sum(1)
+    return {"anchors": int(h.shape[0]), "slot_accuracy": h.double().mean(0).tolist(),
+            "gamma": 1.0 + float(run.double().mean()),
+            "run_histogram": (torch.bincount(run, minlength=k + 1).double() / h.shape[0]).tolist()}

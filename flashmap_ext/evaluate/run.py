@@ -1,0 +1,130 @@
+"""`flashmap eval`: teacher-forced held-out accuracy per slot and implied γ for several drafters.
+
+    flashmap eval [--target qwen2.5-coder-0.5b] [--heldout data/qwen2.5-coder-0.5b-instruct/heldout]
+                  [--per-domain 8] [--drafter NAME=DIR[:STEPS] ...] [--out runs/eval]
+
+Drafters default to the four committed checkpoints (FlashMap distilled map with 1 and 2 steps, the
+FlashMap flow model with 1 step, DFlash, EAGLE-3 chain). Writes eval.json, eval.md and eval.png to --out.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from flashmap_ext.data.prompts import DOMAINS
+from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize
+
+DEFAULT_DRAFTERS = [
+    "FlashMap-1=checkpoints/flashmap-qwen2.5-coder-0.5b:1",
+    "FlashMap-2=checkpoints/flashmap-qwen2.5-coder-0.5b:2",
+    "FlashMap-flow-1=checkpoints/flashmap-flow-qwen2.5-coder-0.5b:1",
+    "DFlash=checkpoints/dflash-qwen2.5-coder-0.5b",
+    "EAGLE-3=checkpoints/eagle3-qwen2.5-coder-0.5b",
+]
+
+
+def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int | None) -> list[HeldoutSequence]:
+    """The first `per_domain` records of each domain (by id) of a corpus folder or jsonl(.gz), rendered as
+    the target sees them. An answer cut at max_new_tokens ("length") loses the end-of-turn token that
+    rendering appends, since the target never produced it."""
+    from flashmap_ext.data.store import read_records
+    from flashmap_ext.train.data import render_conversation, stop_token_ids
+    stops = stop_token_ids(tokenizer)
+    records = sorted(read_records(path), key=lambda r: r["id"])
+    if not records:
+        raise ValueError(f"--heldout {path}: no records (run scripts/grow_corpus.sh or flashmap data generate "
+                         f"--split heldout first)")
+    out, counts = [], {}
+    for r in records:
+        d = r.get("domain", "chat")
+        if per_domain is not None and counts.get(d, 0) >= per_domain:
+            continue
+        counts[d] = counts.get(d, 0) + 1
+        s = render_conversation(tokenizer, r["messages"], False, None, r["id"])[0]
+        ids, mask = s.input_ids, s.loss_mask
+        if r.get("finish") == "length" and ids and ids[-1] in stops:
+            ids, mask = ids[:-1], mask[:-1]
+        if max_length is not None:
+            ids, mask = ids[:max_length], mask[:max_length]
+        out.append(HeldoutSequence(d, r["id"], ids, mask))
+    return out
+
+
+def parse_drafter(spec: str) -> tuple[str, str, int | None]:
+    """'NAME=DIR[:STEPS]' → (name, dir, steps or None). Raises ValueError naming the expected form."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"--drafter {spec!r}: expected NAME=DIR or NAME=DIR:STEPS")
+    path, _, steps = rest.rpartition(":") if rest.rsplit(":", 1)[-1].isdigit() else (rest, "", "")
+    return name, path, int(steps) if steps else None
+
+
+def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, stride: int = 1,
+             batch_size: int = 8) -> dict:
+    """{drafter name: {domain | "all": summarize(...)}} plus per-drafter wall seconds; taps computed once."""
+    layers = sorted({i for d in drafters.values() for i in d.target_layer_ids})
+    add_taps(target, seqs, layers)
+    results = {}
+    for name, drafter in drafters.items():
+        kk = min(k, drafter.num_draft_tokens)
+        start = time.perf_counter()
+        hits = slot_hits(drafter, seqs, kk, batch_size=batch_size, stride=stride, dtype=target.dtype)
+        by = {d: summarize([h for h, s in zip(hits, seqs) if s.domain == d], kk)
+              for d in DOMAINS if any(s.domain == d for s in seqs)}
+        by["all"] = summarize(hits, kk)
+        results[name] = {**by, "wall_s": round(time.perf_counter() - start, 1)}
+        print(f"eval {name}: γ {by['all']['gamma']:.3f}, slot 1 {by['all']['slot_accuracy'][0]:.3f} "
+              f"({results[name]['wall_s']} s)", file=sys.stderr, flush=True)
+    return results
+
+
+def run(args) -> int:
+    import torch
+    from flashmap_ext.bench.assets import resolve_target
+    from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    from flashmap_ext.bench.methods import StepsDrafter
+    from flashmap_ext.commands.generate import load_drafter, load_target_and_tokenizer
+    from flashmap_ext.evaluate.report import write_reports
+    from flashmap_ext.target import resolve_dtype
+    set_threads(args.threads)
+    dtype = args.dtype or auto_dtype()
+    target, tokenizer = load_target_and_tokenizer(resolve_target(args.target), resolve_dtype(dtype), "cpu"
+                                                  if not torch.cuda.is_available() else "cuda")
+    specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
+    drafters = {}
+    for name, path, steps in specs:
+        d = load_drafter(path, target)
+        drafters[name] = StepsDrafter(d, steps) if steps is not None else d
+    seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
+    results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
+    agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
+             max(1, sum(s.loss_mask[1:])) for s in seqs]
+    report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
+                       "per_domain": args.per_domain, "stride": args.stride, "slots": args.slots,
+                       "max_length": args.max_length},
+              "heldout": {d: {"sequences": sum(s.domain == d for s in seqs),
+                              "answer_tokens": sum(sum(s.loss_mask) for s in seqs if s.domain == d)}
+                          for d in DOMAINS},
+              "target_greedy_agreement": sum(agree) / max(1, len(agree)),
+              "drafters": {n: {"spec": f"{p}" + (f":{st}" if st else "")} for n, p, st in specs},
+              "results": results}
+    paths = write_reports(report, Path(args.out))
+    print("\n".join(str(p) for p in paths))
+    return 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--target", default="qwen2.5-coder-0.5b", help="the target the drafters were trained for")
+    p.add_argument("--heldout", default="data/qwen2.5-coder-0.5b-instruct/heldout",
+                   help="held-out corpus folder or jsonl(.gz) (self-answered, never trained on)")
+    p.add_argument("--per-domain", type=int, default=8, help="held-out sequences per domain (math, code, chat)")
+    p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS] (repeatable); default: the committed four")
+    p.add_argument("--slots", type=int, default=8, help="K: slots scored (at most each drafter's draft tokens)")
+    p.add_argument("--stride", type=int, default=1, help="score every N-th answer position as an anchor")
+    p.add_argument("--max-length", type=int, default=512, help="crop sequences to N tokens")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences drafted together")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.md, eval.png")
