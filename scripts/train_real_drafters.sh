@@ -8,7 +8,9 @@
 #
 # Stages: data regen features vocab flow distill dflash eagle3 export
 # Knobs (env): N_REGEN, N_ORIG (training conversations), MAX_LEN, N_HELDOUT, MAX_NEW (tokens per regenerated answer),
-#   STEPS (flow = dflash steps), DISTILL_STEPS, THREADS, RUN (work dir).
+#   STEPS (flow = dflash steps), DISTILL_STEPS, THREADS, RUN (work dir), DTYPE (target dtype; default
+#   bench.machine.auto_dtype: bf16 only with avx512_bf16/amx or a GPU, else fp32, 4-8x faster on AVX2),
+#   CORPUS (the committed self-answered corpus that regen grows and features read; data/README.md).
 #
 # Recipe (fair comparison: same data, same steps, same batch/anchors, ~same trainable parameters):
 #   FlashMap: DiT 2 layers, width 384, 6 heads, cond 256, K = 8 slots, draft vocabulary 8,192 rows
@@ -39,6 +41,7 @@ main() {
     FM_TAPS=${FM_TAPS:-1,6,11,16,21}   # FlashMap and DFlash: 5 layers spread over 1..L-3 (L = 24)
     E3_TAPS=${E3_TAPS:-1,11,20}        # EAGLE-3: low/mid/high = eagle3_layer_ids(24)
     E3_INTERMEDIATE=${E3_INTERMEDIATE:-1664}  # EAGLE-3 MLP width: 9.75 M trainable parameters like the others
+    CORPUS=${CORPUS:-data/qwen2.5-coder-0.5b-instruct/train}
     export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS TOKENIZERS_PARALLELISM=false
     PY="nice -n 5 ${root}/.venv/bin/python"
     FM="nice -n 5 ${root}/.venv/bin/flashmap"
@@ -48,10 +51,11 @@ main() {
     [ ${#stages[@]} -eq 0 ] && stages=(data regen features vocab flow distill dflash eagle3 export)
 
     TARGET=$($PY -c 'from flashmap_ext.bench.assets import qwen05_dir; print(qwen05_dir())')
-    echo "target: $TARGET"
+    DTYPE=${DTYPE:-$($PY -c 'from flashmap_ext.bench.machine import auto_dtype; print(auto_dtype())')}
+    echo "target: $TARGET ($DTYPE)"
 
     # shared optimisation settings of every stage (flow and dflash get the same; distill its own steps/lr)
-    COMMON=(--target "$TARGET" --features "$RUN/features" --preset cpu-small --target-dtype bf16
+    COMMON=(--target "$TARGET" --features "$RUN/features" --preset cpu-small --target-dtype "$DTYPE"
             --batch-size 2 --accum 1 --num-anchors 32 --max-length "$MAX_LEN" --save-every 100 --log-every 10
             --no-progress --device cpu --seed 0)
 
@@ -64,7 +68,8 @@ main() {
 }
 
 # 1. ShareGPT conversations, benchmark-decontaminated (13-gram rule), first user turn only. Three disjoint
-#    sets: N_REGEN short prompts answered by the target (regen.jsonl), N_ORIG conversations kept with
+#    sets: N_REGEN short prompts (prompts.jsonl, kept for reference: regen now answers the packaged train
+#    split into CORPUS), N_ORIG conversations kept with
 #    their original ShareGPT answers (orig.jsonl; target decoding on this CPU runs ~20 tok/s, so
 #    self-answers are the scarce part), N_HELDOUT held out for the acceptance check.
 stage_data() {
@@ -86,25 +91,27 @@ print(f"{len(rows)} conversations, {len(ok)} usable: {nr} regenerated, {no} orig
 EOF2
 }
 
-# 2. Answers by the target itself (greedy, bf16, batched): what the target says is what drafters predict.
+# 2. Answers by the target itself (greedy, DTYPE, refill batches) appended to the committed corpus CORPUS
+#    (train split of the packaged prompts; held-out prompts never enter it): what the target says is what
+#    drafters predict. The corpus only grows; REGEN_LIMIT new answers per run (0: use the corpus as is).
 stage_regen() {
-    $FM data regenerate --target "$TARGET" --data "$RUN/prompts.jsonl" --out "$RUN/regen.jsonl" \
-        --batch-size "$REGEN_BATCH" --max-new-tokens "$MAX_NEW" --limit "$REGEN_LIMIT" --dtype bf16 --device cpu --no-progress
-    echo "regenerated: $(wc -l < "$RUN/regen.jsonl") conversations"
+    [ "$REGEN_LIMIT" -gt 0 ] || { echo "skip: REGEN_LIMIT=0"; return; }
+    $FM data generate --target "$TARGET" --out "$CORPUS" --split train --batch-size "$REGEN_BATCH" \
+        --max-new-tokens "$MAX_NEW" --limit "$REGEN_LIMIT" --dtype "$DTYPE" --no-progress
 }
 
-# 3. Target taps (5 layers spread over 1..L-3 = 1,6,11,16,21), bf16 target forward, bf16 shards; both
-#    data sets go into one cache (ids are disjoint; a rerun skips what is cached).
+# 3. Target taps (5 layers spread over 1..L-3 = 1,6,11,16,21), DTYPE target forward, bf16 shards; the
+#    corpus and the original-answer set go into one cache (ids are disjoint; a rerun skips what is cached).
 stage_features() {
-    for data in regen orig; do
-        [ -s "$RUN/$data.jsonl" ] || { echo "skip: $RUN/$data.jsonl is empty"; continue; }
-        $FM features --target "$TARGET" --data "$RUN/$data.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
-            --dtype bf16 --target-dtype bf16 --device cpu --no-progress --layers "$(taps_union)"
+    for data in "$CORPUS" "$RUN/orig.jsonl"; do
+        [ -s "$data" ] || [ -d "$data" ] || { echo "skip: $data is empty"; continue; }
+        $FM features --target "$TARGET" --data "$data" --out "$RUN/features" --max-length "$MAX_LEN" \
+            --dtype bf16 --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)"
     done
 }
 stage_features_orig() {
     $FM features --target "$TARGET" --data "$RUN/orig.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
-        --dtype bf16 --target-dtype bf16 --device cpu --no-progress --layers "$(taps_union)"
+        --dtype bf16 --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)"
 }
 
 # one cache serves every drafter: the union of the FlashMap/DFlash and EAGLE-3 taps
@@ -130,11 +137,12 @@ for i in range(len(cache)):
     it = cache[i]
     ids = torch.as_tensor(it["input_ids"]).long()[torch.as_tensor(it["loss_mask"]).bool()]
     own += torch.bincount(ids, minlength=V)[:V].double(); n_tok += ids.numel()
+from flashmap_ext.data.prompts import split
 heldout = {json.loads(l)["id"] for l in open(f"{run}/heldout.jsonl")}
 extra = torch.zeros(V, dtype=torch.float64)
 for line in open(f"{run}/sharegpt.jsonl"):
     r = json.loads(line)
-    if r["id"] in heldout:
+    if r["id"] in heldout or split(r["messages"][0]["content"]) == "heldout":  # neither held-out set leaks
         continue
     ids = tok.encode(r["messages"][-1]["content"], add_special_tokens=False)
     extra += torch.bincount(torch.tensor(ids), minlength=V)[:V].double()
