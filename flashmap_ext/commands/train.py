@@ -31,6 +31,12 @@ def add_parser(subparsers) -> None:
     flow.add_argument("--tau0-frac", type=float, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
+    flow.add_argument("--slot-decay", default="7", metavar="D|auto",
+                      help="slot weights w_k = exp(-(k-1)/D); 'auto' ties D to K as DFlash does (7·K/15, 3.73 at "
+                           "K = 8); default 7 (DFlash's value for 15 slots)")
+    flow.add_argument("--no-head-recompute", action="store_true",
+                      help="keep the draft-vocab logits for backward instead of recomputing the head under "
+                           "activation checkpointing (less compute, more memory: for CPU runs)")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary: the N most frequent supervised ids of --features, or a JSON file "
                             "with 'ids' (target ids); the flow lives on these rows only (default: full vocab)")
@@ -94,12 +100,28 @@ def run_flow(args) -> int:
     if not 0.0 <= args.tau0_frac <= 1.0:
         raise ValueError(f"--tau0-frac: expected a fraction in [0, 1], got {args.tau0_frac}")
 
+    decay = slot_decay_arg(args.slot_decay)
+
     def loss_fn(model, batch, generator):
-        return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac)
+        return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
+                         recompute_head=not args.no_head_recompute)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "flow")
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
+
+
+def slot_decay_arg(spec: str) -> float | None:
+    """--slot-decay: 'auto' → None (tied to K), else a positive float. Raises ValueError naming the flag."""
+    if spec == "auto":
+        return None
+    try:
+        value = float(spec)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"--slot-decay: expected a positive number or 'auto', got {spec!r}")
+    return value
 
 
 def draft_vocab(spec, cache, rows: int):

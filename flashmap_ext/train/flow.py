@@ -22,8 +22,14 @@ SLOT_DECAY = 7.0
 BATCH_KEYS = ("input_ids", "taps", "anchor_pos", "labels")
 
 
-def slot_weights(num_slots: int, decay: float = SLOT_DECAY, device=None) -> torch.Tensor:
-    """[num_slots] fp32: w_k = exp(−(k−1)/decay), k = 1 … num_slots."""
+def slot_weights(num_slots: int, decay: float | None = SLOT_DECAY, device=None) -> torch.Tensor:
+    """[num_slots] fp32: w_k = exp(−(k−1)/decay), k = 1 … num_slots. decay None: tied to K as DFlash ties
+    it to its block (`train.dflash.default_gamma(K + 1)`: 7 at K = 15, 7·K/15 otherwise; 3.73 at K = 8)."""
+    if decay is None:
+        from flashmap_ext.train.dflash import default_gamma
+        decay = default_gamma(num_slots + 1)
+    if decay <= 0:
+        raise ValueError(f"slot decay must be > 0 (or None: tied to K), got {decay}")
     return torch.exp(-torch.arange(num_slots, dtype=torch.float32, device=device) / decay)
 
 
@@ -68,20 +74,22 @@ def prepare_batch(drafter: FlashMapDrafter, batch: dict) -> dict:
     return b
 
 
-def chunked(fn: Callable, *tensors: torch.Tensor, chunk: int) -> list[torch.Tensor]:
+def chunked(fn: Callable, *tensors: torch.Tensor, chunk: int, recompute: bool = True) -> list[torch.Tensor]:
     """Applies fn to slices [:, i:i+chunk] of every tensor (dim 1 = anchors) under activation
-    checkpointing (when grad is on) and concatenates each output along dim 1. Keeps [B, A, K, V]
-    logits from existing at once (DFlash trainer does the same)."""
+    checkpointing (when grad is on and `recompute`) and concatenates each output along dim 1. Keeps
+    [B, A, K, V] logits from existing at once (DFlash trainer does the same); `recompute=False` keeps them
+    instead of recomputing the head in backward (cheaper where the draft-vocab logits are small, e.g. CPU)."""
     outs = []
     for s in range(0, tensors[0].shape[1], chunk):
         args = [t[:, s:s + chunk] for t in tensors]
-        outs.append(checkpoint(fn, *args, use_reentrant=False) if torch.is_grad_enabled() else fn(*args))
+        use = recompute and torch.is_grad_enabled()
+        outs.append(checkpoint(fn, *args, use_reentrant=False) if use else fn(*args))
     return [torch.cat(parts, 1) for parts in zip(*outs)]
 
 
-def weighted_mean(per_slot: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Σ w_k·x / Σ w_k over valid slots; per_slot, valid [B, A, K]."""
-    w = slot_weights(per_slot.shape[-1], device=per_slot.device) * valid
+def weighted_mean(per_slot: torch.Tensor, valid: torch.Tensor, decay: float | None = SLOT_DECAY) -> torch.Tensor:
+    """Σ w_k·x / Σ w_k over valid slots (w from `slot_weights(K, decay)`); per_slot, valid [B, A, K]."""
+    w = slot_weights(per_slot.shape[-1], decay, device=per_slot.device) * valid
     return (per_slot * w).sum() / w.sum().clamp_min(1e-6)
 
 
@@ -119,14 +127,16 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
 
 
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
-              anchor_chunk: int = 16, tau0_frac: float = 0.0) -> tuple[torch.Tensor, dict]:
+              anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
+              recompute_head: bool = True) -> tuple[torch.Tensor, dict]:
     """Slot-weighted CE of the flow model on one batch (DESIGN §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
     or it wrapped by DDP; the forward goes through `model(...)` so wrapper hooks run.
     batch: input_ids [B, T] int64, taps [B, T, n_taps·d_target], anchor_pos [B, A] int64 (−1 padded),
     labels [B, A, K'] int64 (K' >= K; −100 masked). generator: the source of τ and noise.
-    tau0_frac: fraction of blocks trained at τ = 0 (see `block_taus`).
+    tau0_frac: fraction of blocks trained at τ = 0 (see `block_taus`). slot_decay: w_k's decay (None: tied
+    to K, `slot_weights`). recompute_head: checkpoint the LM head per anchor chunk (see `chunked`).
     Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}).
     """
     drafter = unwrap(model)
@@ -143,7 +153,7 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
         ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none")
         return ce.view_as(y), logits.argmax(-1) == y
 
-    ce, correct = chunked(slot_ce, hidden, b["state_labels"], chunk=anchor_chunk)
+    ce, correct = chunked(slot_ce, hidden, b["state_labels"], chunk=anchor_chunk, recompute=recompute_head)
     valid = b["state_labels"] != IGNORE
-    loss = weighted_mean(ce, valid)
+    loss = weighted_mean(ce, valid, slot_decay)
     return loss, {**block_metrics(loss, correct, valid), "tau_mean": float(tau.mean())}
