@@ -32,17 +32,21 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from flashmap_ext.train.data import load_samples
-    from flashmap_ext.train.features import cache_features
+    from flashmap_ext.train.data import DataReport, load_samples
+    from flashmap_ext.train.features import cache_features, update_manifest
     from flashmap_ext.train.runner import load_target
     target, tokenizer = load_target(args)
     layers = tap_layers(args.layers, target.num_layers)
-    samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length)
+    report = DataReport()
+    samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length,
+                           report=report)
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
                        progress=not args.no_progress)
-    print(f"features: cached {n} new sequences (layers {layers}) in {args.out}", file=sys.stderr)
+    update_manifest(args.out, {"samples": report.as_dict()})
+    print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
+          f"{report.summary(args.max_length)}", file=sys.stderr)
     return 0
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
 
 
 @dataclass
@@ -26,6 +26,28 @@ class Sample:
     id: str
     input_ids: list[int]
     loss_mask: list[int]
+
+
+@dataclass
+class DataReport:
+    """What `max_length` did to a dataset: sample ids kept, cut short (kept, some supervised tokens lost)
+    and dropped (no supervised token left)."""
+    kept: int = 0
+    truncated: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    def summary(self, max_length: Optional[int] = None) -> str:
+        """One line, e.g. "2 of 4 samples dropped (no response token within max_length 64: a, b), 1
+        truncated"."""
+        limit = f" within max_length {max_length}" if max_length else ""
+        ids = ", ".join(self.dropped[:8]) + (", ..." if len(self.dropped) > 8 else "")
+        dropped = f" ({'no response token' + limit}: {ids})" if self.dropped else ""
+        return (f"{len(self.dropped)} of {self.kept + len(self.dropped)} samples dropped{dropped}, "
+                f"{len(self.truncated)} truncated to max_length")
+
+    def as_dict(self) -> dict:
+        return {"kept": self.kept, "truncated": len(self.truncated), "dropped": len(self.dropped),
+                "truncated_ids": list(self.truncated), "dropped_ids": list(self.dropped)}
 
 
 def read_jsonl(path: str) -> Iterator[dict]:
@@ -118,12 +140,14 @@ def _without_reasoning(message: dict) -> dict:
 
 
 def render_conversation(tokenizer, messages: Sequence[dict], enable_thinking: bool = False,
-                        max_length: int | None = None, id: str = "0") -> list[Sample]:
+                        max_length: int | None = None, id: str = "0",
+                        report: DataReport | None = None) -> list[Sample]:
     """Renders one conversation into training sequences (see module docstring).
 
     Returns one Sample per run of turns whose prompts extend each other token for token, truncated to
-    `max_length` tokens. Samples with no supervised token left are dropped. Raises ValueError when the
-    messages list is malformed (no assistant turn after a user/system turn, unknown role).
+    `max_length` tokens. Samples with no supervised token left are dropped; `report` counts both.
+    Raises ValueError when the messages list is malformed (no assistant turn after a user/system turn,
+    unknown role).
     """
     if not enable_thinking:
         messages = [_without_reasoning(m) if m.get("role") == "assistant" else m for m in messages]
@@ -140,20 +164,30 @@ def render_conversation(tokenizer, messages: Sequence[dict], enable_thinking: bo
         ids = prompt + (resp := response_ids(tokenizer, messages, i, enable_thinking))
         mask += [1] * len(resp)
     samples.append(Sample(f"{id}/{len(samples)}", ids, mask))
-    out = []
+    out, report = [], DataReport() if report is None else report
     for s in samples:
-        if max_length is not None:
+        cut = max_length is not None and len(s.input_ids) > max_length
+        if cut:
             s.input_ids, s.loss_mask = s.input_ids[:max_length], s.loss_mask[:max_length]
-        if any(s.loss_mask):
-            out.append(s)
+        if not any(s.loss_mask):
+            report.dropped.append(s.id)
+            continue
+        report.truncated.extend([s.id] if cut else [])
+        report.kept += 1
+        out.append(s)
     return out
 
 
-def load_samples(path: str, tokenizer, enable_thinking: bool = False,
-                 max_length: int | None = None) -> Iterator[Sample]:
-    """Streams the Samples of a conversations jsonl file. A record's own `enable_thinking` wins."""
+def load_samples(path: str, tokenizer, enable_thinking: bool = False, max_length: int | None = None,
+                 report: DataReport | None = None) -> Iterator[Sample]:
+    """Streams the Samples of a conversations jsonl file. A record's own `enable_thinking` wins.
+    `report` counts the samples kept, truncated and dropped by `max_length`; ValueError at the end of
+    the file when every sample was dropped (nothing to train on)."""
+    report = DataReport() if report is None else report
     for record in read_jsonl(path):
         if "messages" not in record:
             raise ValueError(f"{path}: record {record['id']!r} has no 'messages'")
-        yield from render_conversation(tokenizer, record["messages"],
-                                       record.get("enable_thinking", enable_thinking), max_length, record["id"])
+        yield from render_conversation(tokenizer, record["messages"], record.get("enable_thinking", enable_thinking),
+                                       max_length, record["id"], report)
+    if report.dropped and not report.kept:
+        raise ValueError(f"{path}: every sample was dropped: {report.summary(max_length)}; raise --max-length")

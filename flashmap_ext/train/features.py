@@ -253,6 +253,16 @@ class FeatureCache(torch.utils.data.Dataset):
         return {**self.__dict__, "_maps": {}}
 
 
+def update_manifest(root: str, fields: dict) -> None:
+    """Adds `fields` to the cache's manifest.json (atomically), e.g. the data report of the run."""
+    path = os.path.join(root, "manifest.json")
+    with open(path) as f:
+        meta = json.load(f)
+    with open(path + ".tmp", "w") as f:
+        json.dump({**meta, **fields}, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_ids: Sequence[int], *,
                    dtype: str = "bf16", meta: dict | None = None, shard_tokens: int = 1 << 20,
                    progress: bool = True) -> int:
