@@ -129,27 +129,34 @@ struct Row {
   __device__ static int64_t sweep_id(int64_t t, int k, int lane) {
     return t * kTile + (k / kVec) * (32 * kVec) + lane * kVec + k % kVec;
   }
-  // The lane's values of tile t in sweep layout: 16-byte loads for a tile inside the valid ids of an
-  // aligned row, scalar loads (-inf past the end) for the tail tile or an unaligned row.
-  __device__ void load_tile(int64_t t, int lane, float (&v)[kPerLane]) const {
-    if (vec && (t + 1) * kTile <= vv) {
+  // kVec consecutive ids from `first` (a multiple of kVec): one 16-byte load when they are valid ids of an
+  // aligned row, else scalar loads (-inf past the end).
+  __device__ void load_run(int64_t first, float (&v)[kVec]) const {
+    if (vec && first + kVec <= vv) {
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(l + first));
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-      for (int c = 0; c < kPerLane / kVec; ++c) {
-        const uint4 w = __ldg(reinterpret_cast<const uint4*>(l + sweep_id(t, c * kVec, lane)));
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          if constexpr (sizeof(T) == 4) {
-            v[c * kVec + e] = __uint_as_float(words[e]);
-          } else {
-            const T half = static_cast<T>(words[e / 2] >> (16 * (e % 2)));  // little-endian: low half first
-            v[c * kVec + e] = LogitLoad<D>::load(&half, 0);
-          }
+      for (int e = 0; e < kVec; ++e) {
+        if constexpr (sizeof(T) == 4) {
+          v[e] = __uint_as_float(words[e]);
+        } else {
+          const T half = static_cast<T>(words[e / 2] >> (16 * (e % 2)));  // little-endian: low half first
+          v[e] = LogitLoad<D>::load(&half, 0);
         }
       }
     } else {
 #pragma unroll
-      for (int k = 0; k < kPerLane; ++k) v[k] = load(sweep_id(t, k, lane));
+      for (int e = 0; e < kVec; ++e) v[e] = load(first + e);
+    }
+  }
+  // The lane's values of tile t in sweep layout.
+  __device__ void load_tile(int64_t t, int lane, float (&v)[kPerLane]) const {
+#pragma unroll
+    for (int c = 0; c < kPerLane / kVec; ++c) {
+      float run[kVec];
+      load_run(sweep_id(t, c * kVec, lane), run);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[c * kVec + e] = run[e];
     }
   }
 };
@@ -222,20 +229,26 @@ __device__ uint32_t block_radix_threshold(const Row<D>& row, double frac, bool r
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0, target = 0;
-  const int64_t span = (row.vv + kThreads - 1) / kThreads * kThreads;  // whole warps iterate together
+  constexpr int kVec = Row<D>::kVec;  // each thread reads runs of kVec ids (16-byte loads, Row::load_run)
+  const int64_t step = static_cast<int64_t>(kThreads) * kVec;
+  const int64_t span = (row.vv + step - 1) / step * step;  // whole warps iterate together
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int d = threadIdx.x; d < 256; d += kThreads) sh.hist[d] = 0;
     __syncthreads();
-    for (int64_t j = threadIdx.x; j < span; j += kThreads) {
-      const float v = row.load(j);
-      const uint32_t key = float_key(v);
-      const unsigned long long wj = (j < row.vv && (key & mask) == prefix) ? w(v) : 0ull;
-      const unsigned bin = wj ? (key >> shift) & 255u : 256u + lane;
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(wj & 0xFFFFFull));
-      const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(wj >> 20));
-      if (bin < 256u && lane == __ffs(peers) - 1)
-        atomicAdd(&sh.hist[bin], (static_cast<unsigned long long>(hi) << 20) + lo);
+    for (int64_t first = static_cast<int64_t>(threadIdx.x) * kVec; first < span; first += step) {
+      float run[kVec];
+      row.load_run(first, run);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {  // integer histogram: exact whatever the order of the ids
+        const uint32_t key = float_key(run[e]);
+        const unsigned long long wj = (first + e < row.vv && (key & mask) == prefix) ? w(run[e]) : 0ull;
+        const unsigned bin = wj ? (key >> shift) & 255u : 256u + lane;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(wj & 0xFFFFFull));
+        const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(wj >> 20));
+        if (bin < 256u && lane == __ffs(peers) - 1)
+          atomicAdd(&sh.hist[bin], (static_cast<unsigned long long>(hi) << 20) + lo);
+      }
     }
     __syncthreads();
     if (warp == 0) {  // lane L owns digits 255 − 8L … 248 − 8L, visited from the top
