@@ -62,3 +62,21 @@ def test_features_cli_reports_and_records_them(tmp_path, capsys):
                     + ["--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "every sample" in err and "Traceback" not in err, err
+
+
+def test_data_generate_reports_prompts_skipped_as_too_long(tmp_path, capsys):
+    """`flashmap data generate --max-prompt-tokens N`: prompts longer than N (rendered: "user: <text>\\n
+    assistant: ") are skipped, counted on stderr and in the final progress line; all skipped is refused."""
+    prompts = [{"id": i, "messages": [{"role": "user", "content": "x" * n}]} for i, n in
+               (("short", 5), ("long", 40), ("longer", 60))]
+    args = ["data", "generate", "--target", "tiny-random", "--max-prompt-tokens", "30", "--max-new-tokens", "3",
+            "--batch-size", "2", "--dtype", "fp32", "--no-progress"]
+    assert cli.main(args + ["--prompts", str(write(tmp_path / "p.jsonl", prompts)), "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    done = json.loads([line for line in err.splitlines() if '"done"' in line][-1])
+    assert done["records"] == 1 and done["skipped_long_prompts"] == 2, err
+    assert "2 of 3 prompts skipped" in err and "long, longer" in err, err
+    assert cli.main(args + ["--prompts", str(write(tmp_path / "q.jsonl", prompts[1:])), "--out",
+                            str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "every prompt" in err and "--max-prompt-tokens 30" in err and "Traceback" not in err, err

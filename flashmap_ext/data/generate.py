@@ -74,8 +74,10 @@ def run(args) -> int:
     todo = [r for r in records if r["id"] not in writer.done]  # read before the clock starts
     print(f"generate: {len(writer.done)} already answered in {args.out}, {len(todo)} to go", file=sys.stderr)
     todo = todo[:args.limit] if args.limit is not None else todo
-    jobs = (Job(r, prompt_ids(tokenizer, r["messages"])) for r in todo)
-    jobs = (j for j in jobs if len(j.prompt) <= args.max_prompt_tokens)
+    jobs = [Job(r, prompt_ids(tokenizer, r["messages"])) for r in todo]
+    skipped = [j.key["id"] for j in jobs if len(j.prompt) > args.max_prompt_tokens]
+    report_skipped(skipped, len(jobs), args.max_prompt_tokens)
+    jobs = [j for j in jobs if len(j.prompt) <= args.max_prompt_tokens]
     stats, start = EngineStats(), time.perf_counter()
     bar = tqdm(desc=f"generate {Path(args.out).name}", unit="conv", disable=args.no_progress, mininterval=10)
     n = 0
@@ -99,8 +101,20 @@ def run(args) -> int:
     writer.close()
     bar.close()
     wall = time.perf_counter() - start
-    print(json.dumps({**throughput(stats, wall, n), "done": True}), file=sys.stderr, flush=True)
+    print(json.dumps({**throughput(stats, wall, n), "skipped_long_prompts": len(skipped), "done": True}),
+          file=sys.stderr, flush=True)
     return 0
+
+
+def report_skipped(skipped: list, total: int, limit: int) -> None:
+    """One stderr line naming the prompts longer than --max-prompt-tokens; ValueError when that is all."""
+    if not skipped:
+        return
+    ids = ", ".join(map(str, skipped[:8])) + (", ..." if len(skipped) > 8 else "")
+    line = f"{len(skipped)} of {total} prompts skipped (longer than --max-prompt-tokens {limit}): {ids}"
+    if len(skipped) == total:
+        raise ValueError(f"every prompt is longer than --max-prompt-tokens {limit}: nothing to answer ({line})")
+    print(f"generate: {line}", file=sys.stderr)
 
 
 def throughput(stats: EngineStats, wall: float, n: int) -> dict:
