@@ -18,6 +18,7 @@ the residual sample, 2 + i for the i-th child's accept coin, position = the node
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -105,8 +106,13 @@ def tree_draft(target: Target, drafter, state: State, req: Request, spec: TreeSp
         empty = torch.zeros(0, dtype=torch.int64)
         return DraftTree(empty, empty, empty, empty.float())
     position = torch.tensor([state.position], device=target.device)
+    seeded = {"seed": req.seed_tensor} if _takes_seed(drafter) else {}  # block drafters' noise streams
     return drafter.draft_tree(state.memory, state.anchor, position, depth=depth, topk=spec.topk,
-                              num_nodes=spec.num_nodes)
+                              num_nodes=spec.num_nodes, **seeded)
+
+
+def _takes_seed(drafter) -> bool:
+    return "seed" in inspect.signature(drafter.draft_tree).parameters
 
 
 def tree_verify(target: Target, drafter, state: State, req: Request, tree: DraftTree,
@@ -125,7 +131,8 @@ def tree_verify(target: Target, drafter, state: State, req: Request, tree: Draft
     path, bonus = tree_accept(out.logits[0], tokens.cpu(), parents, pos, sampling)
     rows = torch.tensor([0] + [1 + i for i in path], device=dev)
     target.keep_positions(state.cache, torch.cat([torch.arange(pos, device=dev), pos + rows]))
-    advance(drafter, state, block[:, rows], out.taps[:, rows], torch.tensor([bonus], device=dev))
+    kept_taps = None if out.taps is None else out.taps[:, rows]
+    advance(drafter, state, block[:, rows], kept_taps, torch.tensor([bonus], device=dev))
     stats.add_round(len(tokens), len(path), int(depths.max()) if len(tokens) else 0)
     return tokens[path].tolist() + [bonus]
 

@@ -90,15 +90,24 @@ def load_eagle3(path: str, target, dtype: torch.dtype):
 
 
 def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str | None, eagle3: str | None,
-                  peers: bool = True, eagle3_tree: TreeSpec | None = None) -> list[Method]:
+                  peers: bool = True, eagle3_tree: TreeSpec | None = None, shapes: bool = False,
+                  auto: bool = False) -> list[Method]:
     """AR first (speedups divide by it), then the drafters given (EAGLE-3 as a chain and, with
-    `eagle3_tree`, as a tree), then the HF peers."""
+    `eagle3_tree`, as a tree), with `shapes` the issue-15 shapes (bench/shapes.py), with `auto` the
+    cost-model pick, then the HF peers."""
+    from flashmap_ext.bench.shapes import auto_methods, shape_methods
     methods = [Method("AR", None)]
+    fm = dfl = None
     if flashmap:
         fm = load_flashmap(flashmap, target, dtype)
         methods += [Method("FlashMap-1", StepsDrafter(fm, 1)), Method("FlashMap-2", StepsDrafter(fm, 2))]
     if dflash:
-        methods.append(Method("DFlash", load_dflash(dflash, target, dtype)))
+        dfl = load_dflash(dflash, target, dtype)
+        methods.append(Method("DFlash", dfl))
+    if shapes:
+        methods += shape_methods(fm and StepsDrafter(fm, 1), dfl)
+    if auto:
+        methods += auto_methods(target, fm and StepsDrafter(fm, 1))
     if eagle3:
         eagle = load_eagle3(eagle3, target, dtype)
         methods.append(Method("EAGLE-3", eagle))

@@ -67,6 +67,20 @@ def shuffle_table(shuffle: dict) -> list[str]:
     return out if len(out) > 2 else []
 
 
+def projection_table(results: dict) -> list[str]:
+    """Measured γ and nodes per round turned into a projected H200 speedup per (method, dataset)."""
+    proj = results.get("projected_h200") or {}
+    names = list(results["datasets"])
+    if not proj:
+        return []
+    from flashmap_ext.cost_model import H200_QWEN3_8B
+    out = [f"{H200_QWEN3_8B.label}; drafter 0.5 B + LM head read per draft call.", "",
+           "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for method, per in proj.items():
+        out.append(f"| {method} | " + " | ".join(_num(per.get(n), '{:.2f}×') for n in names) + " |")
+    return out
+
+
 def divergence_lines(results: dict) -> list[str]:
     out = []
     for name, rows in results["datasets"].items():
@@ -85,6 +99,8 @@ def markdown(results: dict) -> str:
         lines += [f"## {name} ({gens} generations)", ""] + method_table(rows) + [""]
     for title, body in (("Per-slot conditional acceptance", slot_table(results)),
                         ("Shuffle test (shared vs per-slot noise)", shuffle_table(results["shuffle"])),
+                        ("Projected H200 speedup (a roofline projection, not a measurement)",
+                         projection_table(results)),
                         ("Divergences from AR", divergence_lines(results))):
         if body:
             lines += [f"## {title}", ""] + body + [""]

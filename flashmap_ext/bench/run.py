@@ -38,6 +38,8 @@ class BenchConfig:
     dtype: str = "auto"                 # auto: bf16 where the hardware has it (machine.auto_dtype)
     peers: bool = True                  # HF greedy + prompt lookup rows
     shuffle_n: int = 2                  # prompts per dataset for the shuffle test (0: skip it)
+    shapes: bool = False                # issue-15 rows: lookup hybrids, multi-noise and top-k trees
+    auto: bool = False                  # the --auto row (cost model picks the shape per round)
     out: str = "runs/bench"
 
 
@@ -132,7 +134,7 @@ def run(cfg: BenchConfig) -> dict:
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target_and_tokenizer(cfg.target, dtype)
     methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers,
-                            cfg.eagle3_tree)
+                            cfg.eagle3_tree, cfg.shapes, cfg.auto)
     stop = stop_token_ids(tokenizer)
     warm_up(target, tokenizer, methods, cfg, stop)
     records: list[Record] = []
@@ -157,5 +159,7 @@ def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[
             for r in records]
     meta = meta | {"finished": machine.describe()["date"]}
     trees = {m.name: dataclasses.asdict(m.tree) for m in methods if m.tree}
+    from flashmap_ext.bench.shapes import projections
     return {"meta": meta, "config": dataclasses.asdict(cfg), "methods": [m.name for m in methods],
-            "trees": trees, "datasets": table, "shuffle": shuffle, "records": rows}
+            "trees": trees, "datasets": table, "shuffle": shuffle, "records": rows,
+            "projected_h200": projections(methods, records)}

@@ -30,6 +30,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shuffle-n", type=int, default=2,
                    help="prompts per dataset for the shuffle test (K drafter calls per round; 0 = skip)")
     p.add_argument("--no-peers", action="store_true", help="skip the HF greedy and prompt-lookup rows")
+    p.add_argument("--shapes", action="store_true",
+                   help="add the draft-shape rows: prompt lookup, lookup hybrids with FlashMap-1 / DFlash, "
+                        "multi-noise FlashMap trees (N = 2, 4) and top-k trees (budgets 8, 16)")
+    p.add_argument("--auto", action="store_true",
+                   help="add the --auto row (shape picked per round from this machine's measured costs)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
                         "else torch's default)")
@@ -77,7 +82,8 @@ def run(args) -> int:
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
                       n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                      dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out)
+                      dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
+                      shapes=args.shapes, auto=args.auto)
     results = run_bench(cfg)
     from flashmap_ext.bench.report import markdown
     print(markdown(results))

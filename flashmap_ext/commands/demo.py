@@ -7,6 +7,7 @@ output is token-identical to greedy. Later runs reuse the cache ($FLASHMAP_CACHE
 """
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
@@ -24,6 +25,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--steps", type=int, choices=(1, 2), default=1, help="flow-map steps per draft")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                    help="auto: bf16 where the CPU has avx512_bf16 (or on a GPU), else fp32")
+    p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
+                   help="pick the draft shape per round from this machine's measured costs (default; "
+                        "--no-auto: always the FlashMap chain)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
                         "else torch's default)")
@@ -79,7 +83,7 @@ def load(model_dir: Path, drafter_path: str | None, steps: int, dtype: str):
     return target, tokenizer, StepsDrafter(drafter, steps), found is not None
 
 
-def decode_prompt(target, tokenizer, drafter, prompt, max_new_tokens: int, stop):
+def decode_prompt(target, tokenizer, drafter, prompt, max_new_tokens: int, stop, tree=None):
     """FlashMap (streamed) then AR on one prompt's first turn -> (flashmap Record, AR Record)."""
     from flashmap_ext.bench.metrics import Record
     from flashmap_ext.bench.run import divergence
@@ -90,7 +94,7 @@ def decode_prompt(target, tokenizer, drafter, prompt, max_new_tokens: int, stop)
     text = prompt.turns[0].replace("\n", " ")
     say(f"\n── {prompt.id}: {text[:110]}{'…' if len(text) > 110 else ''}")
     stream = TextStream(tokenizer)
-    fm = generate(target, drafter, ids, max_new_tokens, stop_token_ids=stop, on_tokens=stream)
+    fm = generate(target, drafter, ids, max_new_tokens, stop_token_ids=stop, on_tokens=stream, tree=tree)
     stream.finish()
     ar = generate(target, None, ids, max_new_tokens, stop_token_ids=stop)
     records = []
@@ -142,13 +146,20 @@ def run(args) -> int:
     model_dir, prompt_sets = fetch_assets()
     target, tokenizer, drafter, trained = load(model_dir, args.drafter, args.steps, dtype)
     stop = stop_token_ids(tokenizer)
-    generate_warm_up(target, tokenizer, drafter, stop)
+    tree = None
+    if args.auto:  # issue 15: the cost model picks the shape; one line says what pays here and why
+        from flashmap_ext.cost_calibrate import load_or_calibrate
+        from flashmap_ext.drafters.auto import AutoDrafter
+        drafter = AutoDrafter(drafter, load_or_calibrate(target, drafter))
+        tree = drafter.tree_spec()
+        say(f"     {drafter.explain()}")
+    generate_warm_up(target, tokenizer, drafter, stop, tree)
     say(f"3/3  decoding {sum(len(p) for _, p in prompt_sets)} prompts, FlashMap-{args.steps} streamed, "
         f"then AR greedy for comparison (max {args.max_new_tokens} new tokens)")
     rows = []
     for _, prompts in prompt_sets:
         for prompt in prompts:
-            rows += decode_prompt(target, tokenizer, drafter, prompt, args.max_new_tokens, stop)
+            rows += decode_prompt(target, tokenizer, drafter, prompt, args.max_new_tokens, stop, tree)
     meta = machine.describe()
     say(f"\nFlashMap demo ({'trained' if trained else 'RANDOM untrained'} drafter, {dtype}, "
         f"{machine.summary_line(meta)}; `{meta['command']}`):\n")
@@ -159,9 +170,9 @@ def run(args) -> int:
     return 0
 
 
-def generate_warm_up(target, tokenizer, drafter, stop) -> None:
+def generate_warm_up(target, tokenizer, drafter, stop, tree=None) -> None:
     """One short untimed call of each path (first-call allocations would otherwise count)."""
     from flashmap_ext.speculate import generate
     ids = tokenizer("def fib(n):", add_special_tokens=False).input_ids
-    for d in (drafter, None):
-        generate(target, d, ids, 8, stop_token_ids=stop)
+    for d, t in ((drafter, tree), (None, None)):
+        generate(target, d, ids, 8, stop_token_ids=stop, tree=t)

@@ -53,6 +53,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tree", type=tree_spec, metavar="DEPTH,TOPK,NODES",
                    help="tree drafting (EAGLE-3 drafters), e.g. 7,10,16; default: chain drafting")
     p.add_argument("--steps", type=int, choices=[1, 2], help="FlashMap draft steps (default: checkpoint's)")
+    add_shape_arguments(p)
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.set_defaults(func=run)
 
@@ -61,8 +62,7 @@ def run(args) -> int:
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target_and_tokenizer(args.target, dtype, args.device)
     drafter = load_drafter(args.drafter, target, args.drafter_type, args.steps) if args.drafter else None
-    if args.tree is not None and not hasattr(drafter, "draft_tree"):
-        raise SystemExit(f"--tree needs an EAGLE-3 drafter (got {type(drafter).__name__})")
+    drafter, tree = shape_drafter(args, target, drafter)
     ids = encode_prompt(tokenizer, args.prompt, args.chat)
     budget = min(args.max_new_tokens, target.max_positions - len(ids))
     if budget < args.max_new_tokens:
@@ -71,10 +71,45 @@ def run(args) -> int:
     from flashmap_ext.speculate import generate
     stream = TextStream(tokenizer)
     out = generate(target, drafter, ids, max(budget, 0), args.temperature, args.top_k, args.top_p, args.seed,
-                   stop_token_ids(tokenizer, target), tree=args.tree, on_tokens=stream)
+                   stop_token_ids(tokenizer, target), tree=tree, on_tokens=stream)
     stream.finish()
     print(out.stats.summary(), file=sys.stderr)
     return 0
+
+
+def add_shape_arguments(p) -> None:
+    """--lookup, --block-tree, --auto: the draft shapes of issue 15 (shared by generate, bench and demo)."""
+    p.add_argument("--lookup", action="store_true",
+                   help="prompt-lookup hybrid: n-gram continuations from prompt + output where they match, the "
+                        "drafter's tokens elsewhere (alone without --drafter); with --tree both as two branches")
+    p.add_argument("--block-tree", choices=["topk", "multinoise"],
+                   help="with --tree D,K,N on a FlashMap/DFlash drafter: top-K-per-slot trees, or K noise draws "
+                        "merged into a prefix tree (FlashMap); N = node budget")
+    p.add_argument("--auto", action="store_true",
+                   help="pick the draft shape per round from this machine's measured costs (plain decoding, "
+                        "lookup, drafter chain of k, or both), calibrated once and cached")
+
+
+def shape_drafter(args, target, drafter):
+    """(drafter, TreeSpec or None) after --auto / --lookup / --block-tree; SystemExit for a bad combination."""
+    if getattr(args, "auto", False):
+        from flashmap_ext.cost_calibrate import load_or_calibrate
+        from flashmap_ext.drafters.auto import AutoDrafter
+        auto = AutoDrafter(drafter, load_or_calibrate(target, drafter))
+        print(f"[{auto.explain()}]", file=sys.stderr)
+        return auto, auto.tree_spec()
+    tree = args.tree
+    if getattr(args, "block_tree", None):
+        if tree is None or drafter is None:
+            raise SystemExit("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
+        from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter
+        drafter = (TopKTreeDrafter if args.block_tree == "topk" else MultiNoiseDrafter)(drafter)
+    if getattr(args, "lookup", False):
+        from flashmap_ext.drafters.lookup import LookupDrafter
+        drafter = LookupDrafter(drafter)
+    if tree is not None and not hasattr(drafter, "draft_tree"):
+        raise SystemExit(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got {type(drafter).__name__})")
+    return drafter, tree
 
 
 def non_negative_int(text: str) -> int:

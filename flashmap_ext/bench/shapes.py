@@ -1,0 +1,73 @@
+"""Bench rows of issue 15's draft shapes and their projected H200 speedups.
+
+- lookup: prompt lookup through this library's loop (`LookupDrafter(None)`, transformers' rule, 10 tokens).
+- lookup + FlashMap-1 / lookup + DFlash: the hybrid, chain rounds (n-gram continuation where one
+  matches, the drafter's block otherwise).
+- FlashMap-1 multi-noise N=2 / N=4: N noise draws merged into a prefix tree of at most 16 nodes.
+- FlashMap-1 top-k 8 / 16, DFlash top-k 16: top-4-per-slot trees of 8 / 16 nodes.
+- auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape picked per round from the cost table
+  measured on this machine (cost_calibrate.py, cached).
+"""
+from __future__ import annotations
+
+from flashmap_ext.bench.methods import Method
+from flashmap_ext.cost_model import H200_QWEN3_8B, projected_speedup
+from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter
+from flashmap_ext.drafters.lookup import LookupDrafter
+from flashmap_ext.tree import TreeSpec
+
+
+def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
+    """The shape rows for a FlashMap-1 drafter (a StepsDrafter) and/or a DFlash drafter (None: skipped)."""
+    rows = [Method("lookup", LookupDrafter(None))]
+    if flashmap1 is not None:
+        k = flashmap1.num_draft_tokens
+        rows += [Method("lookup + FlashMap-1", LookupDrafter(flashmap1)),
+                 Method("FlashMap-1 multi-noise N=2", MultiNoiseDrafter(flashmap1), TreeSpec(k, 2, 16)),
+                 Method("FlashMap-1 multi-noise N=4", MultiNoiseDrafter(flashmap1), TreeSpec(k, 4, 16)),
+                 Method("FlashMap-1 top-k 8", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 8)),
+                 Method("FlashMap-1 top-k 16", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 16))]
+    if dflash is not None:
+        rows += [Method("lookup + DFlash", LookupDrafter(dflash)),
+                 Method("DFlash top-k 16", TopKTreeDrafter(dflash), TreeSpec(dflash.num_draft_tokens, 4, 16))]
+    return rows
+
+
+def auto_methods(target, flashmap1=None) -> list[Method]:
+    """The `auto` row: AutoDrafter around `flashmap1` (or prompt lookup alone) with this machine's costs."""
+    from flashmap_ext.cost_calibrate import load_or_calibrate
+    from flashmap_ext.drafters.auto import AutoDrafter
+    auto = AutoDrafter(flashmap1, load_or_calibrate(target, flashmap1))
+    print(f"[flashmap] {auto.explain()}")
+    return [Method("auto", auto, auto.tree_spec())]
+
+
+def draft_calls(method: Method) -> float:
+    """Drafter calls per round of a method (0 without a neural drafter; N for multi-noise trees)."""
+    d = method.drafter
+    if d is None or isinstance(d, str):
+        return 0.0
+    if isinstance(d, MultiNoiseDrafter):
+        return float(method.tree.topk)
+    if isinstance(d, LookupDrafter) and d.inner is None:
+        return 0.0
+    return 1.0
+
+
+def projections(methods: list[Method], records: list) -> dict:
+    """{method: {dataset: projected H200 speedup}} from each method's measured γ and mean draft nodes per
+    round under `H200_QWEN3_8B` (HF peers and AR skipped)."""
+    table = H200_QWEN3_8B.table()
+    out: dict = {}
+    for m in methods:
+        if isinstance(m.drafter, str) or m.drafter is None:
+            continue
+        for name in dict.fromkeys(r.dataset for r in records):
+            recs = [r for r in records if r.method == m.name and r.dataset == name]
+            rounds = sum(len(r.accepted) for r in recs)
+            if not rounds:
+                continue
+            gamma = (sum(sum(r.accepted) for r in recs) + rounds) / rounds
+            nodes = sum(sum(r.drafted) for r in recs) / rounds
+            out.setdefault(m.name, {})[name] = projected_speedup(gamma, nodes, table, draft_calls(m))
+    return out

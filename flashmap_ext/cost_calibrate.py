@@ -1,0 +1,119 @@
+"""Measures this machine's `CostTable` once and caches it per machine fingerprint (issue 15).
+
+One calibration: a `context`-token prefill, then target forwards over 1, 2, 3, 5, 9, 17, 33 new tokens
+(logits for all, taps as the drafter needs; each rolled back), the drafter's draft call and its memory
+update for one round, and the loop's per-round overhead from a short plain `generate`. Each is timed
+`repeats` times after a warm-up and the median kept. The table is cached as JSON under
+`<flashmap cache>/costs/<fingerprint>.json`, the fingerprint hashing CPU model and flags (or GPU name),
+dtype, threads, torch version, the target's and the drafter's shapes: a different machine, dtype or thread
+count measures again. A few seconds on a 0.5 B target in fp32 on one AVX2 core.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from flashmap_ext.cost_model import CostTable
+
+WIDTHS = (1, 2, 3, 5, 9, 17, 33)
+
+
+def fingerprint(target, drafter=None) -> dict:
+    """What the costs depend on: machine, dtype, threads, torch, target and drafter shapes."""
+    from flashmap_ext.bench.machine import cpu_flags, cpu_model
+    flags = sorted(cpu_flags() & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    cfg = target.model.config
+    dev = target.device
+    return dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(), cpu_flags=flags,
+                dtype=str(target.dtype), threads=torch.get_num_threads(), torch=torch.__version__,
+                target=[getattr(cfg, "_name_or_path", ""), cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size],
+                drafter=_drafter_key(drafter))
+
+
+def _drafter_key(drafter) -> Optional[list]:
+    if drafter is None:
+        return None
+    inner = getattr(drafter, "inner", drafter)
+    params = sum(p.numel() for p in inner.parameters()) if hasattr(inner, "parameters") else 0
+    return [type(inner).__name__, params, drafter.num_draft_tokens, getattr(drafter, "steps", None)]
+
+
+def cache_path(key: dict) -> Path:
+    from flashmap_ext.bench.assets import cache_dir
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "costs" / f"{digest}.json"
+
+
+def load_or_calibrate(target, drafter=None, *, refresh: bool = False, **kwargs) -> CostTable:
+    """The cached CostTable for this machine, target and drafter, measured (and cached) if missing."""
+    key = fingerprint(target, drafter)
+    path = cache_path(key)
+    if path.is_file() and not refresh:
+        data = json.loads(path.read_text())
+        if data.get("fingerprint") == key:
+            return CostTable.from_json(data["table"])
+    table = calibrate(target, drafter, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(fingerprint=key, table=table.to_json()), indent=1))
+    return table
+
+
+def _median_time(fn: Callable[[], None], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def calibrate(target, drafter=None, *, widths: Sequence[int] = WIDTHS, context: int = 64, repeats: int = 3) -> CostTable:
+    """Measures a CostTable (see the module docstring); `target` a Target, `drafter` a BlockDrafter or None."""
+    from flashmap_ext.loop import tap_ids
+    from flashmap_ext.speculate import generate
+    gen = torch.Generator().manual_seed(0)
+    vocab = target.vocab_size
+    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(target.device)
+    taps = tap_ids(drafter)
+    cache = target.new_cache()
+    out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=taps)
+
+    def verify(width: int) -> Callable[[], None]:
+        block = torch.randint(0, vocab, (1, width), generator=gen).to(target.device)
+
+        def run():
+            target.forward(block, cache, num_logits=width, tap_layer_ids=taps)
+            target.rollback(cache, width)
+        return run
+    verify_s = {w: _median_time(verify(w), repeats) for w in widths}
+    draft_s = memory_s = 0.0
+    if drafter is not None:
+        draft_s, memory_s = _drafter_costs(drafter, prompt, out.taps, repeats)
+    plain = generate(target, None, prompt[0, :8], 8)
+    overhead = max(0.0, plain.stats.total_time_s - plain.stats.prefill_time_s) / max(plain.stats.rounds, 1) - verify_s[1]
+    return CostTable(verify_s, draft_s=draft_s, memory_s=memory_s, overhead_s=max(overhead, 0.0))
+
+
+def _drafter_costs(drafter, prompt: torch.Tensor, taps, repeats: int) -> tuple:
+    """(seconds of one draft call of the full block, seconds of a 2-position memory update)."""
+    device = prompt.device
+    memory = drafter.new_memory(1, device)
+    drafter.extend_memory(memory, prompt[:, :-2], None if taps is None else taps[:, :-2])
+    anchor, seed = prompt[:, -1], torch.zeros(1, dtype=torch.int64, device=device)
+    position = torch.full((1,), prompt.shape[1] - 2, dtype=torch.int64, device=device)
+    draft_s = _median_time(lambda: drafter.draft(memory, anchor, num_tokens=drafter.num_draft_tokens, seed=seed,
+                                                 position=position), repeats)
+
+    def update():
+        fresh = drafter.new_memory(1, device)
+        drafter.extend_memory(fresh, prompt[:, -2:], None if taps is None else taps[:, -2:])
+    memory_s = _median_time(update, repeats)
+    return draft_s, memory_s

@@ -1,0 +1,187 @@
+"""Which draft shape pays on this machine (issue 15): a cost table, an acceptance profile and the choice.
+
+    round_cost(shape) = draft_s · draft_calls + verify_s(width) + overhead_s       (width = 1 + nodes)
+    E[γ](chain of k)  = 1 + Σ_{j=1..k} Π_{i≤j} a_i                                  (a_i: P(slot i accepted | slot i−1 was))
+    E[γ](two chains)  = 1 + Σ_j [1 − (1 − P¹_j)(1 − P²_j)]                          (P_j = Π_{i≤j} a_i; branches independent)
+    rate(shape)       = E[γ] / round_cost;  plain decoding: 1 / (verify_s(1) + overhead_s)
+
+`CostTable` holds measured seconds (cost_calibrate.py measures and caches them per machine); `Roofline`
+gives the same table from bandwidth / FLOP constants, e.g. `H200_QWEN3_8B` for a **projected** H200
+speedup. `AcceptanceProfile` keeps per-slot counts with a Beta prior and is updated online from rounds.
+Units: seconds; γ = tokens committed per target forward (bonus included).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+@dataclass
+class CostTable:
+    """Measured costs: verify_s {width: seconds of one target forward over `width` new tokens, logits for
+    all}, draft_s (one drafter call), memory_s (one drafter memory update per round), overhead_s (the
+    rest of a round: acceptance, commit). Widths between measured ones are interpolated linearly, widths
+    beyond the largest extrapolated from the last two points."""
+    verify_s: dict
+    draft_s: float = 0.0
+    memory_s: float = 0.0
+    overhead_s: float = 0.0
+    label: str = "measured"
+
+    def __post_init__(self):
+        self.verify_s = {int(w): float(t) for w, t in self.verify_s.items()}
+        if 1 not in self.verify_s or any(t <= 0 for t in self.verify_s.values()):
+            raise ValueError(f"verify_s: needs width 1 and positive seconds, got {self.verify_s}")
+
+    def verify(self, width: int) -> float:
+        """Seconds of a target forward over `width` (>= 1) tokens."""
+        widths = sorted(self.verify_s)
+        if width in self.verify_s:
+            return self.verify_s[width]
+        i = bisect.bisect_left(widths, width)
+        lo, hi = (widths[i - 1], widths[i]) if i < len(widths) else (widths[-2], widths[-1]) if len(widths) > 1 else (1, 1)
+        if lo == hi:
+            return self.verify_s[lo]
+        t_lo, t_hi = self.verify_s[lo], self.verify_s[hi]
+        return max(t_lo + (t_hi - t_lo) * (width - lo) / (hi - lo), min(self.verify_s.values()))
+
+    def plain_s(self) -> float:
+        """Seconds per token of plain decoding (one width-1 forward, no drafter)."""
+        return self.verify(1) + self.overhead_s
+
+    def round_s(self, nodes: int, draft_calls: int = 1, uses_drafter: bool = True) -> float:
+        """Seconds of a round verifying `nodes` draft tokens after `draft_calls` drafter calls."""
+        drafter = self.draft_s * draft_calls + self.memory_s if uses_drafter else 0.0
+        return drafter + self.verify(1 + nodes) + self.overhead_s
+
+    def to_json(self) -> dict:
+        return dict(verify_s={str(w): t for w, t in sorted(self.verify_s.items())}, draft_s=self.draft_s,
+                    memory_s=self.memory_s, overhead_s=self.overhead_s, label=self.label)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostTable":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Bandwidth / compute-bound costs: verify(w) = max(weights / HBM, 2 · params · w / peak) + launch;
+    draft = max(drafter weights / HBM, 2 · drafter params · K / peak) per flow-map step."""
+    hbm_bytes_per_s: float
+    peak_flops: float
+    target_params: float
+    drafter_params: float
+    bytes_per_param: float = 2.0
+    launch_s: float = 20e-6
+    draft_block: int = 16
+    label: str = "roofline"
+
+    def table(self, steps: int = 1) -> CostTable:
+        def forward(params: float, width: int) -> float:
+            return max(params * self.bytes_per_param / self.hbm_bytes_per_s, 2 * params * width / self.peak_flops)
+        verify = {w: forward(self.target_params, w) + self.launch_s for w in (1, 2, 4, 8, 16, 32, 64)}
+        draft = steps * (forward(self.drafter_params, self.draft_block) + self.launch_s)
+        return CostTable(verify, draft_s=draft, label=self.label)
+
+
+#: H200 (HBM3e 4.3 TB/s as in issue 15, ~989 TFLOP/s dense bf16) running Qwen3-8B (8.19 B parameters, bf16)
+#: with the FlashMap paper-size drafter (DESIGN §5.2: ≈0.5 B trainable + the frozen 151,936 × 4,096 LM head
+#: it reads every step ≈ 0.62 B). A projection, never a measurement.
+H200_QWEN3_8B = Roofline(hbm_bytes_per_s=4.3e12, peak_flops=989e12, target_params=8.19e9,
+                         drafter_params=0.5e9 + 0.62e9, label="projected H200 (roofline: Qwen3-8B bf16, 4.3 TB/s)")
+
+
+def projected_speedup(gamma: float, mean_nodes: float, table: CostTable, draft_calls: float = 1.0) -> float:
+    """Speedup over plain decoding of rounds that commit `gamma` tokens verifying `mean_nodes` drafts after
+    `draft_calls` drafter calls, under `table` (e.g. `H200_QWEN3_8B.table()`): γ · plain / round."""
+    width = 1 + mean_nodes
+    lo, frac = int(width), width - int(width)
+    verify = table.verify(lo) * (1 - frac) + table.verify(lo + 1) * frac if frac else table.verify(lo)
+    round_s = table.draft_s * draft_calls + table.memory_s + verify + table.overhead_s
+    return gamma * table.plain_s() / round_s
+
+
+@dataclass
+class AcceptanceProfile:
+    """Per-slot acceptance a_i = P(slot i accepted | slot i−1 accepted), Beta(prior·w, (1−prior)·w) prior
+    plus the observed counts (online). `prior` is one number or a per-slot list."""
+    prior: float | Sequence[float] = 0.5
+    weight: float = 4.0
+    tried: list = field(default_factory=list)
+    accepted: list = field(default_factory=list)
+
+    def rate(self, slot: int) -> float:
+        """a_slot (0-based slot)."""
+        p = self.prior if isinstance(self.prior, (int, float)) else (
+            self.prior[slot] if slot < len(self.prior) else self.prior[-1])
+        n = self.tried[slot] if slot < len(self.tried) else 0
+        k = self.accepted[slot] if slot < len(self.accepted) else 0
+        return (k + p * self.weight) / (n + self.weight)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """One chain round: slots 0..proposed−1 were proposed, the first `accepted` accepted (slot
+        `accepted`, if proposed, was the first rejected; later slots carry no information)."""
+        tried = min(proposed, accepted + 1)
+        grow = max(0, tried - len(self.tried))
+        self.tried.extend([0] * grow)
+        self.accepted.extend([0] * grow)
+        for i in range(tried):
+            self.tried[i] += 1
+            self.accepted[i] += i < accepted
+
+    def reach(self, k: int) -> list:
+        """[P_1 … P_k]: probability that the first j slots are all accepted."""
+        out, p = [], 1.0
+        for i in range(k):
+            p *= self.rate(i)
+            out.append(p)
+        return out
+
+    def expected_gamma(self, k: int) -> float:
+        return 1.0 + sum(self.reach(k))
+
+
+def expected_gamma_two(first: AcceptanceProfile, k1: int, second: AcceptanceProfile, k2: int) -> float:
+    """E[γ] of a two-branch tree (chains of k1 and k2 tokens, independent branches)."""
+    p1, p2 = first.reach(k1), second.reach(k2)
+    return 1.0 + sum(1 - (1 - (p1[j] if j < k1 else 0)) * (1 - (p2[j] if j < k2 else 0)) for j in range(max(k1, k2)))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One round's plan: `lookup` n-gram tokens and/or `drafter` block-drafter tokens (0 = none), the
+    expected γ and seconds of the round under the table."""
+    lookup: int
+    drafter: int
+    gamma: float
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.gamma / self.seconds
+
+    @property
+    def nodes(self) -> int:
+        return self.lookup + self.drafter
+
+
+def best_shape(table: CostTable, drafter: Optional[AcceptanceProfile], max_drafter: int,
+               lookup: Optional[AcceptanceProfile] = None, max_lookup: int = 0, two_branch: bool = True,
+               drafter_active: bool = True) -> Shape:
+    """The shape of highest expected tokens/s: plain decoding (0, 0), a lookup chain (l, 0), a drafter
+    chain (0, k) or both as two branches (l, k); ties go to the smaller shape. `drafter_active`: the
+    drafter's memory is kept up to date anyway, so a round without drafting still pays `memory_s`."""
+    memory = table.memory_s if drafter_active else 0.0
+    best = Shape(0, 0, 1.0, table.plain_s() + memory)
+    lookups = range(1, max_lookup + 1) if lookup is not None else ()
+    drafts = range(1, max_drafter + 1) if drafter is not None and drafter_active else ()
+    cands = [Shape(l, 0, lookup.expected_gamma(l), table.verify(1 + l) + table.overhead_s + memory) for l in lookups]
+    cands += [Shape(0, k, drafter.expected_gamma(k), table.round_s(k)) for k in drafts]
+    if two_branch:
+        cands += [Shape(l, k, expected_gamma_two(lookup, l, drafter, k), table.round_s(l + k))
+                  for l in lookups for k in drafts]
+    for cand in cands:
+        if cand.rate > best.rate * (1 + 1e-9):
+            best = cand
+    return best

@@ -1,0 +1,159 @@
+"""Token trees from block drafters (issue 15), verified by the EAGLE-3 tree round (`flashmap_ext/tree.py`).
+
+- `MultiNoiseDrafter(flashmap)`: N = `topk` FlashMap blocks from N independent noise draws (the drafter's own
+  stream, draw j keyed by seed + j·NOISE_SEED_STRIDE; draw 0 is the chain's noise) → N chains merged into
+  a prefix tree, nodes ranked by cumulative draft log-probability (max over the chains through a node).
+  FlowMap notes §4.2: point-mass drafts from independent noise stay lossless under multi-draft acceptance.
+- `TopKTreeDrafter(block drafter)`: the block's per-slot logits (FlashMap or DFlash); each node at depth d
+  gets slot d+1's `topk` most likely tokens as children; nodes are taken best-first by cumulative draft
+  log-probability until `num_nodes` (DDTree-style top-k-per-slot tree).
+
+Both are batch 1 and take `generate(..., tree=TreeSpec(depth, topk, num_nodes))`; `draft` passes through to
+the wrapped drafter, so the same object also drafts chains.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Optional, Sequence
+
+import torch
+
+from flashmap_ext.drafters.eagle3_tree import DraftTree
+
+#: seed offset between the noise draws of a multi-noise tree (an odd constant far from request seeds)
+NOISE_SEED_STRIDE = 0x9E3779B1
+
+
+def merge_chains(chains: Sequence[Sequence[int]], scores: Optional[Sequence[Sequence[float]]] = None, *,
+                 num_nodes: int, depth: int) -> DraftTree:
+    """Prefix tree of `chains` (token id lists; each cut at `depth` and at its first negative id).
+
+    A node's score is the best cumulative score among the chains through it (`scores[c][j]`, non-increasing
+    along each chain; default −(j + c/len(chains)): earlier chains first at equal depth). The
+    `num_nodes` best nodes are kept (ties: shallower, then earlier), which keeps every kept node's
+    ancestors; nodes come out in topological order."""
+    ids: dict = {}
+    tokens, parents, depths, best = [], [], [], []
+    for c, chain in enumerate(chains):
+        parent = -1
+        for j, tok in enumerate(list(chain)[:depth]):
+            if tok < 0:
+                break
+            score = scores[c][j] if scores is not None else -(j + c / len(chains))
+            key = (parent, int(tok))
+            if key not in ids:
+                ids[key] = len(tokens)
+                tokens.append(int(tok)), parents.append(parent), depths.append(j + 1), best.append(score)
+            node = ids[key]
+            best[node] = max(best[node], score)
+            parent = node
+    keep = sorted(sorted(range(len(tokens)), key=lambda i: (-best[i], depths[i], i))[:max(num_nodes, 0)])
+    return _subtree(keep, tokens, parents, depths, best)
+
+
+def _subtree(keep: list, tokens, parents, depths, scores) -> DraftTree:
+    """The nodes `keep` (ascending, closed under parents) renumbered 0..n-1."""
+    new = {old: i for i, old in enumerate(keep)}
+    return DraftTree(torch.tensor([tokens[i] for i in keep], dtype=torch.int64),
+                     torch.tensor([new[parents[i]] if parents[i] >= 0 else -1 for i in keep], dtype=torch.int64),
+                     torch.tensor([depths[i] for i in keep], dtype=torch.int64),
+                     torch.tensor([scores[i] for i in keep], dtype=torch.float32))
+
+
+def topk_tree(logp: torch.Tensor, *, topk: int, num_nodes: int, depth: int) -> DraftTree:
+    """Best-first top-k-per-slot tree from per-slot log-probabilities logp [D, V] (row d = depth d + 1,
+    target ids as columns): children of a depth-d node are row d's `topk` best tokens; nodes are added in
+    order of cumulative log-probability (ties: earlier pushed) until `num_nodes` or no candidate is left."""
+    depth = min(depth, logp.shape[0])
+    if depth <= 0 or num_nodes <= 0:
+        return merge_chains([], num_nodes=0, depth=0)
+    top = logp[:depth].float().topk(min(topk, logp.shape[1]), dim=-1)
+    vals, toks = top.values.tolist(), top.indices.tolist()
+    heap = [(-vals[0][r], r, -1, 0, toks[0][r]) for r in range(len(toks[0]))]  # (−score, tiebreak, parent, d, tok)
+    heapq.heapify(heap)
+    tokens, parents, depths, scores, pushed = [], [], [], [], len(heap)
+    while heap and len(tokens) < num_nodes:
+        neg, _, parent, d, tok = heapq.heappop(heap)
+        if neg == float("inf"):  # -inf log-probability (outside a draft vocabulary): never a candidate
+            break
+        node = len(tokens)
+        tokens.append(tok), parents.append(parent), depths.append(d + 1), scores.append(-neg)
+        if d + 1 < depth:
+            for r, t in enumerate(toks[d + 1]):
+                heapq.heappush(heap, (neg - vals[d + 1][r], pushed, node, d + 1, t))
+                pushed += 1
+    return _subtree(list(range(len(tokens))), tokens, parents, depths, scores)
+
+
+def block_log_probs(drafter, memory, anchor: torch.Tensor, position: torch.Tensor, seed: torch.Tensor,
+                    noise_draw: int = 0) -> torch.Tensor:
+    """Per-slot draft log-probabilities [K, V_target] (−inf outside a draft vocabulary) of a FlashMap
+    (steps as configured; a bench `StepsDrafter` keeps its steps) or DFlash block, batch 1; any other
+    drafter may offer them as `draft_log_probs(memory, anchor, position, seed, noise_draw)`."""
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+    if hasattr(drafter, "draft_log_probs"):
+        return drafter.draft_log_probs(memory, anchor, position, seed, noise_draw)
+    fm, steps = (drafter.inner, drafter.steps) if hasattr(drafter, "steps") else (drafter, None)
+    if isinstance(fm, FlashMapDrafter):
+        block = draft_block(fm, memory, anchor, steps=steps, seed=seed + noise_draw * NOISE_SEED_STRIDE,
+                            position=position, return_logits=True)
+        small = torch.log_softmax(block.logits[0].float(), dim=-1)
+        if fm.config.draft_vocab_size is None:
+            return small
+        rows = fm.to_target_ids(torch.arange(small.shape[-1], device=small.device))
+        full = small.new_full((small.shape[0], fm.tables.embedding.shape[0]), float("-inf"))
+        return full.index_copy_(-1, rows, small)
+    if isinstance(fm, DFlashDrafter):
+        if noise_draw:
+            raise ValueError("DFlash drafts deterministically: multi-noise trees need a FlashMap drafter")
+        return torch.log_softmax(fm.draft_logits(memory, anchor, position)[0].float(), dim=-1)
+    raise ValueError(f"block trees need a FlashMapDrafter or DFlashDrafter, got {type(fm).__name__}")
+
+
+class _BlockTreeBase:
+    """Passes the BlockDrafter interface through to the wrapped drafter."""
+
+    def __init__(self, drafter):
+        self.inner = drafter
+        self.num_draft_tokens = drafter.num_draft_tokens
+        self.target_layer_ids = tuple(drafter.target_layer_ids)
+
+    def new_memory(self, batch_size, device):
+        if batch_size != 1:
+            raise ValueError(f"{type(self).__name__}: batch size 1 only (got {batch_size})")
+        return self.inner.new_memory(batch_size, device)
+
+    def extend_memory(self, memory, token_ids, taps):
+        self.inner.extend_memory(memory, token_ids, taps)
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        return self.inner.draft(memory, anchor_tokens, num_tokens=num_tokens, seed=seed, position=position)
+
+
+class MultiNoiseDrafter(_BlockTreeBase):
+    """FlashMap multi-noise trees: `topk` noise draws → `topk` argmax chains → one prefix tree."""
+
+    @torch.no_grad()
+    def draft_tree(self, memory, anchor_token: torch.Tensor, position: torch.Tensor, *, depth: int, topk: int,
+                   num_nodes: int, seed: Optional[torch.Tensor] = None) -> DraftTree:
+        seed = torch.zeros_like(position) if seed is None else seed
+        depth = min(depth, self.num_draft_tokens)
+        chains, scores = [], []
+        for j in range(topk):
+            logp = block_log_probs(self.inner, memory, anchor_token, position, seed, noise_draw=j)[:depth]
+            best = logp.max(dim=-1)
+            chains.append(best.indices.tolist())
+            scores.append(best.values.cumsum(0).tolist())
+        return merge_chains(chains, scores, num_nodes=num_nodes, depth=depth)
+
+
+class TopKTreeDrafter(_BlockTreeBase):
+    """Top-k-per-slot trees from one block's per-slot logits (FlashMap or DFlash)."""
+
+    @torch.no_grad()
+    def draft_tree(self, memory, anchor_token: torch.Tensor, position: torch.Tensor, *, depth: int, topk: int,
+                   num_nodes: int, seed: Optional[torch.Tensor] = None) -> DraftTree:
+        seed = torch.zeros_like(position) if seed is None else seed
+        logp = block_log_probs(self.inner, memory, anchor_token, position, seed)
+        return topk_tree(logp, topk=topk, num_nodes=num_nodes, depth=min(depth, self.num_draft_tokens))
