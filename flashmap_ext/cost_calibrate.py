@@ -93,7 +93,9 @@ def calibrate(target, drafter=None, *, widths: Sequence[int] = WIDTHS, context: 
             target.forward(block, cache, num_logits=width, tap_layer_ids=taps)
             target.rollback(cache, width)
         return run
-    verify_s = {w: _median_time(verify(w), repeats) for w in widths}
+    verify_s, slowest = {}, 0.0
+    for w in sorted(widths):  # a wider forward never costs less: a load spike must not make width look free
+        slowest = verify_s[w] = max(_median_time(verify(w), repeats), slowest)
     draft_s = memory_s = 0.0
     if drafter is not None:
         draft_s, memory_s = _drafter_costs(drafter, prompt, out.taps, repeats)
