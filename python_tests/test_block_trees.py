@@ -249,3 +249,20 @@ def test_sampling_matches_target_joint_distribution(kind):
         out = generate(target, drafter, prompt, 4, seed=seed, tree=spec, **filters)
         return out.tokens, sum(out.stats.accepted)
     assert_matches_joint(small, prompt, run, 800, filters)
+
+
+# --- command line ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra", [["--lookup"], ["--drafter", "random", "--lookup", "--tree", "4,2,8"],
+                                   ["--drafter", "random", "--block-tree", "topk", "--tree", "4,3,8"],
+                                   ["--drafter", "random", "--block-tree", "multinoise", "--tree", "4,2,8"],
+                                   ["--drafter", "random", "--auto"]])
+def test_generate_cli_shapes_print_the_greedy_text(extra, capsys, tmp_path, monkeypatch):
+    from test_generate_cli import BASE, run_cli
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path))  # --auto calibrates into a fresh cache
+    ar_out, _ = run_cli(BASE, capsys)
+    out, err = run_cli(BASE + extra, capsys)
+    assert out == ar_out and "24 tokens" in err
+    if "--auto" in extra:
+        assert "auto:" in err and list((tmp_path / "costs").glob("*.json"))
+    with pytest.raises(SystemExit, match="--block-tree needs"):
+        run_cli(BASE + ["--block-tree", "topk"], capsys)
