@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, AssetError) as err:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
-        print(f"flashmap {args.command}: error: {err}", file=sys.stderr)
+        message = " ".join(str(err).split())  # one line, whatever the library's message looked like
+        print(f"flashmap {args.command}: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -134,7 +134,7 @@ def tree_spec(text: str) -> TreeSpec:
 def load_target_and_tokenizer(name: str, dtype: torch.dtype, device=None):
     """(Target, tokenizer) for a hub name, a local dir, a .gguf file, 'qwen2.5-coder-0.5b' (the offline
     real target, resolved by bench.assets.resolve_target as in `flashmap bench`) or 'tiny-random'."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if name == TINY:
         return Target(tiny_random_model(dtype).to(device)), ByteTokenizer()
     name = resolve_target(name)
@@ -144,13 +144,32 @@ def load_target_and_tokenizer(name: str, dtype: torch.dtype, device=None):
             raise FileNotFoundError(f"--target {name}: no such file or directory (expected a model directory, "
                                     f"a .gguf file, a hub name such as Qwen/Qwen3-8B, or '{TINY}')")
         name = str(Path(name).expanduser())
+        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+            raise ValueError(f"--target {name}: not a model directory (no config.json)")
     from transformers import AutoTokenizer
-    if name.endswith(".gguf"):
-        path = Path(name).resolve()
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    return load_target(name, dtype=dtype, device=device), tokenizer
+    try:
+        if name.endswith(".gguf"):
+            path = Path(name).resolve()
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        return load_target(name, dtype=dtype, device=device), tokenizer
+    except OSError as err:  # HF: not in the offline cache / no network / not a model repo (several lines)
+        if isinstance(err, FileNotFoundError) and str(err).startswith("--target"):
+            raise
+        raise ValueError(f"--target {name}: cannot load it ({' '.join(str(err).split())})") from None
+
+
+def check_device(device) -> torch.device:
+    """`device` as a torch.device; ValueError naming --device for an unknown one or CUDA without CUDA."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r}: not a device (expected cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device available (torch {torch.__version__} "
+                         f"{'has no CUDA support' if torch.version.cuda is None else 'sees no GPU'})")
+    return dev
 
 
 def tiny_random_model(dtype: torch.dtype = torch.float32, seed: int = 0):

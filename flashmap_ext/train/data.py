@@ -182,7 +182,7 @@ def load_samples(path: str, tokenizer, enable_thinking: bool = False, max_length
                  report: DataReport | None = None) -> Iterator[Sample]:
     """Streams the Samples of a conversations jsonl file. A record's own `enable_thinking` wins.
     `report` counts the samples kept, truncated and dropped by `max_length`; ValueError at the end of
-    the file when every sample was dropped (nothing to train on)."""
+    the file when there was no sample or every sample was dropped (nothing to train on)."""
     report = DataReport() if report is None else report
     for record in read_jsonl(path):
         if "messages" not in record:
@@ -191,3 +191,5 @@ def load_samples(path: str, tokenizer, enable_thinking: bool = False, max_length
                                        max_length, record["id"], report)
     if report.dropped and not report.kept:
         raise ValueError(f"{path}: every sample was dropped: {report.summary(max_length)}; raise --max-length")
+    if not report.kept:
+        raise ValueError(f"{path}: no conversation with an assistant turn in it (nothing to train on)")
