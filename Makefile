@@ -4,6 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.deps-installed
+# z-lab's reference DFlash for the differential tests; --no-deps: it pins an older transformers/tqdm
+REFERENCE := dflash==0.1.0
+REF_STAMP := $(VENV)/.reference-installed
 CUTLASS := third_party/cutlass/include/cute
 CUTLASS_MIN := third_party/cutlass-min/include/cute
 CUTLASS_VERSION := 4.2.0.0
@@ -16,6 +19,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev,bench]" --no-build-isolation
 	touch $(STAMP)
+
+$(REF_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps "$(REFERENCE)"
+	touch $(REF_STAMP)
 
 build: $(STAMP)
 	@# CUDA kernels are built when torch is a CUDA build and a toolkit is found (FLASHMAP_CUDA=0/1 forces it)
@@ -31,11 +38,11 @@ checkpoints:
 demo: build checkpoints
 	$(BIN)/flashmap demo
 
-test: build
+test: build $(REF_STAMP)
 	$(BIN)/python -m pytest -q python_tests
 	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) cuda-check; else echo "nvcc not found: CUDA compile check skipped"; fi
 
-test-real: build checkpoints
+test-real: build checkpoints $(REF_STAMP)
 	$(BIN)/python -m pytest -q -m slow python_tests
 
 bench: build

@@ -55,6 +55,7 @@ class Target:
         self.model = model.eval().requires_grad_(False)
         self.config = model.config.get_text_config(decoder=True)
         self.layers = _decoder_layers(model)
+        self.final_norm = final_norm(model)
         self.embed_tokens = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.num_layers = len(self.layers)
@@ -87,7 +88,8 @@ class Target:
             input_ids: [B, T] int64, the tokens following those already in `cache` (T >= 1).
             cache: the KV cache from `new_cache()`; updated in place.
             num_logits: number of trailing positions whose logits are computed (1 <= n <= T).
-            tap_layer_ids: 0-based decoder layers whose outputs are returned (HF hidden_states[i + 1]).
+            tap_layer_ids: 0-based decoder layers whose outputs are returned (HF hidden_states[i + 1]: the
+                last layer's is taken after the final norm, as HF and z-lab's DFlash do).
             attention_mask: None (causal) or an additive float mask [1, 1, T, cached + T] in the model's
                 dtype (0 = visible, dtype-min = hidden), used as is (sdpa / eager attention).
             position_ids: None (cached .. cached + T - 1) or [1, T] int64 absolute positions (RoPE).
@@ -142,7 +144,8 @@ class Target:
             for j, i in enumerate(layer_ids):
                 if not 0 <= i < self.num_layers:
                     raise ValueError(f"tap layer id {i} out of range for a {self.num_layers}-layer target")
-                handles.append(self.layers[i].register_forward_hook(_store(captured, j)))
+                module = tap_module(self.layers, self.final_norm, i)
+                handles.append(module.register_forward_hook(_store(captured, j)))
             yield
         finally:
             for h in handles:
@@ -153,6 +156,19 @@ def _store(captured: list, j: int):
     def hook(module, args, output):
         captured[j] = output[0] if isinstance(output, (tuple, list)) else output
     return hook
+
+
+def tap_module(layers: nn.ModuleList, norm: Optional[nn.Module], i: int) -> nn.Module:
+    """The module whose output is tap i = HF `hidden_states[i + 1]`: decoder layer i, except the last
+    layer, whose HF hidden state is the final norm's output (when the model has one)."""
+    return norm if i == len(layers) - 1 and norm is not None else layers[i]
+
+
+def final_norm(model: nn.Module) -> Optional[nn.Module]:
+    """The decoder's final norm (`get_decoder().norm`), or None."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    norm = getattr(decoder, "norm", None)
+    return norm if isinstance(norm, nn.Module) else None
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -293,8 +293,9 @@ def test_dflash_clear_errors(drafter, tmp_path, target):
         DFlashDrafter.from_pretrained(write_released(tmp_path / "missing", weights), target)
     with pytest.raises(ValueError, match="not a DFlash"):
         DFlashDrafter.from_pretrained(write_released(tmp_path / "arch", architectures=["Qwen3ForCausalLM"]), target)
-    with pytest.raises(NotImplementedError, match="full_attention"):
-        DFlashDrafter.from_pretrained(write_released(tmp_path / "swa", layer_types=["sliding_attention"] * 2), target)
+    with pytest.raises(NotImplementedError, match="rope_scaling.rope_type"):
+        DFlashDrafter.from_pretrained(write_released(tmp_path / "dyn", rope_scaling={"type": "dynamic", "factor": 2}),
+                                      target)
     with pytest.raises(ValueError, match="hidden"):
         DFlashDrafter.from_pretrained(write_released(tmp_path / "ok"), tiny_qwen3(hidden_size=32))
 

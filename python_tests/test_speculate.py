@@ -15,7 +15,7 @@ from flashmap_ext.target import Target
 
 K = 4            # draft length of the test drafters
 NEW = 2 * K + 5  # new tokens per identity run: several full rounds plus a budget-limited last one
-TAPS = (1, 2)    # not the last layer: HF's hidden_states[L] is after the final norm, our tap before it
+TAPS = (1, 2)
 
 
 @pytest.fixture(scope="module")

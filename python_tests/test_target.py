@@ -56,13 +56,18 @@ def test_taps_and_logits_match_full_forward(arch):
     assert [dict(layer._forward_hooks) for layer in target.layers] == hooks_before  # ours are gone
 
 
-def test_last_layer_tap_is_its_raw_output_before_the_final_norm():
+def test_last_layer_tap_is_hf_hidden_states_after_the_final_norm():
+    """Tap L−1 = HF hidden_states[L], which HF takes after the final norm (z-lab's DFlash convention)."""
     model = tiny_model("qwen3")
     target = Target(model)
     out = target.forward(torch.tensor([IDS]), target.new_cache(), tap_layer_ids=(2,))
     ref = full_forward(model, IDS).hidden_states[3]  # HF: the last entry is after the final norm
-    torch.testing.assert_close(model.model.norm(out.taps), ref, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(out.taps, ref, atol=1e-2)
+    torch.testing.assert_close(out.taps, ref, atol=1e-5, rtol=1e-5)
+    raw = []
+    handle = model.model.layers[2].register_forward_hook(lambda m, a, o: raw.append(o[0] if isinstance(o, tuple) else o))
+    full_forward(model, IDS)
+    handle.remove()
+    assert not torch.allclose(raw[0], ref, atol=1e-2)  # the convention matters: raw output != normed
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -2,7 +2,8 @@
 
 Conventions shared by all drafters:
 - `target_layer_ids` are 0-based indices of target decoder layers whose *outputs* are tapped (HF
-  `hidden_states[i + 1]`, never the final normed state), as DFlash's `target_layer_ids`.
+  `hidden_states[i + 1]`, as DFlash's `target_layer_ids`; for the last layer that is the final norm's
+  output, as in HF and z-lab's DFlash).
 - "memory" is the drafter's incremental context cache (DESIGN.md §5.3). It holds one entry per committed
   position whose target KV is valid, i.e. every committed token except the current anchor.
 - Drafts never see the verifier's randomness: drafter noise comes from its own Philox stream keyed by

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters import hf_checkpoint as ckpt
-from flashmap_ext.drafters.dflash_blocks import train_attention_mask, train_block_inputs
+from flashmap_ext.drafters.dflash_blocks import attention_rule, train_attention_mask, train_block_inputs
 from flashmap_ext.drafters.dflash_config import DFlashConfig, build_target_layer_ids, target_shape
 from flashmap_ext.drafters.kv_cache import KVCache
 from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
@@ -58,7 +58,9 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.rotary = Rotary(c.head_dim, c.rope_theta)
+        self.rotary = Rotary(c.head_dim, c.rope_theta, c.rope_scaling,
+                             dict(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads,
+                                  max_position_embeddings=c.max_position_embeddings))
         init_weights(self, c.initializer_range)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
@@ -126,13 +128,23 @@ class DFlashDrafter(nn.Module):
         """hidden [..., d] -> logits over the draft vocabulary [..., V_d] (all of the LM head without one)."""
         rows = self.draft_rows()
         if rows is None:
-            return self.parts.logits(hidden)
+            return self.scale_logits(self.parts.logits(hidden))
         head = self.parts.head
         if not isinstance(head, nn.Linear) or head.bias is not None:
             raise ValueError("a draft vocabulary needs a bias-free Linear LM head")
         if self._head_rows is None or self._head_rows.device != head.weight.device:
             self._head_rows = head.weight.detach()[rows.to(head.weight.device)].contiguous()
-        return torch.nn.functional.linear(hidden.to(self._head_rows.dtype), self._head_rows)
+        return self.scale_logits(torch.nn.functional.linear(hidden.to(self._head_rows.dtype), self._head_rows))
+
+    def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """`output_multiplier`, then `final_logit_softcapping` c > 0: c·tanh(logits / c) (z-lab
+        `compute_logits`); the identity for v1 checkpoints."""
+        c = self.config
+        if c.output_multiplier != 1.0:
+            logits = logits * c.output_multiplier
+        if c.final_logit_softcapping is not None and c.final_logit_softcapping > 0:
+            logits = torch.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        return logits
 
     def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft-vocabulary rows; −100 and ids outside the draft vocabulary -> −100."""
@@ -153,14 +165,15 @@ class DFlashDrafter(nn.Module):
         hidden = self.block_hidden(memory, anchor_tokens, position)
         rows = self.draft_rows()
         if rows is None:
-            return self.parts.logits(hidden)
+            return self.vocab_logits(hidden)
         small = self.vocab_logits(hidden)
         full = small.new_full((*small.shape[:-1], self.parts.num_rows), float("-inf"))
         return full.index_copy_(-1, rows, small)
 
     def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1 (no mask: the block
-        sees all of `memory` and itself)."""
+        """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1. Full-attention
+        bidirectional layers see all of `memory` and the whole block; causal / sliding-window layers
+        (`DFlashConfig.layer_attention`) are masked by absolute position (memory index = position)."""
         bs, b = self.config.block_size, anchor_tokens.shape[0]
         if anchor_tokens.dim() != 1 or position.shape != anchor_tokens.shape:
             raise ValueError(f"anchor_tokens and position must both be [B]; got {tuple(anchor_tokens.shape)} "
@@ -169,11 +182,35 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"memory holds {memory.batch} rows, anchors {b}")
         ids = torch.full((b, bs), self.config.mask_token_id, dtype=torch.long, device=anchor_tokens.device)
         ids[:, 0] = anchor_tokens
-        x = self.parts.embed(ids, self.fc.weight.dtype)
-        cos, sin = self.rotary(position[:, None] + torch.arange(bs, device=position.device), x.dtype)
-        for layer, k, v in zip(self.layers, memory.keys, memory.values):
-            x = layer(x, cos, sin, k, v)
+        x = self._embed(ids)
+        block_pos = position[:, None] + torch.arange(bs, device=position.device)
+        cos, sin = self.rotary(block_pos, x.dtype)
+        key_pos = torch.cat([torch.arange(memory.length, device=position.device).expand(b, -1), block_pos], 1)
+        masks = self._layer_masks(block_pos, key_pos, None)
+        for layer, k, v, mask in zip(self.layers, memory.keys, memory.values, masks):
+            x = layer(x, cos, sin, k, v, mask)
         return self.norm(x)[:, 1:]
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.parts.embed(ids, self.fc.weight.dtype)
+        scale = self.config.input_embedding_scale
+        return x if scale == 1.0 else x * scale
+
+    def _layer_masks(self, query_pos: torch.Tensor, key_pos: torch.Tensor, structure: torch.Tensor | None):
+        """Per layer: `structure` (bool [B, 1, Q, K] or None = all visible) combined with the layer's
+        causal / sliding-window rule over absolute positions query_pos [B, Q], key_pos [B, K]."""
+        cache: dict = {}
+        out = []
+        for i in range(len(self.layers)):
+            causal, window = self.config.layer_attention(i)
+            if (causal, window) not in cache:
+                if not causal and window is None:
+                    cache[causal, window] = structure
+                else:
+                    rule = attention_rule(query_pos, key_pos, causal, window)[:, None]
+                    cache[causal, window] = rule if structure is None else rule & structure
+            out.append(cache[causal, window])
+        return out
 
     def _context_kv(self, taps: torch.Tensor, positions: torch.Tensor):
         """Per layer (k, v) [B, G, T, hd] of the fused taps at absolute `positions` [B, T]."""
@@ -191,7 +228,7 @@ class DFlashDrafter(nn.Module):
         """Logits [B, A, block_size−1, V] for A blocks per sequence in one forward (SpecForge-style).
         See `forward_train_hidden` for the inputs."""
         hidden = self.forward_train_hidden(taps, input_ids, anchor_pos)
-        return self.parts.logits(hidden)
+        return self.scale_logits(self.parts.logits(hidden))
 
     def forward(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
         """`forward_train_hidden`, the module's call (so DDP/FSDP wrappers see the training forward)."""
@@ -209,11 +246,13 @@ class DFlashDrafter(nn.Module):
         b, t = input_ids.shape
         self._check_taps(taps, b, t)
         ids, block_pos = train_block_inputs(input_ids, anchor_pos, self.config)
-        mask = train_attention_mask(anchor_pos, t, self.config.block_size)
-        x = self.parts.embed(ids, self.fc.weight.dtype)
-        ctx_kv = self._context_kv(taps, torch.arange(t, device=taps.device).expand(b, -1))
+        structure = train_attention_mask(anchor_pos, t, self.config.block_size)
+        x = self._embed(ids)
+        ctx_pos = torch.arange(t, device=taps.device).expand(b, -1)
+        ctx_kv = self._context_kv(taps, ctx_pos)
         cos, sin = self.rotary(block_pos, x.dtype)
-        for layer, (k, v) in zip(self.layers, ctx_kv):
+        masks = self._layer_masks(block_pos, torch.cat([ctx_pos, block_pos], 1), structure)
+        for layer, (k, v), mask in zip(self.layers, ctx_kv, masks):
             x = layer(x, cos, sin, k, v, mask)
         a, bs = anchor_pos.shape[1], self.config.block_size
         return self.norm(x).view(b, a, bs, -1)[:, :, 1:]
@@ -233,6 +272,10 @@ class DFlashDrafter(nn.Module):
         if parts.num_rows <= self.config.mask_token_id:
             raise ValueError(f"mask_token_id {self.config.mask_token_id} outside the target's "
                              f"{parts.num_rows}-row embedding table")
+        layers = target_shape(hf_model(target).config)["num_target_layers"]
+        if max(self.config.target_layer_ids) >= layers:
+            raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
+                             f"{layers} layers")
         self._target = parts
         self._head_rows = None
         return self

@@ -40,6 +40,21 @@ def train_block_inputs(input_ids: torch.Tensor, anchor_pos: torch.Tensor,
     return ids.flatten(1), positions.flatten(1)
 
 
+def attention_rule(query_pos: torch.Tensor, key_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
+    """bool [B, Q, K], True = may attend, for absolute positions query_pos [B, Q] and key_pos [B, K]:
+    causal keeps keys at or before the query; a window w keeps keys at distance < w (behind the query,
+    and ahead of it too when not causal). z-lab `dflash/model.py::_attention_mask`."""
+    q, k = query_pos[:, :, None], key_pos[:, None, :]
+    visible = torch.ones(q.shape[0], q.shape[1], k.shape[2], dtype=torch.bool, device=query_pos.device)
+    if causal:
+        visible &= k <= q
+    if window is not None:
+        visible &= q - k < window
+        if not causal:
+            visible &= k - q < window
+    return visible
+
+
 def train_attention_mask(anchor_pos: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
     """Dense visibility mask [B, 1, A·bs, T + A·bs] bool (True = may attend) for the layout above."""
     b, a = anchor_pos.shape

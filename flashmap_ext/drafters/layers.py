@@ -27,18 +27,52 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Default (unscaled) RoPE tables: positions [B, L] int64 -> (cos, sin) [B, L, hd] in `dtype`."""
+    """RoPE tables: positions [B, L] int64 -> (cos, sin) [B, L, hd] in `dtype`.
 
-    def __init__(self, head_dim: int, theta: float):
+    `scaling`: None (default RoPE) or an HF `rope_parameters` dict without `rope_theta` (`rope_type`
+    "linear" | "llama3" | "yarn" | ...), whose inverse frequencies and attention factor come from
+    transformers' `ROPE_INIT_FUNCTIONS` (as the reference `Qwen3RotaryEmbedding`); `model_shape` then
+    gives the HF config fields those functions read (hidden_size, num_attention_heads,
+    max_position_embeddings). Types whose tables depend on the sequence length (dynamic, longrope)
+    raise ValueError naming `rope_type`.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None, model_shape: dict | None = None):
         super().__init__()  # no buffers: nothing to store, nothing left on a meta device after loading
         self.head_dim, self.theta = head_dim, theta
+        self._scaled = None if not scaling else scaled_inv_freq(head_dim, theta, scaling, model_shape or {})
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
-        inv_freq = 1.0 / self.theta ** (exponent / self.head_dim)
+        if self._scaled is None:
+            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
+            inv_freq = 1.0 / self.theta ** (exponent / self.head_dim)
+        else:
+            inv_freq = self._scaled[0].to(positions.device)
         freqs = positions[..., None].float() * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        if self._scaled is None:
+            return emb.cos().to(dtype), emb.sin().to(dtype)
+        factor = self._scaled[1]
+        return (emb.cos() * factor).to(dtype), (emb.sin() * factor).to(dtype)
+
+
+SEQUENCE_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def scaled_inv_freq(head_dim: int, theta: float, scaling: dict, model_shape: dict) -> tuple[torch.Tensor, float]:
+    """(inv_freq [hd/2] fp32 on CPU, attention factor) of a scaled RoPE, from transformers' own
+    `ROPE_INIT_FUNCTIONS` applied to a Qwen3 config of this shape."""
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    kind = scaling.get("rope_type")
+    if kind in SEQUENCE_DEPENDENT_ROPE or kind not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_scaling.rope_type={kind!r} is not supported (supported: default, "
+                         f"{', '.join(k for k in ROPE_INIT_FUNCTIONS if k not in SEQUENCE_DEPENDENT_ROPE)})")
+    config = Qwen3Config(**{**model_shape, "head_dim": head_dim,
+                            "rope_parameters": {**scaling, "rope_theta": theta}})
+    with torch.device("cpu"):  # also when the drafter is being built on the meta device
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, device="cpu")
+    return inv_freq.float(), float(factor)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from flashmap_ext.target import final_norm, tap_module
+
 FORMAT_VERSION = 1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: np.float32}
@@ -34,8 +36,10 @@ def _shard_paths(root: str, shard: int) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def tap_hooks(layers: Sequence[torch.nn.Module], layer_ids: Sequence[int], captured: list):
-    """Forward hooks storing `layers[layer_ids[j]]`'s output hidden state in `captured[j]`.
+def tap_hooks(layers: Sequence[torch.nn.Module], layer_ids: Sequence[int], captured: list,
+              norm: torch.nn.Module | None = None):
+    """Forward hooks storing `layers[layer_ids[j]]`'s output hidden state in `captured[j]` (the last
+    layer's after the final `norm`, when given: HF `hidden_states[L]`, see `target.tap_module`).
 
     Raises ValueError naming the bad id when one is outside [0, len(layers)).
     """
@@ -49,7 +53,7 @@ def tap_hooks(layers: Sequence[torch.nn.Module], layer_ids: Sequence[int], captu
         for j, i in enumerate(layer_ids):
             if not 0 <= i < len(layers):
                 raise ValueError(f"target_layer_ids: {i} out of range for a {len(layers)}-layer target")
-            handles.append(layers[i].register_forward_hook(store(j)))
+            handles.append(tap_module(layers, norm, i).register_forward_hook(store(j)))
         yield captured
     finally:
         for h in handles:
@@ -64,7 +68,7 @@ def compute_taps(model: torch.nn.Module, input_ids: torch.Tensor, layer_ids: Seq
     """
     decoder = model.get_decoder()
     captured: list = [None] * len(layer_ids)
-    with tap_hooks(decoder.layers, layer_ids, captured):
+    with tap_hooks(decoder.layers, layer_ids, captured, final_norm(model)):
         decoder(input_ids=input_ids.to(model.get_input_embeddings().weight.device), use_cache=False)
     return torch.cat(captured, dim=-1)
 
