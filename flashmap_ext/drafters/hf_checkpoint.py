@@ -31,7 +31,7 @@ KINDS = {"flashmap": "a FlashMap", "dflash": "a DFlash", "eagle3": "an EAGLE-3"}
 def config_kind(cfg: dict) -> str | None:
     """'flashmap' | 'dflash' | 'eagle3' from a parsed config.json (its architectures / model_type), else None."""
     archs = cfg.get("architectures") or []
-    if "DFlashDraftModel" in archs:
+    if "DFlashDraftModel" in archs or "DFlash2DraftModel" in archs:  # DFlash2: refused by DFlashConfig
         return "dflash"
     if "LlamaForCausalLMEagle3" in archs:
         return "eagle3"
