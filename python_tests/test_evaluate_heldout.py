@@ -129,3 +129,14 @@ def test_parse_drafter():
     assert parse_drafter("B=ckpt/y") == ("B", "ckpt/y", None)
     with pytest.raises(ValueError, match="NAME=DIR"):
         parse_drafter("ckpt/y")
+
+
+def test_vocab_coverage_counts_slot1_labels_in_the_draft_vocabulary(setup):
+    from flashmap_ext.evaluate.heldout import vocab_coverage
+    _, seqs = setup
+    oracle = OracleDrafter(seqs, [0, 2], 61)
+    assert vocab_coverage(oracle, seqs, K) == 1.0                      # no d2t: the whole vocabulary
+    rows = torch.arange(0, 61, 2)                                     # even ids only
+    oracle.d2t = rows - torch.arange(rows.numel())
+    labels = [s.input_ids[a + 1] for s in seqs for a in anchors(s, K)]
+    assert vocab_coverage(oracle, seqs, K) == pytest.approx(sum(t % 2 == 0 for t in labels) / len(labels))

@@ -132,3 +132,26 @@ def summarize(hits: Sequence[torch.Tensor], k: int) -> dict:
     return {"anchors": int(h.shape[0]), "slot_accuracy": h.double().mean(0).tolist(),
             "gamma": 1.0 + float(run.double().mean()),
             "run_histogram": (torch.bincount(run, minlength=k + 1).double() / h.shape[0]).tolist()}
+
+
+def draft_vocab(drafter) -> torch.Tensor | None:
+    """[n] int64 target ids the drafter can propose (EAGLE-3 convention: id = row + d2t[row], used by all
+    three drafters), or None when it drafts from the whole vocabulary. Looks through `StepsDrafter`."""
+    inner = getattr(drafter, "inner", drafter)
+    d2t = getattr(inner, "d2t", None)
+    if d2t is None:
+        return None
+    return torch.arange(d2t.numel(), device=d2t.device) + d2t
+
+
+def vocab_coverage(drafter, seqs: Sequence[HeldoutSequence], k: int, stride: int = 1) -> float:
+    """Share of the slot-1 labels of the scored anchors that the drafter's draft vocabulary contains (the
+    rest can never be accepted); 1.0 for a full-vocabulary drafter, NaN without an anchor."""
+    labels = [s.input_ids[a + 1] for s in seqs for a in anchors(s, k, stride)]
+    if not labels:
+        return float("nan")
+    ids = draft_vocab(drafter)
+    if ids is None:
+        return 1.0
+    vocab = set(ids.tolist())
+    return sum(t in vocab for t in labels) / len(labels)

@@ -18,6 +18,10 @@ def markdown(report: dict) -> str:
                 continue
             accs = " | ".join(f"{a:.3f}" for a in s["slot_accuracy"][:shown])
             lines.append(f"| {name} | {dom} | {s['anchors']} | {accs} | {s['gamma']:.3f} |")
+    cover = ", ".join(f"{n} {r['draft_vocab_coverage']:.3f}" for n, r in res.items() if "draft_vocab_coverage" in r)
+    if cover:
+        lines += ["", f"Share of slot-1 labels inside each drafter's draft vocabulary (the rest can never be "
+                      f"accepted): {cover}."]
     held = ", ".join(f"{d} {v['sequences']} seq / {v['answer_tokens']} answer tokens"
                      for d, v in report["heldout"].items())
     lines += ["", f"Held-out set: {held} ({meta['heldout']}); target greedy agrees with the held-out answer "

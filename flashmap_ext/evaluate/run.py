@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from flashmap_ext.data.prompts import DOMAINS
-from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize
+from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize, vocab_coverage
 
 DEFAULT_DRAFTERS = [
     "FlashMap-1=checkpoints/flashmap-qwen2.5-coder-0.5b:1",
@@ -74,7 +74,8 @@ def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, str
         by = {d: summarize([h for h, s in zip(hits, seqs) if s.domain == d], kk)
               for d in DOMAINS if any(s.domain == d for s in seqs)}
         by["all"] = summarize(hits, kk)
-        results[name] = {**by, "wall_s": round(time.perf_counter() - start, 1)}
+        results[name] = {**by, "draft_vocab_coverage": vocab_coverage(drafter, seqs, kk, stride),
+                         "wall_s": round(time.perf_counter() - start, 1)}
         print(f"eval {name}: γ {by['all']['gamma']:.3f}, slot 1 {by['all']['slot_accuracy'][0]:.3f} "
               f"({results[name]['wall_s']} s)", file=sys.stderr, flush=True)
     return results
