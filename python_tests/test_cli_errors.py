@@ -45,3 +45,14 @@ def test_features_on_an_empty_dataset(tmp_path, capsys):
     err = one_line_error(["features", *TINY, "--data", str(tmp_path / "empty.jsonl"), "--out",
                           str(tmp_path / "f"), "--no-progress", "--device", "cpu"], capsys)
     assert "no conversation" in err
+
+
+def test_bench_target_not_in_the_offline_cache(monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
+
+    def offline(name, **kw):
+        raise OSError(f"We couldn't connect to 'https://huggingface.co'.\nCheck your connection ({name})")
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", offline)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
+    err = one_line_error(["bench", "--target", "nobody/nomodel", "--n", "1", "--no-peers"], capsys)
+    assert "--target nobody/nomodel" in err and "couldn't connect" in err

@@ -47,7 +47,10 @@ def load_target_and_tokenizer(spec: str, dtype: str):
     """(Target, tokenizer) for `--target`: the built-in offline model or any hub name / local dir."""
     from flashmap_ext.target import load_target
     path = resolve_target(spec)
-    return load_target(path, dtype=dtype), load_tokenizer(spec)
+    try:
+        return load_target(path, dtype=dtype), load_tokenizer(spec)
+    except OSError as err:  # HF: not in the offline cache / no network / not a model (several lines)
+        raise ValueError(f"--target {spec}: cannot load it ({' '.join(str(err).split())})") from None
 
 
 def decode(target, method: Method, ids: list[int], cfg: BenchConfig, stop) -> Record:

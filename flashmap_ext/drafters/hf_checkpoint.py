@@ -108,7 +108,9 @@ def read_weights(path: str | os.PathLike, kind: str | None = None) -> dict[str, 
         for shard in shards:
             weights.update(_load_file(folder / shard, kind))
         return weights
-    raise CheckpointError(f"{path} ({describe_kind(kind)}): no {WEIGHTS} or {INDEX} there")
+    hint = ("; committed checkpoints: run `make checkpoints`" if (folder.parent / "MANIFEST.json").is_file()
+            else "")
+    raise CheckpointError(f"{path} ({describe_kind(kind)}): no {WEIGHTS} or {INDEX} there{hint}")
 
 
 def _load_file(file: Path, kind: str | None) -> dict[str, torch.Tensor]:
