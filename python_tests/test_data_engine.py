@@ -98,3 +98,23 @@ def test_generate_command_writes_records_and_resumes(tmp_path):
     before = sorted(p.read_bytes() for p in (tmp_path / "out").iterdir())
     assert main(argv) == 0                      # resumed: nothing left to answer
     assert sorted(p.read_bytes() for p in (tmp_path / "out").iterdir()) == before
+
+
+def test_corpus_folder_feeds_features_and_flow_training(tmp_path):
+    """The recipe's path (scripts/train_real_drafters.sh): generate → features on the corpus folder → train
+    flow with the issue-13 options."""
+    import json
+    from flashmap_ext.cli import main
+    from flashmap_ext.train.features import FeatureCache
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "messages": [{"role": "user", "content": f"say {w}"}]})
+                               + "\n" for i, w in enumerate(("one", "two", "three", "four"))))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["data", "generate", *common, "--prompts", str(prompts), "--out", str(tmp_path / "corpus"),
+                 "--max-new-tokens", "16", "--batch-size", "3", "--threads", "1", "--dtype", "fp32"]) == 0
+    assert main(["features", *common, "--data", str(tmp_path / "corpus"), "--out", str(tmp_path / "f")]) == 0
+    assert len(FeatureCache(str(tmp_path / "f"))) == 4
+    assert main(["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
+                 "--batch-size", "2", "--out", str(tmp_path / "flow"), "--steps", "2", "--slot-decay", "auto",
+                 "--no-head-recompute"]) == 0
+    assert (tmp_path / "flow" / "drafter" / "model.safetensors").exists()
