@@ -180,3 +180,40 @@ def test_bench_eagle3_tree_argument_errors_are_one_line(argv, message, capsys, m
     assert cli.main(["bench", "--target", "/nonexistent/model"] + argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"flashmap bench: error: {message}"), err
+
+
+def test_bench_shuffle_test_honours_n_and_peer_times_are_unmeasured(byte_bench):
+    # --n 1 with the default --shuffle-n 2: the shuffle test pools the one prompt the main runs decoded
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, dataset = byte_bench
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=1, max_new_tokens=6, dtype="fp32",
+                      shuffle_n=2, out=str(tmp / "bench"))
+    results = run(cfg)
+    assert {r["prompts"] for r in results["shuffle"][dataset].values()} == {1}
+    rows = results["datasets"]["tiny"]
+    for peer in ("HF greedy", "prompt lookup"):
+        assert rows[peer]["draft_time_s"] is None and rows[peer]["verify_time_s"] is None
+        line = next(x for x in (tmp / "bench" / "results.md").read_text().splitlines() if x.startswith(f"| {peer} |"))
+        assert line.endswith("| – | – | – |"), line
+    assert rows["FlashMap-1"]["verify_time_s"] > 0
+
+
+def test_slot_table_fills_shorter_rows_with_a_dash():
+    from flashmap_ext.bench.report import slot_table
+    results = {"datasets": {"d": {"chain": {"slot_acceptance": [0.5, 0.25]}, "tree": {"slot_acceptance": [1.0]}}}}
+    assert slot_table(results)[3] == "| d | tree | 1.00 | – |"
+
+
+def test_round_costs_break_even_from_step_and_round_times():
+    from flashmap_ext.bench.metrics import round_costs
+    # AR: 10 steps of 0.1 s; FlashMap: 4 rounds of K = 8, 2 + 0 + 1 + 3 accepted, draft 0.05 s + verify 0.25 s each
+    ar = [Record("AR", "d", "p", [0] * 10, 1.5, drafted=[0] * 10, accepted=[0] * 10, verify_time_s=1.0,
+                 prefill_time_s=0.5)]
+    fm = [Record("FM", "d", "p", [0] * 10, 1.7, drafted=[8] * 4, accepted=[2, 0, 1, 3], draft_time_s=0.2,
+                 verify_time_s=1.0, prefill_time_s=0.5)]
+    c = round_costs(fm, ar)
+    assert c["ar_step_s"] == pytest.approx(0.1) and c["draft_s"] == pytest.approx(0.05)
+    assert c["verify_s"] == pytest.approx(0.25) and c["break_even_gamma"] == pytest.approx(3.0)
+    assert c["gamma"] == pytest.approx(10 / 4) and c["expected_speedup"] == pytest.approx(2.5 / 3.0)
+    assert c["draft_tokens"] == 8
+    assert math.isnan(round_costs([], ar)["gamma"])

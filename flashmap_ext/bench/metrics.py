@@ -29,9 +29,9 @@ class Record:
     time_s: float
     drafted: list = field(default_factory=list)    # per round: drafts proposed
     accepted: list = field(default_factory=list)   # per round: drafts accepted (bonus excluded)
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-    prefill_time_s: float = 0.0
+    draft_time_s: float | None = 0.0               # None: not measured (HF peers time only the whole call)
+    verify_time_s: float | None = 0.0
+    prefill_time_s: float | None = 0.0
     depths: list = field(default_factory=list)     # per round: slots spanned (tree: its depth); [] = drafted
     identical: bool | None = None                  # T = 0: tokens == AR tokens (None: not checked)
     divergence: dict | None = None                 # first mismatch vs AR: position, margin (see run.py)
@@ -80,6 +80,12 @@ def identity(records: list[Record], dtype: str = "fp32") -> str:
         (f" ({other} NOT near-ties)" if other else "")
 
 
+def _total(records: list[Record], key: str) -> float | None:
+    """Sum of one time field; None when any record did not measure it."""
+    values = [getattr(r, key) for r in records]
+    return None if any(v is None for v in values) else sum(values)
+
+
 def summarize(records: list[Record], ar_records: list[Record] | None, dtype: str = "fp32") -> dict:
     """The row a table shows for one method on one dataset (dtype: of the target, for `identity`)."""
     tokens = sum(len(r.tokens) for r in records)
@@ -88,12 +94,31 @@ def summarize(records: list[Record], ar_records: list[Record] | None, dtype: str
            "tokens_per_s": tokens / time_s if time_s > 0 else math.nan,
            "gamma": acceptance_length(records), "slot_acceptance": slot_acceptance(records),
            "committed_histogram": committed_histogram(records),
-           "draft_time_s": sum(r.draft_time_s for r in records),
-           "verify_time_s": sum(r.verify_time_s for r in records),
-           "prefill_time_s": sum(r.prefill_time_s for r in records)}
+           **{key: _total(records, key) for key in ("draft_time_s", "verify_time_s", "prefill_time_s")}}
     if ar_records:
         ar_tokens, ar_time = sum(len(r.tokens) for r in ar_records), sum(r.time_s for r in ar_records)
         row["speedup"] = (ar_time / ar_tokens) / (time_s / tokens) if tokens and ar_tokens else math.nan
     row["identical"] = identity(records, dtype)
     row["divergences"] = [dict(r.divergence, prompt_id=r.prompt_id) for r in records if r.divergence]
     return row
+
+
+def round_costs(spec: list[Record], ar: list[Record]) -> dict:
+    """Where a speculative method's time goes, per round, against one AR step (both measured in one process).
+
+    ar_step_s: AR decode time / AR rounds (one 1-token target forward + commit; prefill excluded).
+    draft_s, verify_s: the method's draft and verify (K+1-token forward + acceptance + commit) time per round.
+    break_even_gamma = (draft_s + verify_s) / ar_step_s: the γ at which a round pays for itself.
+    expected_speedup = γ / break_even_gamma (prefill and loop overhead excluded, so it differs a little from
+    the measured tokens/s ratio). Values are nan where there are no rounds.
+    """
+    nan = math.nan
+    ar_rounds, rounds = sum(len(r.accepted) for r in ar), sum(len(r.accepted) for r in spec)
+    ar_step = sum(r.verify_time_s + r.draft_time_s for r in ar) / ar_rounds if ar_rounds else nan
+    draft = sum(r.draft_time_s for r in spec) / rounds if rounds else nan
+    verify = sum(r.verify_time_s for r in spec) / rounds if rounds else nan
+    gamma = acceptance_length(spec)
+    break_even = (draft + verify) / ar_step if ar_step > 0 else nan
+    return {"ar_step_s": ar_step, "draft_s": draft, "verify_s": verify, "break_even_gamma": break_even,
+            "gamma": gamma, "expected_speedup": gamma / break_even if break_even > 0 else nan,
+            "draft_tokens": max((d for r in spec for d in r.drafted), default=0)}

@@ -53,7 +53,7 @@ def slot_table(results: dict) -> list[str]:
     for name, rows in results["datasets"].items():
         for method, r in rows.items():
             if r["slot_acceptance"]:
-                cells = [_num(a) for a in r["slot_acceptance"]] + [""] * (width - len(r["slot_acceptance"]))
+                cells = [_num(a) for a in r["slot_acceptance"]] + ["–"] * (width - len(r["slot_acceptance"]))
                 out.append(f"| {name} | {method} | " + " | ".join(cells) + " |")
     return out + tree_note(results)
 

@@ -57,7 +57,8 @@ def decode(target, method: Method, ids: list[int], cfg: BenchConfig, stop) -> Re
     """One method on one prompt (no dataset/prompt labels yet)."""
     if method.drafter in ("hf", "pld"):
         out = run_peer(target.model, method.drafter, ids, cfg.max_new_tokens, cfg.temperature, stop, cfg.seed)
-        return Record(method.name, "", "", out.tokens, out.time_s)
+        return Record(method.name, "", "", out.tokens, out.time_s, draft_time_s=None, verify_time_s=None,
+                      prefill_time_s=None)
     from flashmap_ext.speculate import generate
     out = generate(target, method.drafter, ids, cfg.max_new_tokens, temperature=cfg.temperature,
                    seed=cfg.seed, stop_token_ids=stop, tree=method.tree)
@@ -116,7 +117,7 @@ def shuffle_test(target, tokenizer, methods: list[Method], records: list[Record]
     from flashmap_ext.train.data import prompt_ids
     out: dict = {}
     for name in cfg.datasets:
-        prompts = datasets.load(name, cfg.shuffle_n)
+        prompts = datasets.load(name, min(cfg.shuffle_n, cfg.n))
         for method in (m for m in methods if isinstance(m.drafter, StepsDrafter)):
             probe = Method(method.name, PerSlotNoiseDrafter(method.drafter.inner, method.drafter.steps))
             ids_of = {f"{p.id}#1": prompt_ids(tokenizer, p.messages) for p in prompts}
