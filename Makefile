@@ -10,15 +10,20 @@ REF_STAMP := $(VENV)/.reference-installed
 CUTLASS := third_party/cutlass/include/cute
 CUTLASS_MIN := third_party/cutlass-min/include/cute
 CUTLASS_VERSION := 4.2.0.0
+# Long steps print one progress line each; their output goes to $(LOG), printed (tail + path) only on failure.
+LOG     := build/make.log
+STEP    := scripts/step.sh $(LOG)
 
 .PHONY: demo test test-real build bench checkpoints cuda-check cutlass cutlass-min clean
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,bench]" --no-build-isolation
-	touch $(STAMP)
+	@test -x $(BIN)/python || $(STEP) "creating $(VENV)" $(PY) -m venv $(VENV)
+	@$(STEP) "upgrading pip, setuptools, wheel" $(BIN)/pip install --upgrade pip setuptools wheel
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(STEP) "installing $(TORCH) (about 2 min)" $(BIN)/pip install "$(TORCH)"
+	@# No compile here (FLASHMAP_SKIP_EXT=1): `build` compiles the extension once, in place.
+	@FLASHMAP_SKIP_EXT=1 $(STEP) "installing flashmap (editable) and its dependencies" \
+	  $(BIN)/pip install -e ".[dev,bench]" --no-build-isolation
+	@touch $(STAMP)
 
 $(REF_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps "$(REFERENCE)"
@@ -28,7 +33,7 @@ build: $(STAMP)
 	@# CUDA kernels are built when torch is a CUDA build and a toolkit is found (FLASHMAP_CUDA=0/1 forces it)
 	@if command -v nvcc >/dev/null 2>&1 && [ -z "$${CUDA_HOME:-}" ]; then export CUDA_HOME=$$(scripts/cuda_home.sh); fi; \
 	  if $(BIN)/python -c "import torch,sys; sys.exit(torch.version.cuda is None)" && [ -z "$${FLASHMAP_CUDA:-}" ]; then $(MAKE) -s cutlass; fi; \
-	  flock .build.lock $(BIN)/python setup.py -q build_ext --inplace
+	  $(STEP) "compiling flashmap_ext._C (first time: 1-3 min)" flock .build.lock $(BIN)/python setup.py build_ext --inplace
 
 # The committed drafter weights live in git history, not in the tree (checkpoints/README.md): written from
 # their blobs and sha256-checked; silent when they are already there.

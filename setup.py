@@ -5,7 +5,8 @@ torch is a CUDA build and a CUDA toolkit is found; FLASHMAP_CUDA=1 forces them (
 is impossible), FLASHMAP_CUDA=0 turns them off. Architecture: TORCH_CUDA_ARCH_LIST, default 9.0a (H100/H200).
 CUTLASS headers: $CUTLASS_DIR/include, else third_party/cutlass/include (`make cutlass`), else
 third_party/cutlass-min/include (`make cutlass-min`: only the headers the kernels include).
-DEBUG=1 builds with -O0 -g.
+DEBUG=1 builds with -O0 -g. FLASHMAP_SKIP_EXT=1 installs without compiling (`make` uses it for the editable
+install, then compiles once with `setup.py build_ext --inplace`, which keeps its objects for incremental rebuilds).
 """
 import glob
 import os
@@ -72,5 +73,5 @@ def _extension():
                                        **kwargs)
 
 
-setup(ext_modules=[_extension()],
+setup(ext_modules=[] if os.environ.get("FLASHMAP_SKIP_EXT") == "1" else [_extension()],
       cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)})
