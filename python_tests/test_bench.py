@@ -217,3 +217,15 @@ def test_round_costs_break_even_from_step_and_round_times():
     assert c["gamma"] == pytest.approx(10 / 4) and c["expected_speedup"] == pytest.approx(2.5 / 3.0)
     assert c["draft_tokens"] == 8
     assert math.isnan(round_costs([], ar)["gamma"])
+
+
+def test_demo_explanation_names_costs_and_cpu_class():
+    from flashmap_ext.commands.demo import explain
+    ar = Record("AR", "d", "p", [0] * 10, 1.5, drafted=[0] * 10, accepted=[0] * 10, verify_time_s=1.0)
+    fm = Record("FlashMap", "d", "p", [0] * 10, 1.7, drafted=[8] * 4, accepted=[2, 0, 1, 3], draft_time_s=0.2,
+                verify_time_s=1.0)
+    text = " ".join(" ".join(explain([fm, ar], "fp32", {"gpu": None, "bf16_hw": False})).split())
+    for part in ("one AR step (1-token target forward): 100 ms", "draft 50 ms + verify of 9 tokens 250 ms",
+                 "break-even γ 3.00, measured γ 2.50", "about 0.83×", "no bf16 hardware", "2.5 AR steps"):
+        assert part in text, text
+    assert "has bf16 hardware" in " ".join(" ".join(explain([fm, ar], "bf16", {"gpu": None, "bf16_hw": True})).split())

@@ -38,3 +38,25 @@ def test_real_prompts_are_lossless_in_fp32(real, steps):
         assert ar == hf, f"{prompt.id}: the AR loop differs from HF greedy"
         assert spec.tokens == ar, f"{prompt.id}: FlashMap-{steps} differs from greedy"
         assert spec.stats.rounds >= 1 and len(spec.tokens) == 40
+
+
+def test_gguf_conversion_matches_transformers_gguf_loader(tmp_path):
+    """convert_gguf (weights dequantised straight into safetensors, one metadata parse) gives exactly the
+    weights and tokenizer of transformers' own GGUF loading path."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from flashmap_ext.bench import assets
+    gguf = assets.qwen05_gguf()
+    assets.convert_gguf(gguf, tmp_path / "hf")
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    expected = reference.state_dict()
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as got:
+        assert set(got.keys()) == set(expected)
+        for name in got.keys():
+            assert torch.equal(got.get_tensor(name), expected[name]), name
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    text = "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # ünïcode ✓"
+    assert tok(text).input_ids == ref_tok(text).input_ids
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
+        ref_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)

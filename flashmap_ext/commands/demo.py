@@ -152,18 +152,19 @@ def explain(rows: list, dtype: str, meta: dict) -> list[str]:
              f" = {c['break_even_gamma']:.2f} AR steps",
              f"  break-even γ {c['break_even_gamma']:.2f}, measured γ {c['gamma']:.2f} "
              f"-> about {c['expected_speedup']:.2f}× before prefill and overhead"]
-    verify_steps = c["verify_s"] / c["ar_step_s"]
+    verify_steps, pays = c["verify_s"] / c["ar_step_s"], c["break_even_gamma"]
     if meta["gpu"]:
-        where = f"On this GPU a {width}-token verify costs {verify_steps:.1f} AR steps."
+        where = (f"On this GPU a {width}-token verify costs {verify_steps:.1f} AR steps; a drafter pays from "
+                 f"γ {pays:.1f}.")
     elif meta["bf16_hw"]:
-        where = (f"This CPU has bf16 hardware (avx512_bf16/AMX), so a {width}-token verify costs "
-                 f"{verify_steps:.1f} AR steps; a trained drafter pays from γ ≈ 1.3 on such a CPU.")
+        where = (f"This CPU has bf16 hardware (avx512_bf16/AMX), so the demo runs {dtype} and a {width}-token "
+                 f"verify costs {verify_steps:.1f} AR steps; a drafter pays from γ {pays:.1f}.")
     else:
-        where = (f"This CPU has no bf16 hardware (AVX2 only), so the demo runs {dtype} and a {width}-token "
-                 f"verify costs {verify_steps:.1f} AR steps: the target's matmuls are compute-bound here, so a "
-                 f"drafter needs γ above {c['break_even_gamma']:.1f} to pay. On a CPU with avx512_bf16 a "
-                 f"17-token bf16 verify costs ~1.3 AR steps and on a GPU ~1 (memory-bound), so the same γ "
-                 f"gives a speedup there (README, Results).")
+        where = (f"This CPU has no bf16 hardware (no avx512_bf16/AMX), so the demo runs {dtype} and a "
+                 f"{width}-token verify costs {verify_steps:.1f} AR steps: the target's matmuls are compute-bound "
+                 f"here, so a drafter needs γ above {pays:.1f} to pay. On a CPU with avx512_bf16 a 17-token bf16 "
+                 f"verify costs ~1.3 AR steps and on a GPU ~1 (memory-bound): there a γ above ~1.3 pays "
+                 f"(README, Results).")
     lines += ["  " + line for line in textwrap.wrap(where, 104)]
     # The projected H200 speedup from these figures belongs here once the cost model (issue 15) exists.
     return lines
