@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 $(REF_STAMP): $(STAMP)
-	$(BIN)/pip install -q --no-deps "$(REFERENCE)"
-	touch $(REF_STAMP)
+	@$(STEP) "installing $(REFERENCE) (reference for the tests)" $(BIN)/pip install --no-deps "$(REFERENCE)"
+	@touch $(REF_STAMP)
 
 build: $(STAMP)
 	@# CUDA kernels are built when torch is a CUDA build and a toolkit is found (FLASHMAP_CUDA=0/1 forces it)

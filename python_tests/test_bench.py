@@ -215,7 +215,7 @@ def test_round_costs_break_even_from_step_and_round_times():
     assert c["ar_step_s"] == pytest.approx(0.1) and c["draft_s"] == pytest.approx(0.05)
     assert c["verify_s"] == pytest.approx(0.25) and c["break_even_gamma"] == pytest.approx(3.0)
     assert c["gamma"] == pytest.approx(10 / 4) and c["expected_speedup"] == pytest.approx(2.5 / 3.0)
-    assert c["draft_tokens"] == 8
+    assert c["mean_drafted"] == 8
     assert math.isnan(round_costs([], ar)["gamma"])
 
 
@@ -226,6 +226,7 @@ def test_demo_explanation_names_costs_and_cpu_class():
                 verify_time_s=1.0)
     text = " ".join(" ".join(explain([fm, ar], "fp32", {"gpu": None, "bf16_hw": False})).split())
     for part in ("one AR step (1-token target forward): 100 ms", "draft 50 ms + verify of 9 tokens 250 ms",
+                 "projected H200 speedup",
                  "break-even γ 3.00, measured γ 2.50", "about 0.83×", "no bf16 hardware", "2.5 AR steps"):
         assert part in text, text
     assert "has bf16 hardware" in " ".join(" ".join(explain([fm, ar], "bf16", {"gpu": None, "bf16_hw": True})).split())

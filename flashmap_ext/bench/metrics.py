@@ -110,7 +110,8 @@ def round_costs(spec: list[Record], ar: list[Record]) -> dict:
     draft_s, verify_s: the method's draft and verify (K+1-token forward + acceptance + commit) time per round.
     break_even_gamma = (draft_s + verify_s) / ar_step_s: the γ at which a round pays for itself.
     expected_speedup = γ / break_even_gamma (prefill and loop overhead excluded, so it differs a little from
-    the measured tokens/s ratio). Values are nan where there are no rounds.
+    the measured tokens/s ratio). mean_drafted: drafts verified per round. Values are nan where there are no
+    rounds.
     """
     nan = math.nan
     ar_rounds, rounds = sum(len(r.accepted) for r in ar), sum(len(r.accepted) for r in spec)
@@ -121,4 +122,4 @@ def round_costs(spec: list[Record], ar: list[Record]) -> dict:
     break_even = (draft + verify) / ar_step if ar_step > 0 else nan
     return {"ar_step_s": ar_step, "draft_s": draft, "verify_s": verify, "break_even_gamma": break_even,
             "gamma": gamma, "expected_speedup": gamma / break_even if break_even > 0 else nan,
-            "draft_tokens": max((d for r in spec for d in r.drafted), default=0)}
+            "mean_drafted": sum(sum(r.drafted) for r in spec) / rounds if rounds else nan}

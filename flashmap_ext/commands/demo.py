@@ -143,9 +143,10 @@ def divergence_notes(rows: list, dtype: str) -> list[str]:
 def explain(rows: list, dtype: str, meta: dict) -> list[str]:
     """The closing lines: this machine's step and round costs, the break-even γ and what they mean."""
     from flashmap_ext.bench.metrics import round_costs
+    from flashmap_ext.cost_model import H200_QWEN3_8B, projected_speedup
     c = round_costs([r for r in rows if r.method == "FlashMap"], [r for r in rows if r.method == "AR"])
     ms = lambda s: f"{1000 * s:.0f} ms"
-    width = c["draft_tokens"] + 1
+    width = f"{1 + c['mean_drafted']:.3g}"
     lines = ["", "Why this speedup (all prompts, measured above):",
              f"  one AR step (1-token target forward): {ms(c['ar_step_s'])}",
              f"  one FlashMap round: draft {ms(c['draft_s'])} + verify of {width} tokens {ms(c['verify_s'])}"
@@ -166,7 +167,9 @@ def explain(rows: list, dtype: str, meta: dict) -> list[str]:
                  f"verify costs ~1.3 AR steps and on a GPU ~1 (memory-bound): there a γ above ~1.3 pays "
                  f"(README, Results).")
     lines += ["  " + line for line in textwrap.wrap(where, 104)]
-    # The projected H200 speedup from these figures belongs here once the cost model (issue 15) exists.
+    h200 = projected_speedup(c["gamma"], c["mean_drafted"], H200_QWEN3_8B.table())
+    lines.append(f"  projected H200 speedup at this γ: {h200:.2f}× ({H200_QWEN3_8B.label}; a projection, "
+                 f"not a measurement)")
     return lines
 
 
