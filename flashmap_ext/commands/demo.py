@@ -186,7 +186,10 @@ def run(args) -> int:
     if args.auto:  # issue 15: the cost model picks the shape; one line says what pays here and why
         from flashmap_ext.cost_calibrate import load_or_calibrate
         from flashmap_ext.drafters.auto import AutoDrafter
+        print("     --auto: this machine's verify and draft costs (measured once, then cached) ...", end="", flush=True)
+        t0 = time.perf_counter()
         drafter = AutoDrafter(drafter, load_or_calibrate(target, drafter))
+        say(f" {time.perf_counter() - t0:.0f} s")
         tree = drafter.tree_spec()
         say(f"     {drafter.explain()}")
     generate_warm_up(target, tokenizer, drafter, stop, tree)
