@@ -12,7 +12,8 @@ EOS); `--target qwen2.5-coder-0.5b` is the offline real target of `flashmap benc
 weights, `random-eagle3` a random EAGLE-3 drafter. `--tree DEPTH,TOPK,NODES` drafts token trees (EAGLE-3
 drafters only; the DFlash paper's comparison uses 7,10,16) instead of chains. A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
-eagle3, `model_type` flashmap_drafter → flashmap (or force it with --drafter-type).
+eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap (or force it
+with --drafter-type).
 """
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ attends to the cached context pairs and the chain so far. Only the target's embe
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from flashmap_ext.drafters import eagle3_formats as formats
 from flashmap_ext.drafters import hf_checkpoint as ckpt
 from flashmap_ext.drafters.dflash_config import target_shape
 from flashmap_ext.drafters.eagle3_config import Eagle3Config, eagle3_layer_ids
@@ -43,14 +45,16 @@ class Eagle3Layer(nn.Module):
         super().__init__()
         d = c.hidden_size
         self.self_attn = Attention(2 * d, d, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                                   qk_norm=False, eps=c.rms_norm_eps)
+                                   qk_norm=c.qk_norm, eps=c.rms_norm_eps)
         self.mlp = SwiGLU(d, c.intermediate_size)
         self.hidden_norm = RMSNorm(d, c.rms_norm_eps)
         self.input_layernorm = RMSNorm(d, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, c.rms_norm_eps)
+        self.norm_before_residual = c.norm_before_residual
 
-    def _input(self, hidden, emb):
-        return torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+    def _input(self, hidden, emb, normed=None):
+        normed = self.hidden_norm(hidden) if normed is None else normed
+        return torch.cat([self.input_layernorm(emb), normed], dim=-1)
 
     def kv(self, hidden, emb, cos, sin):
         """(k, v) [B, G, L, hd] of pairs (hidden, emb) [B, L, d] (what the cache stores)."""
@@ -58,8 +62,9 @@ class Eagle3Layer(nn.Module):
 
     def forward(self, hidden, emb, cos, sin, prefix_k=None, prefix_v=None, mask=None):
         """-> (output o [B, L, d] (pre-`norm`), k, v of the L new pairs)."""
-        a, k, v = self.self_attn(self._input(hidden, emb), cos, sin, prefix_k, prefix_v, mask)
-        h = hidden + a
+        normed = self.hidden_norm(hidden)
+        a, k, v = self.self_attn(self._input(hidden, emb, normed), cos, sin, prefix_k, prefix_v, mask)
+        h = (normed if self.norm_before_residual else hidden) + a
         return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
@@ -75,7 +80,9 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, config: Eagle3Config, target: Any = None):
         super().__init__()
         c = self.config = config
-        self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
+        width = len(c.target_layer_ids) * c.hidden_size
+        self.input_norm = RMSNorm(width, c.rms_norm_eps) if c.norm_before_fc else None
+        self.fc = nn.Linear(width, c.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
@@ -117,6 +124,15 @@ class Eagle3Drafter(nn.Module):
         """Layer outputs o [..., d] -> draft-vocab logits [..., draft_vocab]."""
         return self.lm_head(self.norm(out))
 
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """g = fc(taps) [..., d] (fc(input_norm(taps)) with `norm_before_fc`)."""
+        x = taps.to(self.fc.weight.dtype)
+        return self.fc(x if self.input_norm is None else self.input_norm(x))
+
+    def carry(self, out: torch.Tensor) -> torch.Tensor:
+        """The hidden state a drafting step hands the next: o, or norm(o) with `norm_output`."""
+        return self.norm(out) if self.config.norm_output else out
+
     # --- BlockDrafter protocol -------------------------------------------------------------------
     @property
     def num_draft_tokens(self) -> int:
@@ -143,7 +159,7 @@ class Eagle3Drafter(nn.Module):
                              f"got {None if taps is None else tuple(taps.shape)}")
         if t == 0:
             return
-        g = self.fc(taps.to(self.fc.weight.dtype))
+        g = self.fuse(taps)
         if memory.pending is not None:
             g, nxt = torch.cat([memory.pending, g], dim=1), token_ids
         else:
@@ -180,9 +196,10 @@ class Eagle3Drafter(nn.Module):
         for j in range(steps):
             cos, sin = self.rotary((position - 1 + j)[:, None], hidden.dtype)
             emb = self.parts.embed(token[:, None], hidden.dtype)
-            hidden, k, v = self.midlayer(hidden, emb, cos, sin, keys, values)
+            out, k, v = self.midlayer(hidden, emb, cos, sin, keys, values)
             keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
-            logits.append(self.draft_logits(hidden)[:, 0])
+            logits.append(self.draft_logits(out)[:, 0])
+            hidden = self.carry(out)
             drafts.append(self.draft_ids[logits[-1].argmax(-1)])
             token = forced[:, j] if forced is not None and j < steps - 1 else drafts[-1]
         vd = self.config.draft_vocab_size
@@ -222,6 +239,10 @@ class Eagle3Drafter(nn.Module):
         if (parts.num_rows, parts.dim) != (self.config.vocab_size, self.config.hidden_size):
             raise ValueError(f"target embedding {parts.num_rows}x{parts.dim} != drafter vocab_size x hidden_size "
                              f"{self.config.vocab_size}x{self.config.hidden_size}")
+        layers = target_shape(hf_model(target).config)["num_target_layers"]
+        if max(self.config.target_layer_ids) >= layers:
+            raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
+                             f"{layers} layers")
         self._target = parts
         return self
 
@@ -252,13 +273,22 @@ class Eagle3Drafter(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
                         device: torch.device | str | None = None) -> "Eagle3Drafter":
-        """Loads an `LlamaForCausalLMEagle3` checkpoint; `embed_tokens.weight`, if present, is ignored (the
-        target's embedding is used). Weights keep their stored dtype unless `dtype` is given. A
-        `frozen_lm_head` checkpoint takes its head from `target` (ValueError without one)."""
+        """Loads an `LlamaForCausalLMEagle3` (SpecForge / SafeAILab) or `speculators` (vLLM) checkpoint;
+        `embed_tokens.weight`, if present, is ignored (the target's embedding is used). Weights keep their
+        stored dtype unless `dtype` is given. A `frozen_lm_head` checkpoint takes its head from `target`
+        (ValueError without one). Unsupported options: NotImplementedError naming the field."""
         n_target = hf_model(target).config.num_hidden_layers if target is not None else None
-        config = ckpt.load_config(path, "eagle3", lambda cfg: Eagle3Config.from_hf_dict(cfg, n_target))
-        weights = {k: v for k, v in ckpt.read_weights(path, "eagle3").items()
-                   if k != "embed_tokens.weight" and not k.endswith("inv_freq")}
+        speculators = formats.is_speculators(ckpt.read_config(path, "eagle3"))
+        parse = formats.config_from_speculators if speculators else Eagle3Config.from_hf_dict
+        config = ckpt.load_config(path, "eagle3", lambda cfg: parse(cfg, n_target))
+        weights = ckpt.read_weights(path, "eagle3")
+        if speculators:
+            weights = formats.weights_from_speculators(weights)
+        weights = {k: v for k, v in weights.items() if k != "embed_tokens.weight" and not k.endswith("inv_freq")}
+        if "t2d" not in weights and "d2t" in weights:  # vLLM / SGLang need only d2t
+            t2d = torch.zeros(config.vocab_size, dtype=torch.bool)
+            t2d[torch.arange(weights["d2t"].numel()) + weights["d2t"]] = True
+            weights["t2d"] = t2d
         if config.frozen_lm_head and "lm_head.weight" not in weights:
             if target is None:
                 raise ValueError(f"{path}: frozen_lm_head checkpoint: pass the target (its LM head is the head)")
@@ -267,8 +297,25 @@ class Eagle3Drafter(nn.Module):
             weights["lm_head.weight"] = head[ids.to(head.device)].detach().to("cpu", weights["fc.weight"].dtype)
         return ckpt.build_loaded(cls, config, weights, f"{path} (EAGLE-3 drafter)", target, device, dtype)
 
-    def save_pretrained(self, path: str | os.PathLike) -> None:
-        """Writes config.json + model.safetensors (SpecForge names, no `embed_tokens`)."""
-        config = {**self.config.to_hf_dict(), "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
-        skip = {"lm_head.weight"} if self.config.frozen_lm_head else set()
-        ckpt.write_checkpoint(path, config, self, skip=skip)
+    def save_pretrained(self, path: str | os.PathLike, format: str = "flashmap", *, verifier: str | None = None) -> None:
+        """Writes config.json + model.safetensors (no `embed_tokens`) in `format`:
+        - "flashmap": SpecForge names and config plus our fields; a `frozen_lm_head` head is not stored.
+        - "specforge": the same for an engine (SGLang; vLLM reads it too): `lm_head.weight` always stored,
+          `frozen_lm_head` dropped from the config.
+        - "speculators": vLLM's format (`eagle3_formats`); `verifier` names the target there.
+        ValueError for another format."""
+        state = self.state_dict()
+        if format == "flashmap":
+            config = {**self.config.to_hf_dict(), "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
+            skip = {"lm_head.weight"} if self.config.frozen_lm_head else set()
+            ckpt.write_checkpoint(path, config, state, skip=skip)
+        elif format == "specforge":
+            engine = dataclasses.replace(self.config, frozen_lm_head=False)
+            config = {**engine.to_hf_dict(), "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
+            ckpt.write_checkpoint(path, config, state)
+        elif format == "speculators":
+            config = {**formats.speculators_config(self.config, verifier),
+                      "torch_dtype": ckpt.dtype_name(self.fc.weight.dtype)}
+            ckpt.write_checkpoint(path, config, formats.weights_to_speculators(state))
+        else:
+            raise ValueError(f"format must be 'flashmap', 'specforge' or 'speculators', got {format!r}")

@@ -3,7 +3,10 @@
 Format: SpecForge / SGLang `LlamaForCausalLMEagle3` (SpecForge `configs/qwen3-4b-eagle3.json`): Llama
 fields with `num_hidden_layers: 1`, `draft_vocab_size`, and the tapped layers in
 `eagle_config.eagle_aux_hidden_state_layer_ids` (0-based decoder-layer outputs, as our
-`target_layer_ids`). We add `num_target_layers` and `num_draft_tokens` (ignored by other readers).
+`target_layer_ids`; SGLang reads these). vLLM reads a top-level `eagle_aux_hidden_state_layer_ids` that
+numbers the layer whose *input* is captured (ours + 1); we write both and read either. We add
+`num_target_layers` and `num_draft_tokens` (ignored by other readers). The `speculators` format (vLLM's)
+is read and written by `eagle3_formats`.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flashmap_ext.drafters.dflash_config import rope_theta
+from flashmap_ext.drafters.dflash_config import from_engine_layer_ids, rope_scaling, rope_theta, to_engine_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -47,6 +50,11 @@ class Eagle3Config:
     max_position_embeddings: int = 40960
     initializer_range: float = 0.02
     frozen_lm_head: bool = False  # True: LM head = the target's rows of the draft vocabulary, frozen, not stored
+    # `speculators` options (vLLM), all off in SpecForge / SafeAILab checkpoints:
+    norm_before_residual: bool = False  # the layer's residual is hidden_norm(g) instead of g
+    norm_before_fc: bool = False  # an RMSNorm (`input_norm`, n_taps·d wide) on the concatenated taps before fc
+    norm_output: bool = False  # the hidden state carried to the next drafting step is norm(o) instead of o
+    qk_norm: bool = False  # Qwen3-style per-head q/k RMSNorm in the layer (a qwen3 transformer_layer_config)
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -65,9 +73,13 @@ class Eagle3Config:
     def to_hf_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         ids = list(d.pop("target_layer_ids"))
+        for name in ("norm_before_residual", "norm_before_fc", "norm_output", "qk_norm"):
+            if not d[name]:
+                del d[name]  # SpecForge / SafeAILab files stay as they were
         return {"architectures": [ARCHITECTURE], "model_type": "llama", **d, "num_hidden_layers": 1,
                 "hidden_act": "silu", "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}}
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+                "eagle_aux_hidden_state_layer_ids": to_engine_layer_ids(ids)}
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], num_target_layers: int | None = None) -> "Eagle3Config":
@@ -77,14 +89,18 @@ class Eagle3Config:
         if ARCHITECTURE not in (cfg.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 checkpoint: architectures={cfg.get('architectures')}")
         if int(cfg.get("num_hidden_layers", 1)) != 1:
-            raise NotImplementedError("only single-layer EAGLE-3 drafters are supported")
-        scaling = cfg.get("rope_scaling") or {}
-        if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-            raise NotImplementedError(f"RoPE scaling {scaling} is not supported")
+            raise NotImplementedError(f"num_hidden_layers={cfg['num_hidden_layers']}: only single-layer EAGLE-3 "
+                                      f"drafters are supported")
+        if rope_scaling(cfg) is not None:
+            raise NotImplementedError(f"EAGLE-3 option rope_scaling={rope_scaling(cfg)} is not supported")
         n_target = cfg.get("num_target_layers", num_target_layers)
-        if n_target is None:
-            raise ValueError("config has no num_target_layers: pass the target to from_pretrained")
-        ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or eagle3_layer_ids(n_target)
+        ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if not ids and cfg.get("eagle_aux_hidden_state_layer_ids"):  # vLLM numbering: ours + 1
+            ids = from_engine_layer_ids(cfg["eagle_aux_hidden_state_layer_ids"])
+        if not ids and n_target is None:
+            raise ValueError("config has no tap ids and no num_target_layers: pass the target to from_pretrained")
+        ids = ids or eagle3_layer_ids(n_target)
+        n_target = max(ids) + 1 if n_target is None else n_target  # only bounds the ids; attach_target checks
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
         return cls(hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=heads,
                    num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
@@ -94,4 +110,6 @@ class Eagle3Config:
                    rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta(cfg)),
                    max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
                    initializer_range=float(cfg.get("initializer_range", 0.02)),
-                   frozen_lm_head=bool(cfg.get("frozen_lm_head", False)))
+                   frozen_lm_head=bool(cfg.get("frozen_lm_head", False)),
+                   **{k: bool(cfg.get(k, False)) for k in ("norm_before_residual", "norm_before_fc",
+                                                            "norm_output", "qk_norm")})

@@ -83,7 +83,7 @@ def draft_tree(drafter, memory, anchor_token: torch.Tensor, position: torch.Tens
     root, k, v = layer(memory.pending, emb, cos, sin, memory.cache.keys[0], memory.cache.values[0])
     keys = torch.cat([memory.cache.keys[0], k], dim=2)
     values = torch.cat([memory.cache.values[0], v], dim=2)
-    outputs: dict[int, torch.Tensor] = {-1: root[0, 0]}
+    outputs: dict[int, torch.Tensor] = {-1: drafter.carry(root)[0, 0]}
     frontier = _children(grow, drafter, drafter.draft_logits(root)[0], [-1], 1, topk)
     for d in range(1, depth):
         frontier = sorted(frontier, key=lambda i: (-grow.scores[i], i))[:topk]
@@ -94,7 +94,8 @@ def draft_tree(drafter, memory, anchor_token: torch.Tensor, position: torch.Tens
         out, k, v = layer(hidden, drafter.parts.embed(tokens, hidden.dtype), cos, sin, keys, values, mask)
         keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
         grow.run_ids.extend(frontier)
-        outputs.update({i: out[0, r] for r, i in enumerate(frontier)})
+        carried = drafter.carry(out)
+        outputs.update({i: carried[0, r] for r, i in enumerate(frontier)})
         frontier = _children(grow, drafter, drafter.draft_logits(out)[0], frontier, d + 1, topk)
     return _select(grow, num_nodes)
 

@@ -31,7 +31,7 @@ def ttt_forward(drafter, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     parts, layer, rotary = drafter.parts, drafter.midlayer, drafter.rotary
-    g = drafter.fc(taps.to(drafter.fc.weight.dtype))
+    g = drafter.fuse(taps)
     nxt = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)       # x_{s+1} (last one: unused)
     cos, sin = rotary(torch.arange(t, device=g.device).expand(b, -1), g.dtype)
     k0, v0 = layer.kv(g, parts.embed(nxt, g.dtype), cos, sin)
@@ -46,10 +46,11 @@ def ttt_forward(drafter, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos
         context = torch.arange(t, device=g.device) < (query_pos + (j > 0))[..., None]   # [B, A, T]
         own = eye.repeat(1, len(keys)).expand(b, -1, -1)                # chain steps 1…j−1 and self
         mask = torch.cat([context, own], dim=-1)[:, None]
-        hidden, k, v = layer(hidden, parts.embed(token, g.dtype), cos, sin,
-                             torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)
+        out, k, v = layer(hidden, parts.embed(token, g.dtype), cos, sin,
+                          torch.cat(keys, dim=2), torch.cat(values, dim=2), mask)
         if j > 0:  # step 0's pair is already the context pair at query_pos
             keys.append(k)
             values.append(v)
-        logits.append(drafter.draft_logits(hidden))
+        logits.append(drafter.draft_logits(out))
+        hidden = drafter.carry(out)
     return torch.stack(logits, dim=2)

@@ -33,8 +33,8 @@ def config_kind(cfg: dict) -> str | None:
     archs = cfg.get("architectures") or []
     if "DFlashDraftModel" in archs or "DFlash2DraftModel" in archs:  # DFlash2: refused by DFlashConfig
         return "dflash"
-    if "LlamaForCausalLMEagle3" in archs:
-        return "eagle3"
+    if "LlamaForCausalLMEagle3" in archs or cfg.get("speculators_model_type") is not None:
+        return "eagle3"  # a speculators type other than eagle3 is refused by eagle3_formats
     if cfg.get("model_type") == "flashmap_drafter":
         return "flashmap"
     return None
@@ -122,12 +122,14 @@ def _load_file(file: Path, kind: str | None) -> dict[str, torch.Tensor]:
                               f"safetensors file ({err})") from None
 
 
-def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module, skip: set[str] = frozenset()) -> None:
-    """Writes config.json and model.safetensors (parameters and persistent buffers, but the names in `skip`)
-    into folder `path`."""
+def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module | dict[str, torch.Tensor],
+                     skip: set[str] = frozenset()) -> None:
+    """Writes config.json and model.safetensors (the module's parameters and persistent buffers, or the
+    given tensors, but the names in `skip`) into folder `path`."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items() if k not in skip}
+    state = module if isinstance(module, dict) else module.state_dict()
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items() if k not in skip}
     tmp = folder / (WEIGHTS + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, folder / WEIGHTS)
