@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval"]
+COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval", "convert"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, AssetError) as err:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, NotImplementedError,
+            AssetError) as err:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         message = " ".join(str(err).split())  # one line, whatever the library's message looked like

@@ -3,7 +3,7 @@
 The real target and the committed checkpoints are swapped for tiny ones by plain text substitution
 (`SNIPPET_SWAPS`, `CLI_SWAPS`); each swapped string must occur in the README, so an edit there that this
 test no longer understands fails here instead of being skipped. `generate` and `--help` lines run; `bench`
-`demo`, `data` and `eval` lines (they need the downloaded prompt sets, corpora and minutes of CPU) are parsed
+`demo`, `data`, `eval` and `convert` lines (they need the downloaded prompt sets, corpora and minutes of CPU) are parsed
 by the real CLI parser.
 """
 import contextlib
@@ -21,7 +21,8 @@ REAL_TARGET = "qwen2.5-coder-0.5b"
 CLI_SWAPS = {f"--target {REAL_TARGET}": "--target tiny-random",
              "checkpoints/flashmap-qwen2.5-coder-0.5b": "random",
              "checkpoints/eagle3-qwen2.5-coder-0.5b": "random-eagle3"}
-PARSE_ONLY = ("bench", "demo", "data", "eval")  # downloads, corpora or minutes of CPU
+PARSE_ONLY = ("bench", "demo", "data", "eval", "convert")  # downloads, corpora or minutes of CPU; convert:
+# the committed weights (test_convert.py runs it on tiny checkpoints)
 
 
 def fenced_blocks(lang: str) -> list[str]:

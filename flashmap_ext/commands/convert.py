@@ -1,0 +1,93 @@
+"""`flashmap convert SRC DST --to FORMAT`: rewrite a drafter checkpoint in the format an engine loads.
+
+  --to dflash       z-lab's DFlash format (`DFlashDraftModel`; loaded by z-lab's code, SGLang and vLLM, which
+                    add 1 to the tap ids itself). From a DFlash checkpoint in any format we read.
+  --to specforge    SpecForge's EAGLE-3 format (`LlamaForCausalLMEagle3`, SGLang; vLLM reads it too) with the
+                    LM head stored (a frozen-head drafter's head is taken from --target) and the tap ids
+                    both in `eagle_config` (SGLang numbering) and top level (vLLM numbering, +1).
+  --to speculators  vLLM's `speculators` EAGLE-3 format (`Eagle3Speculator`, tap ids +1).
+
+Any supported source format is read (z-lab / SpecForge / speculators / ours). FlashMap drafters have no
+engine format (no engine runs a flow-map drafter) and are refused, as is a DFlash <-> EAGLE-3 conversion.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+FORMATS = ("dflash", "specforge", "speculators")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="convert a drafter checkpoint for SGLang / vLLM / z-lab",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog="example: flashmap convert checkpoints/eagle3-qwen2.5-coder-0.5b out/ "
+                                     "--to speculators --target qwen2.5-coder-0.5b")
+    p.add_argument("src", help="drafter checkpoint directory (config.json + safetensors)")
+    p.add_argument("dst", help="output directory (must not hold a checkpoint yet)")
+    p.add_argument("--to", required=True, choices=FORMATS, help="output format")
+    p.add_argument("--target", help="the target (as for `flashmap generate`): needed for a frozen-head EAGLE-3 "
+                                    "drafter's LM head; gives DFlash its num_target_layers; named as verifier")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from flashmap_ext.drafters.hf_checkpoint import config_kind, read_config
+    if (Path(args.dst) / "config.json").exists():
+        raise FileExistsError(f"{args.dst} already holds a checkpoint (config.json): choose an empty directory")
+    cfg = read_config(args.src)
+    kind = config_kind(cfg)
+    if kind is None:
+        raise ValueError(f"{args.src}: not a drafter checkpoint this tool reads (architectures="
+                         f"{cfg.get('architectures')}, model_type={cfg.get('model_type')!r})")
+    if kind == "flashmap":
+        raise ValueError(f"{args.src} is a FlashMap drafter: no engine (SGLang, vLLM) runs flow-map drafters, "
+                         "so there is no format to convert it to")
+    wanted = "dflash" if kind == "dflash" else "eagle3"
+    if (args.to == "dflash") != (wanted == "dflash"):
+        raise ValueError(f"{args.src} is a {kind} drafter: it converts to "
+                         f"{'--to dflash' if kind == 'dflash' else '--to specforge or --to speculators'}, "
+                         f"not --to {args.to}")
+    target = _target(args.target) if args.target else None
+    if kind == "dflash":
+        convert_dflash(args.src, args.dst, target)
+    else:
+        convert_eagle3(args.src, args.dst, args.to, target, args.target)
+    print(f"wrote {args.to} checkpoint to {args.dst}")
+    return 0
+
+
+def convert_dflash(src: str, dst: str, target=None) -> None:
+    import dataclasses
+
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    drafter = DFlashDrafter.from_pretrained(src)
+    if drafter.config.num_target_layers is None and target is not None:
+        drafter.config = dataclasses.replace(drafter.config, num_target_layers=target.num_layers)
+    drafter.save_pretrained(dst)
+
+
+def convert_eagle3(src: str, dst: str, to: str, target=None, verifier: str | None = None) -> None:
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    try:
+        drafter = Eagle3Drafter.from_pretrained(src, target)
+    except ValueError as err:
+        if "frozen_lm_head" in str(err):
+            raise ValueError(f"{src} has a frozen LM head (the target's rows): pass --target to export it") from err
+        raise
+    if to == "specforge":
+        flags = [f for f in ("norm_before_residual", "norm_before_fc", "norm_output", "qk_norm")
+                 if getattr(drafter.config, f)]
+        if flags:
+            raise ValueError(f"{src} sets {', '.join(flags)}, which SpecForge's format does not carry: "
+                             "use --to speculators")
+    drafter.save_pretrained(dst, format=to, verifier=verifier)
+
+
+def _target(name: str):
+    """The target model alone (no tokenizer needed), fp32 on CPU."""
+    from flashmap_ext.commands.generate import TINY, resolve_target, tiny_random_model
+    from flashmap_ext.target import Target, load_target
+    if name == TINY:
+        return Target(tiny_random_model())
+    return load_target(resolve_target(name), dtype="fp32", device="cpu")
