@@ -87,6 +87,7 @@ def test_eagle3_speculators_to_specforge(tmp_path):
     src = write_specforge(tmp_path / "sf", num_draft_tokens=4)
     assert main(["convert", str(src), str(tmp_path / "spec"), "--to", "speculators"]) == 0
     assert main(["convert", str(tmp_path / "spec"), str(tmp_path / "back"), "--to", "specforge"]) == 0
+    assert "num_target_layers" not in json.loads((tmp_path / "back" / "config.json").read_text())  # not invented
     ids, taps = _ctx(9)
     a = _chain_after(Eagle3Drafter.from_pretrained(src, e3_target), ids, taps, 8, 4)[0]
     b = _chain_after(Eagle3Drafter.from_pretrained(tmp_path / "back", e3_target), ids, taps, 8, 4)[0]

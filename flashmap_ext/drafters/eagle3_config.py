@@ -43,7 +43,7 @@ class Eagle3Config:
     vocab_size: int
     draft_vocab_size: int
     target_layer_ids: tuple[int, ...]
-    num_target_layers: int
+    num_target_layers: int | None  # None: not in the file (the ids are); attach_target checks them
     num_draft_tokens: int = 15
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
@@ -60,7 +60,8 @@ class Eagle3Config:
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
         if not self.target_layer_ids:
             raise ValueError("target_layer_ids is empty")
-        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        n = self.num_target_layers
+        bad = [i for i in self.target_layer_ids if i < 0 or (n is not None and i >= n)]
         if bad:
             raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers}) target layers")
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
@@ -76,6 +77,8 @@ class Eagle3Config:
         for name in ("norm_before_residual", "norm_before_fc", "norm_output", "qk_norm"):
             if not d[name]:
                 del d[name]  # SpecForge / SafeAILab files stay as they were
+        if d["num_target_layers"] is None:
+            del d["num_target_layers"]
         return {"architectures": [ARCHITECTURE], "model_type": "llama", **d, "num_hidden_layers": 1,
                 "hidden_act": "silu", "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": False,
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
@@ -100,13 +103,13 @@ class Eagle3Config:
         if not ids and n_target is None:
             raise ValueError("config has no tap ids and no num_target_layers: pass the target to from_pretrained")
         ids = ids or eagle3_layer_ids(n_target)
-        n_target = max(ids) + 1 if n_target is None else n_target  # only bounds the ids; attach_target checks
         heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
         return cls(hidden_size=hidden, intermediate_size=int(cfg["intermediate_size"]), num_attention_heads=heads,
                    num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
                    head_dim=int(cfg.get("head_dim") or hidden // heads), vocab_size=int(cfg["vocab_size"]),
                    draft_vocab_size=int(cfg.get("draft_vocab_size") or cfg["vocab_size"]), target_layer_ids=ids,
-                   num_target_layers=int(n_target), num_draft_tokens=int(cfg.get("num_draft_tokens", 15)),
+                   num_target_layers=None if n_target is None else int(n_target),
+                   num_draft_tokens=int(cfg.get("num_draft_tokens", 15)),
                    rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta(cfg)),
                    max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
                    initializer_range=float(cfg.get("initializer_range", 0.02)),

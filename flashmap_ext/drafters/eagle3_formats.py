@@ -61,7 +61,7 @@ def config_from_speculators(cfg: dict[str, Any], num_target_layers: int | None) 
         num_key_value_heads=int(layer.get("num_key_value_heads", heads)),
         head_dim=int(layer.get("head_dim") or hidden // heads), vocab_size=int(layer["vocab_size"]),
         draft_vocab_size=int(cfg.get("draft_vocab_size") or layer["vocab_size"]), target_layer_ids=ids,
-        num_target_layers=num_target_layers or max(ids) + 1,  # only bounds the ids; attach_target checks
+        num_target_layers=num_target_layers,
         num_draft_tokens=int(proposals[0].get("speculative_tokens", 15)),
         rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta(layer)),
         max_position_embeddings=int(layer.get("max_position_embeddings", 40960)),
