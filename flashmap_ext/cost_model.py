@@ -105,7 +105,9 @@ def projected_speedup(gamma: float, mean_nodes: float, table: CostTable, draft_c
 @dataclass
 class AcceptanceProfile:
     """Per-slot acceptance a_i = P(slot i accepted | slot i−1 accepted), Beta(prior·w, (1−prior)·w) prior
-    plus the observed counts (online). `prior` is one number or a per-slot list."""
+    plus the observed counts (online). `prior` is a per-slot list, or one number for slot 0 with each later
+    slot's prior the estimate of the slot before it (so rounds that only ever tried short chains still
+    teach the deeper slots, and a chain can grow once its first slots are always accepted)."""
     prior: float | Sequence[float] = 0.5
     weight: float = 4.0
     tried: list = field(default_factory=list)
@@ -113,11 +115,21 @@ class AcceptanceProfile:
 
     def rate(self, slot: int) -> float:
         """a_slot (0-based slot)."""
-        p = self.prior if isinstance(self.prior, (int, float)) else (
-            self.prior[slot] if slot < len(self.prior) else self.prior[-1])
-        n = self.tried[slot] if slot < len(self.tried) else 0
-        k = self.accepted[slot] if slot < len(self.accepted) else 0
-        return (k + p * self.weight) / (n + self.weight)
+        return self.rates(slot + 1)[slot]
+
+    def rates(self, k: int) -> list:
+        """[a_0 … a_{k−1}]."""
+        out, prev = [], None
+        for slot in range(k):
+            if isinstance(self.prior, (int, float)):
+                p = self.prior if slot == 0 else prev
+            else:
+                p = self.prior[slot] if slot < len(self.prior) else self.prior[-1]
+            n = self.tried[slot] if slot < len(self.tried) else 0
+            a = self.accepted[slot] if slot < len(self.accepted) else 0
+            prev = (a + p * self.weight) / (n + self.weight)
+            out.append(prev)
+        return out
 
     def record(self, proposed: int, accepted: int) -> None:
         """One chain round: slots 0..proposed−1 were proposed, the first `accepted` accepted (slot
@@ -133,8 +145,8 @@ class AcceptanceProfile:
     def reach(self, k: int) -> list:
         """[P_1 … P_k]: probability that the first j slots are all accepted."""
         out, p = [], 1.0
-        for i in range(k):
-            p *= self.rate(i)
+        for a in self.rates(k):
+            p *= a
             out.append(p)
         return out
 
@@ -176,10 +188,13 @@ def best_shape(table: CostTable, drafter: Optional[AcceptanceProfile], max_draft
     best = Shape(0, 0, 1.0, table.plain_s() + memory)
     lookups = range(1, max_lookup + 1) if lookup is not None else ()
     drafts = range(1, max_drafter + 1) if drafter is not None and drafter_active else ()
-    cands = [Shape(l, 0, lookup.expected_gamma(l), table.verify(1 + l) + table.overhead_s + memory) for l in lookups]
-    cands += [Shape(0, k, drafter.expected_gamma(k), table.round_s(k)) for k in drafts]
+    p1 = lookup.reach(max_lookup) if lookups else []
+    p2 = drafter.reach(max_drafter) if drafts else []
+    cands = [Shape(l, 0, 1 + sum(p1[:l]), table.verify(1 + l) + table.overhead_s + memory) for l in lookups]
+    cands += [Shape(0, k, 1 + sum(p2[:k]), table.round_s(k)) for k in drafts]
     if two_branch:
-        cands += [Shape(l, k, expected_gamma_two(lookup, l, drafter, k), table.round_s(l + k))
+        cands += [Shape(l, k, 1 + sum(1 - (1 - (p1[j] if j < l else 0)) * (1 - (p2[j] if j < k else 0))
+                                      for j in range(max(l, k))), table.round_s(l + k))
                   for l in lookups for k in drafts]
     for cand in cands:
         if cand.rate > best.rate * (1 + 1e-9):

@@ -39,6 +39,14 @@ def test_expected_gamma_formulas():
     assert expected_gamma_two(prof, 1, other, 2) == pytest.approx(1 + (1 - 0.6 * 0.5) + 0.25)
 
 
+def test_unexplored_slots_inherit_the_slot_before():
+    prof = AcceptanceProfile(0.5, weight=2.0)
+    for _ in range(8):
+        prof.record(proposed=1, accepted=1)   # only ever a 1-token chain, always accepted
+    assert prof.rate(0) == pytest.approx(9 / 10) and prof.rate(3) == prof.rate(0)
+    assert best_shape(table(0.05), prof, 8).drafter > 1  # so the chain grows past what was tried
+
+
 def test_free_width_picks_the_widest_and_expensive_width_picks_plain_or_a_chain():
     prof = AcceptanceProfile(0.7)
     free = best_shape(table(0.0), prof, 16)

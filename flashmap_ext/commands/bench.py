@@ -34,6 +34,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shapes", action="store_true",
                    help="add the draft-shape rows: prompt lookup, lookup hybrids with FlashMap-1 / DFlash, "
                         "multi-noise FlashMap trees (N = 2, 4) and top-k trees (budgets 8, 16)")
+    p.add_argument("--methods", default="", help="comma list of row names to run (AR always runs; default all)")
     p.add_argument("--auto", action="store_true",
                    help="add the --auto row (shape picked per round from this machine's measured costs)")
     p.add_argument("--threads", type=int, default=0,
@@ -84,7 +85,8 @@ def run(args) -> int:
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
                       n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
-                      shapes=args.shapes, auto=args.auto)
+                      shapes=args.shapes, auto=args.auto,
+                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
     results = run_bench(cfg)
     from flashmap_ext.bench.report import markdown
     print(markdown(results))
