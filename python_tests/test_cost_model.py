@@ -147,12 +147,3 @@ def test_auto_explains_itself():
     assert "no drafter shape can pay" in auto.explain() and "verify 1/2/9/17 tokens 1000/2000/9000/17000 ms" in auto.explain()
     assert math.isfinite(auto.table.plain_s())
 
-
-def test_demo_projection_line_uses_the_measured_gamma():
-    from flashmap_ext.bench.metrics import Record
-    from flashmap_ext.commands.demo import projection_line
-    rows = [Record("FlashMap", "gsm8k", "1", [1] * 9, 1.0, [8, 8, 8], [2, 0, 3]), Record("AR", "gsm8k", "1", [1] * 9, 1.0)]
-    t = H200_QWEN3_8B.table()
-    want = projected_speedup(8 / 3, 8.0, t)   # γ = (5 accepted + 3 rounds) / 3 rounds
-    assert f"γ 2.67 and 8.0 draft tokens" in projection_line(rows) and f"{want:.2f}×" in projection_line(rows)
-    assert "Projected (not measured) H200" in projection_line(rows)

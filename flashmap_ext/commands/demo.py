@@ -203,24 +203,12 @@ def run(args) -> int:
     say(f"\nFlashMap demo ({'trained' if trained else 'RANDOM untrained'} drafter, {dtype}, "
         f"{machine.summary_line(meta)}; `{meta['command']}`):\n")
     say(table(rows, dtype))
-    say(projection_line(rows))
     for line in divergence_notes(rows, dtype):
         say(line)
     for line in explain(rows, dtype, meta):
         say(line)
     say(f"\ntotal time {time.perf_counter() - start:.0f} s")
     return 0
-
-
-def projection_line(rows: list) -> str:
-    """The speculative rows' γ and draft nodes per round under the H200 roofline (cost_model), labelled."""
-    from flashmap_ext.cost_model import H200_QWEN3_8B, projected_speedup
-    spec = [r for r in rows if r.method == "FlashMap"]
-    rounds = sum(len(r.accepted) for r in spec) or 1
-    gamma = (sum(sum(r.accepted) for r in spec) + rounds) / rounds
-    nodes = sum(sum(r.drafted) for r in spec) / rounds
-    return (f"Projected (not measured) H200 speedup at this γ {gamma:.2f} and {nodes:.1f} draft tokens per round: "
-            f"{projected_speedup(gamma, nodes, H200_QWEN3_8B.table()):.2f}× ({H200_QWEN3_8B.label})")
 
 
 def generate_warm_up(target, tokenizer, drafter, stop, tree=None) -> None:
