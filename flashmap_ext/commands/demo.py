@@ -168,8 +168,8 @@ def explain(rows: list, dtype: str, meta: dict) -> list[str]:
                  f"(README, Results).")
     lines += ["  " + line for line in textwrap.wrap(where, 104)]
     h200 = projected_speedup(c["gamma"], c["mean_drafted"], H200_QWEN3_8B.table())
-    lines.append(f"  projected H200 speedup at this γ: {h200:.2f}× ({H200_QWEN3_8B.label}; a projection, "
-                 f"not a measurement)")
+    roofline = H200_QWEN3_8B.label.removeprefix("projected H200 ")
+    lines.append(f"  projected H200 speedup at this γ: {h200:.2f}× {roofline}, a projection, not a measurement")
     return lines
 
 
