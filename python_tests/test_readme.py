@@ -1,10 +1,10 @@
 """The README's code runs: its Python snippet and its command-line block, on a tiny random target.
 
 The real target and the committed checkpoints are swapped for tiny ones by plain text substitution
-(`SNIPPET_SWAPS`, `CLI_SWAPS`); each swapped string must occur in the README, so an edit there that this
-test no longer understands fails here instead of being skipped. `generate` and `--help` lines run; `bench`
-`demo`, `data`, `eval` and `convert` lines (they need the downloaded prompt sets, corpora and minutes of CPU) are parsed
-by the real CLI parser.
+(`CLI_SWAPS`, and the snippet's target and drafter paths); each swapped string must occur in the README, so
+an edit there that this test no longer understands fails here instead of being skipped. `generate` and
+`--help` lines run; `bench`, `demo`, `data`, `eval` and `convert` lines (they need the downloaded prompt
+sets, corpora and minutes of CPU) are parsed by the real CLI parser.
 """
 import contextlib
 import io
