@@ -19,9 +19,9 @@ import functools
 import pytest
 import torch
 
-from flashmap_ext.drafters import flashmap_fused as fused
 from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, draft_block
-from flashmap_ext.drafters.flashmap_target import TargetTables
+from flashmap_ext.drafters.flashmap import fused as fused
+from flashmap_ext.target.tables import TargetTables
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -5,7 +5,7 @@ Random weights (timing does not need trained ones): an HF `Qwen3ForCausalLM` of 
 d 4096, 32 query / 8 KV heads of 128, MLP 12,288, V 151,936) in bf16, built directly on the GPU, and the
 FlashMap drafter `FlashMapDrafter.for_target` (DESIGN §5 defaults: 6 layers, width 2048, K = 16) with
 random gates. Rounds run through `speculate.generate` itself (T = 0, after a prompt of --prompt-len
-tokens); its `on_phase` seam timestamps each round, with a device sync at every phase boundary:
+tokens); its `Timer(sync=True)` timestamps each round, with a device sync at every phase boundary:
 
     draft        drafter.draft: anchor entry, noise, 1 or 2 network evaluations
     forward      the target's verify forward over [anchor, K drafts]
@@ -32,12 +32,11 @@ import json
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-PHASES = ("draft", "forward", "verify", "commit")   # on_phase names, in round order
+PHASES = ("draft", "forward", "verify", "commit")   # Timer phase names, in round order
 COLUMNS = ("draft_ms", "forward_ms", "verify_op_ms", "bookkeeping_ms")
 QWEN3_8B = dict(vocab_size=151_936, hidden_size=4096, intermediate_size=12_288, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960,
@@ -50,6 +49,7 @@ TINY_DRAFTER = dict(n_layers=2, width=128, heads=2, cond_dim=64)  # fused-kernel
 def build_target(tiny: bool, device: torch.device, dtype: torch.dtype):
     """A random Qwen3 target wrapped in `Target`, initialised on `device` (seconds for 8 B on a GPU)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
     from flashmap_ext.target import Target
     torch.manual_seed(0)
     with torch.device(device):
@@ -67,28 +67,6 @@ def build_drafter(target, tiny: bool, dtype: torch.dtype):
     return drafter.to(dtype).eval()
 
 
-class PhaseTimer:
-    """`on_phase` hook: per round, the ms of each phase (device-synchronised at every mark), or with
-    sync=False only the host time of each round start."""
-
-    def __init__(self, device: torch.device, sync: bool):
-        self.sync = sync and device.type == "cuda"
-        self.rounds: list[dict] = []
-        self.starts: list[float] = []
-        self._last = 0.0
-
-    def __call__(self, phase: str) -> None:
-        if self.sync:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        if phase == "round":
-            self.starts.append(now)
-            self.rounds.append({})
-        elif self.rounds:
-            self.rounds[-1][phase] = (now - self._last) * 1e3
-        self._last = now
-
-
 def _timed_rounds(stats, k: int, warmup: int, rounds: int) -> list[int]:
     """Indices of the rounds to count: full K drafts, after `warmup`, at most `rounds`, each with a next one."""
     full = [i for i, d in enumerate(stats.drafted) if d == k and i >= warmup and i + 1 < stats.rounds]
@@ -99,18 +77,18 @@ def time_variant(target, drafter, prompt: torch.Tensor, *, path: str, steps: int
                  warmup: int) -> dict:
     """Median per-round times of one (path, steps) variant: a synced run for the split, an unsynced one
     for the real round time."""
-    from flashmap_ext.speculate import generate
+    from flashmap_ext.speculate import Timer, generate
     drafter.allow_fused = path == "fused"
     drafter.config.draft_steps = steps
     k = drafter.num_draft_tokens
     new_tokens = warmup + rounds + k + 3  # every counted round drafts K even if none is accepted
-    synced, free = PhaseTimer(target.device, True), PhaseTimer(target.device, False)
-    out = generate(target, drafter, prompt, new_tokens, on_phase=synced)
+    synced, free = Timer(sync=True), Timer(sync=False)
+    out = generate(target, drafter, prompt, new_tokens, timer=synced)
     keep = _timed_rounds(out.stats, k, warmup, rounds)
     if not keep:
         raise RuntimeError(f"no round with {k} drafts after {warmup} warm-up rounds ({out.stats.drafted})")
     split = {col: statistics.median(synced.rounds[i][ph] for i in keep) for col, ph in zip(COLUMNS, PHASES)}
-    out_free = generate(target, drafter, prompt, new_tokens, on_phase=free)
+    out_free = generate(target, drafter, prompt, new_tokens, timer=free)
     keep_free = _timed_rounds(out_free.stats, k, warmup, rounds)
     round_ms = statistics.median((free.starts[i + 1] - free.starts[i]) * 1e3 for i in keep_free)
     total = sum(split.values())
@@ -173,7 +151,7 @@ def main(argv=None) -> int:
     args.prompt_len = args.prompt_len or (64 if args.tiny else 1024)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
-    from flashmap_ext.drafters.flashmap_fused import fused_supported
+    from flashmap_ext.drafters.flashmap.fused import fused_supported
     target = build_target(args.tiny, device, dtype)
     drafter = build_drafter(target, args.tiny, dtype)
     available = ["fused", "reference"] if fused_supported(drafter) else ["reference"]

@@ -12,10 +12,10 @@ B=1 and ≥ 60% of HBM bandwidth at B=64.
 """
 import pytest
 import torch
-
 from bench_utils import DEVICES, device_name, graph_replayer
-from flashmap_ext import ops
 from verify_composition import verify_composition
+
+from flashmap_ext import ops
 
 K, V = 16, 151936
 

@@ -14,14 +14,16 @@ Public API:
 """
 import torch  # noqa: F401  (must precede _C: it links against libtorch)
 
-from flashmap_ext import _C  # noqa: F401  (loads the op library: registers torch.ops.flashmap.*)
-from flashmap_ext.ops import VerifyOutput, sample, verify
-from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_block
+from flashmap_ext import _C, _aliases  # noqa: F401  (_C loads the op library: registers torch.ops.flashmap.*)
+from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from flashmap_ext.drafters.hf_checkpoint import CheckpointError
-from flashmap_ext.target import Target, load_target
+from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_block
+from flashmap_ext.ops import VerifyOutput, sample, verify
 from flashmap_ext.speculate import GenerateOutput, GenerateStats, TreeSpec, generate, generate_tree
+from flashmap_ext.target import Target, load_target
+
+_aliases.install()
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
            "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate", "GenerateOutput",

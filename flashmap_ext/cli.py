@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2;
     FLASHMAP_DEBUG=1 shows the full traceback instead."""
-    from flashmap_ext.bench.assets import AssetError  # missing/unknown offline assets are user errors too
+    from flashmap_ext.assets.models import AssetError  # missing/unknown offline assets are user errors too
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -45,7 +45,7 @@ def _drafter_key(drafter) -> Optional[list]:
 
 
 def cache_path(key: dict) -> Path:
-    from flashmap_ext.bench.assets import cache_dir
+    from flashmap_ext.assets.models import cache_dir
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "costs" / f"{digest}.json"
 
@@ -77,12 +77,11 @@ def _median_time(fn: Callable[[], None], repeats: int) -> float:
 @torch.inference_mode()
 def calibrate(target, drafter=None, *, widths: Sequence[int] = WIDTHS, context: int = 64, repeats: int = 3) -> CostTable:
     """Measures a CostTable (see the module docstring); `target` a Target, `drafter` a BlockDrafter or None."""
-    from flashmap_ext.loop import tap_ids
     from flashmap_ext.speculate import generate
     gen = torch.Generator().manual_seed(0)
     vocab = target.vocab_size
     prompt = torch.randint(0, vocab, (1, context), generator=gen).to(target.device)
-    taps = tap_ids(drafter)
+    taps = () if drafter is None else tuple(drafter.target_layer_ids)
     cache = target.new_cache()
     out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=taps)
 

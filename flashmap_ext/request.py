@@ -1,28 +1,20 @@
-"""What the chain round (speculate.py) and the tree round (tree.py) of the decoding loop share: the call's
-request and mutable state, the stats, the prompt checks, the prefill, the round driver (timing), the
-commit into the drafter's memory and the stop / budget handling (DESIGN.md §7).
-
-A round is two functions: `draft(target, drafter, state, req) -> proposal` and
-`verify(target, drafter, state, req, proposal, stats) -> committed tokens`; `verify` leaves the KV cache
-holding exactly the committed positions before the new anchor, calls `advance` and records the round.
-"""
+"""The decoding loop's types (DESIGN.md §7): the call's Request, its mutable State, the GenerateStats it
+returns, and the one optional Timer of its phases. The loop itself is speculate.py (chain rounds) and
+tree.py (tree rounds)."""
 from __future__ import annotations
 
 import math
 import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional
 
 import torch
-
-from flashmap_ext import ops
-from flashmap_ext.target import Target
 
 
 @dataclass
 class GenerateStats:
-    """What one `generate` call did. Times are wall-clock seconds (device-synchronised when `profile`).
+    """What one `generate` call did. Times are wall-clock seconds (device-synchronised with Timer(sync=True)).
 
     Chain rounds: slot i = the i-th draft token. Tree rounds: `drafted` counts tree nodes and slot i is
     tree depth i + 1 (proposed when the tree reaches it, accepted when the accepted path does). The stats
@@ -106,9 +98,7 @@ class Request:
     max_new_tokens: int
     stop: frozenset = frozenset()
     on_tokens: Optional[Callable[[list], None]] = None
-    profile: bool = False
     device: torch.device = torch.device("cpu")
-    on_phase: Optional[Callable[[str], None]] = None
 
     def __post_init__(self):
         # `not x >= 0` also catches NaN; integers must be integers (a float seed would be truncated)
@@ -127,11 +117,6 @@ class Request:
                              top_k=torch.tensor([min(self.top_k, 2**31 - 1)], dtype=torch.int32, device=dev),
                              top_p=torch.tensor([self.top_p], dtype=torch.float32, device=dev),
                              seed=self.seed_tensor)
-
-    def phase(self, name: str) -> None:
-        """Tells `on_phase` (a timing seam, e.g. benches/bench_round.py) that a round phase ended."""
-        if self.on_phase is not None:
-            self.on_phase(name)
 
     def sampling(self, position: int) -> dict:
         """Keyword arguments of ops.verify / ops.sample for slot 0 at absolute `position`."""
@@ -152,100 +137,64 @@ class State:
     anchor: torch.Tensor          # [1] int64, last committed token
     position: int                 # absolute position of the anchor
     tokens: list                  # committed new tokens
+    tap_ids: tuple = ()           # the drafter's target_layer_ids (() without a drafter)
     stopped: bool = False
 
     def draft_budget(self, req: Request) -> int:
         """How many drafts may still be accepted: the bonus always comes on top."""
         return req.max_new_tokens - len(self.tokens) - 1
 
+    def advance(self, drafter, kept_ids: torch.Tensor, kept_taps, bonus: torch.Tensor) -> None:
+        """After verification: the kept positions (anchor + accepted drafts, [1, n]) enter the drafter's
+        memory; the bonus token [1] becomes the new anchor."""
+        if drafter is not None:
+            drafter.extend_memory(self.memory, kept_ids, kept_taps)
+        self.anchor = bonus
+        self.position += kept_ids.shape[1]
 
-def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor:
-    """The prompt as a [1, S] int64 tensor on the target's device, or a ValueError saying why not."""
-    ids = torch.as_tensor(input_ids)
-    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
-        raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-    ids = ids.to(device=target.device, dtype=torch.int64)
-    ids = ids[None] if ids.dim() == 1 else ids
-    if ids.dim() != 2 or ids.shape[0] != 1:
-        raise ValueError(f"input_ids must be [S] or [1, S] (batch size 1), got shape {tuple(ids.shape)}")
-    S = ids.shape[1]
-    if S == 0:
-        raise ValueError("empty prompt: generate needs at least one prompt token (e.g. BOS)")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
-    if S + max_new_tokens > target.max_positions:
-        raise ValueError(f"prompt too long: {S} prompt tokens + max_new_tokens {max_new_tokens} exceed the "
-                         f"target's context of {target.max_positions} positions")
-    if int(ids.min()) < 0 or int(ids.max()) >= target.embed_tokens.num_embeddings:
-        raise ValueError(f"input_ids must lie in [0, {target.embed_tokens.num_embeddings})")
-    return ids
+    def emit(self, new: list, req: Request) -> int:
+        """Appends committed tokens up to and including the first stop token; sets `stopped`. Returns how
+        many of `new` were appended."""
+        for i, tok in enumerate(new):
+            if tok in req.stop:
+                new, self.stopped = new[:i + 1], True
+                break
+        self.tokens.extend(new)
+        self.stopped = self.stopped or len(self.tokens) >= req.max_new_tokens
+        if req.on_tokens is not None and new:
+            req.on_tokens(new)
+        return len(new)
 
 
-def prefill(target: Target, drafter, prompt: torch.Tensor, req: Request, stats: GenerateStats) -> State:
-    """Runs the prompt through the target, samples the first token, fills the drafter's memory."""
-    t0 = clock(target.device, req.profile)
-    cache = target.new_cache()
-    out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=tap_ids(drafter))
-    position = prompt.shape[1] - 1
-    first = ops.sample(out.logits[:, -1], **req.sampling(position))
-    memory = None
-    if drafter is not None:
-        memory = drafter.new_memory(1, target.device)
-        drafter.extend_memory(memory, prompt, out.taps)
-    stats.prefill_time_s += clock(target.device, req.profile) - t0
-    return State(cache, memory, first, position + 1, [])
+class Timer:
+    """The loop's optional timer: `generate(..., timer=Timer(sync=True))` for device-synchronised times
+    (GPU) and the split of every round.
 
+    `mark(phase, device)` is called as each round starts ("round") and as each phase ends: "draft", then
+    (chain rounds) "forward" (target) and "verify" (op + the host read of its result), then "commit" (KV
+    rollback, drafter memory, stats, emit). rounds: per round {phase: ms}; starts: host time (s) of each
+    round's start. Without sync, times are host times (kernels may still run on a GPU).
+    """
 
-def run_round(target: Target, drafter, state: State, req: Request, stats: GenerateStats, draft: Callable,
-              verify: Callable) -> None:
-    """One draft → verify → commit round, timed into `stats`; emits the committed tokens.
+    def __init__(self, sync: bool = False):
+        self.sync = sync
+        self.rounds: list[dict] = []
+        self.starts: list[float] = []
+        self._last = 0.0
 
-    `req.phase` marks: "round" as it starts, "draft" after the draft, "commit" at its end (a chain
-    `verify` marks "forward" and "verify" in between)."""
-    req.phase("round")
-    t0 = clock(target.device, req.profile)
-    proposal = draft(target, drafter, state, req)
-    t1 = clock(target.device, req.profile)
-    req.phase("draft")
-    committed = verify(target, drafter, state, req, proposal, stats)
-    stats.draft_time_s += t1 - t0
-    stats.verify_time_s += clock(target.device, req.profile) - t1
-    returned = emit(state, committed, req)
-    if returned < len(committed):  # a stop token: the stats describe exactly the returned tokens
-        stats.cut_last_round(returned)
-    req.phase("commit")
+    def now(self, device: torch.device) -> float:
+        """Seconds (perf_counter), after a device sync when `sync` and `device` is a GPU."""
+        if self.sync and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
 
-
-def advance(drafter, state: State, kept_ids: torch.Tensor, kept_taps, bonus: torch.Tensor) -> None:
-    """After verification: the kept positions (anchor + accepted drafts, [1, n]) enter the drafter's
-    memory; the bonus token [1] becomes the new anchor."""
-    if drafter is not None:
-        drafter.extend_memory(state.memory, kept_ids, kept_taps)
-    state.anchor = bonus
-    state.position += kept_ids.shape[1]
-
-
-def emit(state: State, new: list, req: Request) -> int:
-    """Appends committed tokens up to and including the first stop token; sets `stopped`. Returns how
-    many of `new` were appended."""
-    for i, tok in enumerate(new):
-        if tok in req.stop:
-            new, state.stopped = new[:i + 1], True
-            break
-    state.tokens.extend(new)
-    state.stopped = state.stopped or len(state.tokens) >= req.max_new_tokens
-    if req.on_tokens is not None and new:
-        req.on_tokens(new)
-    return len(new)
-
-
-def tap_ids(drafter) -> Sequence[int]:
-    return () if drafter is None else tuple(drafter.target_layer_ids)
-
-
-def clock(device: torch.device, sync: bool) -> float:
-    if sync and device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+    def mark(self, phase: str, device: torch.device) -> float:
+        """Ends the running phase (or starts a round for "round"); returns the time."""
+        now = self.now(device)
+        if phase == "round":
+            self.starts.append(now)
+            self.rounds.append({})
+        elif self.rounds:
+            self.rounds[-1][phase] = (now - self._last) * 1e3
+        self._last = now
+        return now

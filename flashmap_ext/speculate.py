@@ -1,13 +1,11 @@
-"""The lossless speculative decoding loop (DESIGN.md §7), gpt-fast shaped.
+"""The lossless speculative decoding loop (DESIGN.md §7), gpt-fast shaped:
 
-    prefill → first token (the first anchor) → repeat {
-        draft k tokens → target forward on [anchor, drafts] → `verify` op → commit accepted + bonus →
-        roll back the KV of rejected drafts → append the committed positions' taps to the drafter's
-        memory → stop checks }
+    generate → prefill (first token = first anchor) → repeat { round: draft k tokens → target forward on
+    [anchor, drafts] → `verify` op → roll back the KV of rejected drafts → commit accepted + bonus (their
+    taps enter the drafter's memory) → stop checks }
 
-With `tree=TreeSpec(depth, topk, num_nodes)` the round drafts a token tree instead (EAGLE-3's
-`draft_tree`; tree attention, multi-draft acceptance and KV compaction in tree.py). The request, state,
-stats, prefill and stop handling shared by both rounds are in loop.py.
+With `tree=TreeSpec(depth, topk, num_nodes)` the round drafts a token tree instead (tree.py: tree attention,
+multi-draft acceptance, KV compaction). The request, state, stats and timer types are in request.py.
 
 `drafter=None` is the autoregressive baseline through the same loop (k = 0: the verify op is then the
 plain sampler). Batch size 1; the ops stay batched. Randomness: the verifier's coins are keyed by
@@ -23,24 +21,22 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from flashmap_ext import ops
-from flashmap_ext.loop import (GenerateOutput, GenerateStats, Request, State, advance, check_prompt, clock,
-                               emit, prefill, run_round, tap_ids)
+from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
 from flashmap_ext.target import Target
-from flashmap_ext.tree import TreeSpec, tree_draft, tree_verify
+from flashmap_ext.tree import TreeSpec, tree_round
 
-__all__ = ["generate", "generate_tree", "GenerateOutput", "GenerateStats", "TreeSpec"]
+__all__ = ["generate", "generate_tree", "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
 
 
 def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (), *,
              tree: Optional[TreeSpec] = None, valid_vocab: Optional[int] = None,
-             on_tokens: Optional[Callable[[list], None]] = None, profile: bool = False,
-             on_phase: Optional[Callable[[str], None]] = None) -> GenerateOutput:
+             on_tokens: Optional[Callable[[list], None]] = None, timer: Optional[Timer] = None) -> GenerateOutput:
     """Generates up to `max_new_tokens` tokens after `input_ids`, losslessly.
 
     Args:
         target: a `Target` or any HF causal LM (wrapped on the fly).
-        drafter: a `BlockDrafter` (drafters/base.py), or None for the autoregressive baseline.
+        drafter: a `BlockDrafter` (drafters/common/base.py), or None for the autoregressive baseline.
         input_ids: the prompt, [S] or [1, S] int64 tensor or a list of ints, 1 <= S.
         max_new_tokens: exact budget (>= 0); fewer tokens only when a stop token is emitted.
         temperature, top_k, top_p: target sampling (T = 0 greedy; top_k 0 / top_p 1 = off).
@@ -51,10 +47,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             drafter with `draft_tree` (Eagle3Drafter); batch 1, reference acceptance path.
         valid_vocab: ids >= valid_vocab are padding rows and are never emitted (default: all).
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
-        profile: synchronise the device around each phase so the stats' times are exact (GPU).
-        on_phase: a timing seam, called with "round" as each round starts and with the phase that just
-            ended: "draft", then (chain rounds) "forward" (target) and "verify" (op + the host read of
-            its result), then "commit" (KV rollback, drafter memory, stats, emit). It may synchronise.
+        timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each
+            phase so that the stats' times are exact on a GPU.
     Returns:
         GenerateOutput(tokens, stats). At T = 0 the tokens equal plain greedy decoding of the target;
         at T > 0 their distribution equals the target's, whatever the drafter.
@@ -65,20 +59,21 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     """
     target = target if isinstance(target, Target) else Target(target)
     prompt = check_prompt(target, input_ids, max_new_tokens)
-    req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
-                  _stop_set(stop_token_ids), on_tokens, profile, target.device, on_phase)
-    draft, verify = _round_functions(drafter, tree)
+    req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens, _stop_set(stop_token_ids),
+                  on_tokens, target.device)
+    round_fn = _round_function(drafter, tree)
+    timer = timer or Timer()
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
     if max_new_tokens == 0:
         return GenerateOutput([], stats)
-    start = clock(target.device, profile)
+    start = timer.now(target.device)
     with torch.inference_mode():
-        state = prefill(target, drafter, prompt, req, stats)
-        emit(state, state.anchor.tolist(), req)
+        state = prefill(target, drafter, prompt, req, stats, timer)
+        state.emit(state.anchor.tolist(), req)
         while not state.stopped:
-            run_round(target, drafter, state, req, stats, draft, verify)
+            round_fn(target, drafter, state, req, stats, timer)
     stats.new_tokens = len(state.tokens)
-    stats.total_time_s = clock(target.device, profile) - start
+    stats.total_time_s = timer.now(target.device) - start
     return GenerateOutput(state.tokens, stats)
 
 
@@ -87,6 +82,81 @@ def generate_tree(target, drafter, input_ids, max_new_tokens: int, *args, depth:
     """`generate(..., tree=TreeSpec(depth, topk, num_nodes))`; defaults: the DFlash paper's 7, 10, 16."""
     return generate(target, drafter, input_ids, max_new_tokens, *args,
                     tree=TreeSpec(depth, topk, num_nodes), **kwargs)
+
+
+def prefill(target: Target, drafter, prompt: torch.Tensor, req: Request, stats: GenerateStats,
+            timer: Timer) -> State:
+    """Runs the prompt through the target, samples the first token, fills the drafter's memory."""
+    t0 = timer.now(target.device)
+    cache = target.new_cache()
+    tap_ids = () if drafter is None else tuple(drafter.target_layer_ids)
+    out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=tap_ids)
+    position = prompt.shape[1] - 1
+    first = ops.sample(out.logits[:, -1], **req.sampling(position))
+    memory = None
+    if drafter is not None:
+        memory = drafter.new_memory(1, target.device)
+        drafter.extend_memory(memory, prompt, out.taps)
+    stats.prefill_time_s += timer.now(target.device) - t0
+    return State(cache, memory, first, position + 1, [], tap_ids)
+
+
+def chain_round(target: Target, drafter, state: State, req: Request, stats: GenerateStats, timer: Timer) -> None:
+    """One round: draft k tokens → target forward on [anchor, drafts] → `verify` → keep anchor + accepted
+    (roll back the rest) → the bonus is the next anchor → emit accepted + bonus."""
+    dev = target.device
+    t0 = timer.mark("round", dev)
+    drafts = _draft(drafter, state, req)
+    t1 = timer.mark("draft", dev)
+    k = drafts.shape[1]
+    block = torch.cat([state.anchor[:, None], _embeddable(drafts, target.vocab_size)], dim=1)
+    out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=state.tap_ids)
+    timer.mark("forward", dev)
+    res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
+    n_acc, status, *tokens = torch.cat([res.num_accepted.long(), res.status.long(), res.tokens[0]]).tolist()
+    timer.mark("verify", dev)
+    if status & ops.STATUS_ERRORS:  # the one host sync of the round is the line above
+        raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
+                         f"{state.position}..{state.position + k} (verify status {status})")
+    target.rollback(state.cache, k - n_acc)
+    kept_taps = None if out.taps is None else out.taps[:, :n_acc + 1]
+    state.advance(drafter, block[:, :n_acc + 1], kept_taps, res.tokens[:, n_acc])
+    stats.add_round(k, n_acc)
+    stats.draft_time_s += t1 - t0
+    stats.verify_time_s += timer.now(dev) - t1
+    returned = state.emit(tokens[:n_acc + 1], req)
+    if returned < n_acc + 1:  # a stop token: the stats describe exactly the returned tokens
+        stats.cut_last_round(returned)
+    timer.mark("commit", dev)
+
+
+def _draft(drafter, state: State, req: Request) -> torch.Tensor:
+    """[1, k] int64 draft tokens (-1 = no proposal); empty for the AR baseline or a zero budget."""
+    k = 0 if drafter is None else min(drafter.num_draft_tokens, state.draft_budget(req))
+    if k == 0:
+        return state.anchor.new_empty((1, 0))
+    position = torch.full_like(req.seed_tensor, state.position)
+    drafts = drafter.draft(state.memory, state.anchor, num_tokens=k, seed=req.seed_tensor, position=position)
+    if drafts.dim() != 2 or drafts.shape[0] != 1 or drafts.shape[1] > k:  # fewer: e.g. a short n-gram match
+        raise ValueError(f"drafter returned draft_tokens of shape {tuple(drafts.shape)}, expected (1, n <= {k})")
+    return drafts.to(torch.int64)
+
+
+def _embeddable(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Drafts with invalid ids (-1, >= V) replaced by 0 for the forward; `verify` rejects those slots."""
+    return torch.where((drafts >= 0) & (drafts < vocab_size), drafts, 0)
+
+
+def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:
+    """The chain round, or the tree round for `tree`."""
+    if tree is None:
+        return chain_round
+    if not isinstance(tree, TreeSpec):
+        raise ValueError(f"tree must be a TreeSpec(depth, topk, num_nodes), got {tree!r}")
+    if not hasattr(drafter, "draft_tree"):
+        raise ValueError(f"tree decoding needs a drafter with draft_tree (e.g. Eagle3Drafter), "
+                         f"got {type(drafter).__name__}")
+    return functools.partial(tree_round, spec=tree)
 
 
 def _stop_set(stop_token_ids) -> frozenset:
@@ -99,51 +169,25 @@ def _stop_set(stop_token_ids) -> frozenset:
     return frozenset(int(t) for t in stop_token_ids)
 
 
-def _round_functions(drafter, tree: Optional[TreeSpec]) -> tuple[Callable, Callable]:
-    """(draft, verify) of the chain round, or of the tree round for `tree`."""
-    if tree is None:
-        return _chain_draft, _chain_verify
-    if not isinstance(tree, TreeSpec):
-        raise ValueError(f"tree must be a TreeSpec(depth, topk, num_nodes), got {tree!r}")
-    if not hasattr(drafter, "draft_tree"):
-        raise ValueError(f"tree decoding needs a drafter with draft_tree (e.g. Eagle3Drafter), "
-                         f"got {type(drafter).__name__}")
-    return functools.partial(tree_draft, spec=tree), tree_verify
-
-
-def _chain_draft(target: Target, drafter, state: State, req: Request) -> torch.Tensor:
-    """[1, k] int64 draft tokens (-1 = no proposal); empty for the AR baseline or a zero budget."""
-    k = 0 if drafter is None else min(drafter.num_draft_tokens, state.draft_budget(req))
-    if k == 0:
-        return state.anchor.new_empty((1, 0))
-    position = torch.full_like(req.seed_tensor, state.position)
-    drafts = drafter.draft(state.memory, state.anchor, num_tokens=k, seed=req.seed_tensor, position=position)
-    if drafts.dim() != 2 or drafts.shape[0] != 1 or drafts.shape[1] > k:  # fewer: e.g. a short n-gram match
-        raise ValueError(f"drafter returned draft_tokens of shape {tuple(drafts.shape)}, expected (1, n <= {k})")
-    return drafts.to(torch.int64)
-
-
-def _chain_verify(target: Target, drafter, state: State, req: Request, drafts: torch.Tensor,
-                  stats: GenerateStats) -> list:
-    """Target forward on [anchor, drafts] → `verify` op → keep anchor + accepted; returns the committed
-    tokens (accepted drafts + bonus)."""
-    k = drafts.shape[1]
-    block = torch.cat([state.anchor[:, None], _embeddable(drafts, target.vocab_size)], dim=1)
-    out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=tap_ids(drafter))
-    req.phase("forward")
-    res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
-    n_acc, status, *tokens = torch.cat([res.num_accepted.long(), res.status.long(), res.tokens[0]]).tolist()
-    req.phase("verify")
-    if status & ops.STATUS_ERRORS:  # the one host sync of the round is the line above
-        raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
-                         f"{state.position}..{state.position + k} (verify status {status})")
-    target.rollback(state.cache, k - n_acc)
-    kept_taps = None if out.taps is None else out.taps[:, :n_acc + 1]
-    advance(drafter, state, block[:, :n_acc + 1], kept_taps, res.tokens[:, n_acc])
-    stats.add_round(k, n_acc)
-    return tokens[:n_acc + 1]
-
-
-def _embeddable(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Drafts with invalid ids (-1, >= V) replaced by 0 for the forward; `verify` rejects those slots."""
-    return torch.where((drafts >= 0) & (drafts < vocab_size), drafts, 0)
+def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor:
+    """The prompt as a [1, S] int64 tensor on the target's device, or a ValueError saying why not."""
+    ids = torch.as_tensor(input_ids)
+    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+        raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    ids = ids.to(device=target.device, dtype=torch.int64)
+    ids = ids[None] if ids.dim() == 1 else ids
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be [S] or [1, S] (batch size 1), got shape {tuple(ids.shape)}")
+    S = ids.shape[1]
+    if S == 0:
+        raise ValueError("empty prompt: generate needs at least one prompt token (e.g. BOS)")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+    if S + max_new_tokens > target.max_positions:
+        raise ValueError(f"prompt too long: {S} prompt tokens + max_new_tokens {max_new_tokens} exceed the "
+                         f"target's context of {target.max_positions} positions")
+    if int(ids.min()) < 0 or int(ids.max()) >= target.embed_tokens.num_embeddings:
+        raise ValueError(f"input_ids must lie in [0, {target.embed_tokens.num_embeddings})")
+    return ids

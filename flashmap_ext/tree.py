@@ -6,49 +6,29 @@ tree) → one target forward over [anchor, nodes] with tree attention (each node
 context, the anchor and its own ancestors; position = anchor position + depth) → walk the tree from the
 anchor (`tree_accept`) → keep the K/V of the accepted path only (cache compaction) → the path's taps
 enter the drafter's memory → the bonus token is the next anchor. The prefill, stop and budget handling
-and the stats are the chain loop's (loop.py); the last round's tree is only as deep as the budget allows.
+are the chain loop's (speculate.py), the types request.py's; the last round's tree is only as deep as the
+budget allows.
 
 Acceptance at a node with target distribution p (after temperature / top-k / top-p, the same filter as
 `verify`), children x_1 … x_m tried in order (distinct, point-mass drafts): accept x_i iff u_i < p'(x_i),
 else set p'(x_i) = 0 and renormalise; if none is accepted, emit a sample of p'. This is sequential
 multi-draft speculative sampling (SpecInfer, arXiv:2305.09781 §4.2, with deterministic drafts), so every
 emitted token is distributed exactly as under the target; at T = 0 it emits the target's argmax (lowest
-id on ties), i.e. greedy decoding. Coins: `reference.verify_uniform(seed, position, stream)`, stream 1 for
+id on ties), i.e. greedy decoding. Coins: `rng.verify_uniform(seed, position, stream)`, stream 1 for
 the residual sample, 2 + i for the i-th child's accept coin, position = the node's absolute position.
 """
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 import torch
 
-from flashmap_ext.drafters.eagle3_tree import DraftTree
-from flashmap_ext.loop import GenerateStats, Request, State, advance, tap_ids
-from flashmap_ext.reference import verify_target_probs, verify_uniform
+from flashmap_ext.drafters.common.base import TreeSpec  # noqa: F401  (re-exported: the loop's tree option)
+from flashmap_ext.drafters.eagle3.tree import DraftTree
+from flashmap_ext.ops.verify_reference import verify_target_probs
+from flashmap_ext.request import GenerateStats, Request, State, Timer
+from flashmap_ext.rng import STREAM_RESAMPLE, verify_uniform
 from flashmap_ext.target import Target
-
-
-@dataclass(frozen=True)
-class TreeSpec:
-    """Shape of the draft trees: `depth` levels, `topk` children per expanded node and frontier width,
-    `num_nodes` nodes kept (the DFlash paper's EAGLE-3 comparison: 7, 10, 16)."""
-    depth: int = 7
-    topk: int = 10
-    num_nodes: int = 16
-
-    def __post_init__(self):
-        if min(self.depth, self.topk, self.num_nodes) < 1:
-            raise ValueError(f"tree depth, topk, num_nodes must be >= 1 (got {self.depth}, {self.topk}, "
-                             f"{self.num_nodes})")
-
-    @classmethod
-    def parse(cls, text: str) -> "TreeSpec":
-        """'DEPTH,TOPK,NODES' (e.g. '7,10,16') → TreeSpec; ValueError otherwise."""
-        parts = text.split(",")
-        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"tree spec must be DEPTH,TOPK,NODES (e.g. 7,10,16), got {text!r}")
-        return cls(*(int(p) for p in parts))
 
 
 def tree_attention_mask(parents: torch.Tensor, prefix: int, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -79,7 +59,7 @@ def _emit_at(logits: torch.Tensor, children: list[tuple[int, int]], sampling: di
         p[t] = 0.0
         p /= p.sum()
     cdf = torch.cumsum(p, 0)
-    u = verify_uniform(seed, position, 1)
+    u = verify_uniform(seed, position, STREAM_RESAMPLE)
     return None, min(int((cdf <= u * float(cdf[-1])).sum()), valid - 1)
 
 
@@ -97,6 +77,22 @@ def tree_accept(logits: torch.Tensor, tokens: torch.Tensor, parents: torch.Tenso
             return path, token
         path.append(child)
         cur = child
+
+
+def tree_round(target: Target, drafter, state: State, req: Request, stats: GenerateStats, timer: Timer, *,
+               spec: TreeSpec) -> None:
+    """One tree round (speculate.chain_round's phases, with "forward" and "verify" inside tree_verify's time)."""
+    dev = target.device
+    t0 = timer.mark("round", dev)
+    tree = tree_draft(target, drafter, state, req, spec)
+    t1 = timer.mark("draft", dev)
+    committed = tree_verify(target, drafter, state, req, tree, stats)
+    stats.draft_time_s += t1 - t0
+    stats.verify_time_s += timer.now(dev) - t1
+    returned = state.emit(committed, req)
+    if returned < len(committed):  # a stop token: the stats describe exactly the returned tokens
+        stats.cut_last_round(returned)
+    timer.mark("commit", dev)
 
 
 def tree_draft(target: Target, drafter, state: State, req: Request, spec: TreeSpec) -> DraftTree:
@@ -124,7 +120,7 @@ def tree_verify(target: Target, drafter, state: State, req: Request, tree: Draft
     block = torch.cat([state.anchor, tokens])[None]
     positions = (pos + torch.cat([depths.new_zeros(1), depths]))[None]
     mask = tree_attention_mask(parents, pos, target.dtype, dev)
-    out = target.forward(block, state.cache, num_logits=block.shape[1], tap_layer_ids=tap_ids(drafter),
+    out = target.forward(block, state.cache, num_logits=block.shape[1], tap_layer_ids=state.tap_ids,
                          attention_mask=mask, position_ids=positions)
     sampling = req.scalars(target.vocab_size)
     _check_logits(out.logits[0], sampling["valid_vocab"], pos)
@@ -132,7 +128,7 @@ def tree_verify(target: Target, drafter, state: State, req: Request, tree: Draft
     rows = torch.tensor([0] + [1 + i for i in path], device=dev)
     target.keep_positions(state.cache, torch.cat([torch.arange(pos, device=dev), pos + rows]))
     kept_taps = None if out.taps is None else out.taps[:, rows]
-    advance(drafter, state, block[:, rows], kept_taps, torch.tensor([bonus], device=dev))
+    state.advance(drafter, block[:, rows], kept_taps, torch.tensor([bonus], device=dev))
     stats.add_round(len(tokens), len(path), int(depths.max()) if len(tokens) else 0)
     return tokens[path].tolist() + [bonus]
 

@@ -107,7 +107,7 @@ class OracleTreeDrafter:
         memory.extend(token_ids[0].tolist())
 
     def draft_tree(self, memory, anchor, position, *, depth, topk, num_nodes):
-        from flashmap_ext.drafters.eagle3_tree import DraftTree
+        from flashmap_ext.drafters.eagle3.tree import DraftTree
         assert len(memory) == int(position), "memory must hold every committed token except the anchor"
         self.depths.append(depth)
         truth, V = greedy_continuation(self.model, memory + [int(anchor)], depth).tolist(), self.vocab_size

@@ -5,8 +5,9 @@ import zipfile
 
 import pytest
 
-from flashmap_ext.bench import assets, datasets, sharegpt
-from flashmap_ext.bench.assets import AssetError
+from flashmap_ext.assets import datasets, sharegpt
+from flashmap_ext.assets import models as assets
+from flashmap_ext.assets.models import AssetError
 
 
 @pytest.fixture

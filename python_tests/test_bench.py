@@ -7,9 +7,16 @@ import math
 import pytest
 import torch
 
-from flashmap_ext.bench import assets, datasets
-from flashmap_ext.bench.metrics import (Record, acceptance_length, committed_histogram, identity, slot_acceptance,
-                                        summarize)
+from flashmap_ext.assets import datasets
+from flashmap_ext.assets import models as assets
+from flashmap_ext.bench.metrics import (
+    Record,
+    acceptance_length,
+    committed_histogram,
+    identity,
+    slot_acceptance,
+    summarize,
+)
 
 
 def rec(method, drafted, accepted, tokens=10, time_s=1.0):
@@ -108,9 +115,8 @@ def byte_bench(tmp_path, monkeypatch):
     repetitive text), and a two-prompt JSONL set with a two-turn prompt."""
     from conftest import tiny_qwen3
     from flashmap_ext.bench import run as bench_run
-    from flashmap_ext.commands.generate import BYTE_EOS, ByteTokenizer
     from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-    from flashmap_ext.target import Target
+    from flashmap_ext.target import BYTE_EOS, ByteTokenizer, Target
     model = tiny_qwen3(vocab_size=BYTE_EOS + 1)
     d = model.config.hidden_size
     torch.manual_seed(1)
@@ -123,7 +129,7 @@ def byte_bench(tmp_path, monkeypatch):
     drafter.save_pretrained(tmp_path / "eagle3")
     prompts = tmp_path / "tiny.jsonl"
     prompts.write_text(json.dumps({"prompt": "abcabcabc"}) + "\n" + json.dumps({"turns": ["Hi", "Again"]}) + "\n")
-    monkeypatch.setattr(bench_run, "load_target_and_tokenizer", lambda spec, dtype: (Target(model), ByteTokenizer()))
+    monkeypatch.setattr(bench_run, "load_target", lambda spec, dtype: (Target(model), ByteTokenizer()))
     return tmp_path, f"tiny={prompts}"
 
 
@@ -154,7 +160,7 @@ def test_bench_eagle3_tree_row_is_lossless_and_reported(byte_bench):
 
 def test_bench_eagle3_tree_option(byte_bench):
     from flashmap_ext.bench.methods import build_methods
-    from flashmap_ext.bench.run import load_target_and_tokenizer
+    from flashmap_ext.bench.run import load_target as load_target_and_tokenizer
     from flashmap_ext.commands.bench import eagle3_tree
     from flashmap_ext.tree import TreeSpec
     tmp, _ = byte_bench

@@ -1,22 +1,23 @@
-"""benches/bench_round.py (the end-to-end round timing) as a CPU smoke test, and the loop's `on_phase` seam."""
+"""benches/bench_round.py (the end-to-end round timing) as a CPU smoke test, and the loop's Timer."""
 import json
 
 import torch
 
 from benches import bench_round
 from conftest import tiny_qwen3
-from flashmap_ext.speculate import generate
+from flashmap_ext.speculate import Timer, generate
 from test_speculate import random_flashmap
 
 FIELDS = ("draft_ms", "forward_ms", "verify_op_ms", "bookkeeping_ms", "total_ms", "round_ms")
 
 
-def test_on_phase_marks_every_round_in_order():
+def test_timer_marks_every_round_in_order():
     model = tiny_qwen3()
     drafter = random_flashmap(model, 4, (1, 2))
-    marks = []
-    out = generate(model, drafter, [1, 2, 3], 9, on_phase=marks.append)
-    assert marks == ["round", "draft", "forward", "verify", "commit"] * out.stats.rounds
+    timer = Timer()
+    out = generate(model, drafter, [1, 2, 3], 9, timer=timer)
+    assert [list(r) for r in timer.rounds] == [["draft", "forward", "verify", "commit"]] * out.stats.rounds
+    assert len(timer.starts) == out.stats.rounds
     assert out.tokens == generate(model, drafter, [1, 2, 3], 9).tokens
 
 

@@ -9,11 +9,11 @@ import torch
 
 from conftest import tiny_qwen3
 from drafter_doubles import RecordingDrafter, greedy_continuation
-from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
-from test_speculate import random_flashmap
 from flashmap_ext import Target, TreeSpec, generate
 from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter, merge_chains, topk_tree
 from flashmap_ext.drafters.lookup import LookupDrafter
+from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
+from test_speculate import random_flashmap
 
 V, NEW, K = 111, 13, 4
 TAPS = (0, 1)
@@ -210,6 +210,7 @@ def test_hybrid_memory_is_the_inner_drafters_alone(model):
 
 def test_lookup_matches_transformers_rule():
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
     from flashmap_ext.drafters.lookup import lookup_continuation
     gen = torch.Generator().manual_seed(0)
     for trial in range(300):

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from flashmap_ext import cli
-from flashmap_ext.commands.generate import load_drafter, load_target_and_tokenizer
+from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.drafters.hf_checkpoint import CheckpointError
+from flashmap_ext.drafters.load import load_drafter
+from flashmap_ext.target import load_target as load_target_and_tokenizer
 
 CLASSES = {"flashmap": FlashMapDrafter, "dflash": DFlashDrafter, "eagle3": Eagle3Drafter}
 LABELS = {"flashmap": "FlashMap", "dflash": "DFlash", "eagle3": "EAGLE-3"}

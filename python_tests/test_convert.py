@@ -9,9 +9,10 @@ from conftest import tiny_qwen3
 from flashmap_ext.cli import main
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from test_dflash_reference import VARIANTS, assert_same_rounds, reference, write_variant
 from test_dflash_drafter import MASK, TAPS, write_released
-from test_eagle3_drafter import TAPS as E3_TAPS, _chain_after, _ctx, write_specforge
+from test_dflash_reference import VARIANTS, assert_same_rounds, reference, write_variant
+from test_eagle3_drafter import TAPS as E3_TAPS
+from test_eagle3_drafter import _chain_after, _ctx, write_specforge
 from test_eagle3_formats import write_speculators
 
 

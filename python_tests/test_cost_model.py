@@ -10,12 +10,18 @@ import torch
 
 from conftest import tiny_qwen3
 from drafter_doubles import greedy_continuation
+from flashmap_ext import Target, generate
+from flashmap_ext.cost_model import (
+    H200_QWEN3_8B,
+    AcceptanceProfile,
+    CostTable,
+    best_shape,
+    expected_gamma_two,
+    projected_speedup,
+)
+from flashmap_ext.drafters.auto import AutoDrafter
 from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
 from test_block_trees import SlotOracle
-from flashmap_ext import Target, generate
-from flashmap_ext.cost_model import (H200_QWEN3_8B, AcceptanceProfile, CostTable, best_shape, expected_gamma_two,
-                                     projected_speedup)
-from flashmap_ext.drafters.auto import AutoDrafter
 
 
 def table(per_token: float, draft: float = 0.0) -> CostTable:

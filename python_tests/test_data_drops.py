@@ -8,7 +8,7 @@ import json
 import pytest
 
 from flashmap_ext import cli
-from flashmap_ext.commands.generate import ByteTokenizer
+from flashmap_ext.target import ByteTokenizer
 from flashmap_ext.train.data import DataReport, load_samples
 
 MAX = 64

@@ -74,9 +74,10 @@ def test_generate_command_writes_records_and_resumes(tmp_path):
     """`flashmap data generate` on the tiny random target: every record carries its provenance; a rerun
     answers nothing new; answers equal plain greedy decoding of the rendered prompt."""
     import json
+
     from flashmap_ext.cli import main
-    from flashmap_ext.commands.generate import load_target_and_tokenizer
     from flashmap_ext.data.store import read_records
+    from flashmap_ext.target import load_target as load_target_and_tokenizer
     from flashmap_ext.train.data import prompt_ids, stop_token_ids
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "domain": "math", "messages": [
@@ -104,6 +105,7 @@ def test_corpus_folder_feeds_features_and_flow_training(tmp_path):
     """The recipe's path (scripts/train_real_drafters.sh): generate → features on the corpus folder → train
     flow with the issue-13 options."""
     import json
+
     from flashmap_ext.cli import main
     from flashmap_ext.train.features import FeatureCache
     prompts = tmp_path / "p.jsonl"

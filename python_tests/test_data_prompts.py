@@ -1,5 +1,5 @@
 """Prompt selection for the corpus (flashmap_ext.data.prompts): domains, held-out split, decontamination."""
-from flashmap_ext.bench.sharegpt import overlaps
+from flashmap_ext.assets.sharegpt import overlaps
 from flashmap_ext.data.prompts import DOMAINS, HELDOUT_MOD, domain, interleave, sharegpt_prompts, split
 
 

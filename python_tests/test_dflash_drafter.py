@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters.base import BlockDrafter
+from flashmap_ext.drafters.common.base import BlockDrafter
 from flashmap_ext.drafters.dflash import DFlashDrafter
-from flashmap_ext.drafters.dflash_config import build_target_layer_ids
+from flashmap_ext.drafters.dflash.config import build_target_layer_ids
 from flashmap_ext.train.dflash import default_gamma, dflash_loss, slot_weights
 
 D, H, G, HD, INTER, LAYERS, BLOCK, MASK = 64, 4, 2, 16, 96, 2, 6, 110
@@ -322,7 +322,7 @@ def test_dflash_draft_vocab_restricts_drafts_loss_and_roundtrips(tmp_path, targe
     assert math.isfinite(loss.item()) and metrics["tokens"] <= int((batch["labels"][..., :BLOCK - 1] >= 0).sum())
     small.save_pretrained(tmp_path / "small")
     back = DFlashDrafter.from_pretrained(tmp_path / "small", target)
-    assert back.config.draft_vocab_size == len(rows) and back.draft_rows().tolist() == rows.tolist()
+    assert back.config.draft_vocab_size == len(rows) and back.vocab.target_ids.tolist() == rows.tolist()
 
 
 def _filled(drafter, ids, taps):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.dflash import DFlashDrafter
-from flashmap_ext.drafters.dflash_config import DFlashConfig
+from flashmap_ext.drafters.dflash.config import DFlashConfig
 from flashmap_ext.target import Target
 from test_dflash_drafter import BLOCK, MASK, TAPS, released_config, write_released
 

@@ -1,4 +1,4 @@
-"""The fused FlashMap draft step (flashmap_ext.drafters.flashmap_fused) against the reference drafter:
+"""The fused FlashMap draft step (flashmap_ext.drafters.flashmap.fused) against the reference drafter:
 memory K/V, 1- and 2-step logits and tokens, on CPU (every op has a CPU kernel) and — on a GPU — the bf16
 CUDA kernels under the error budget, with near-tie token mismatches counted, and CUDA-graph replay."""
 import copy
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters import flashmap_fused as fused
 from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
-from flashmap_ext.drafters.flashmap_target import TargetTables
+from flashmap_ext.drafters.flashmap import fused as fused
+from flashmap_ext.target.tables import TargetTables
 
 # Widths the CUDA kernels accept (GEMM inputs multiples of 64, head dim 64): the same config runs on both.
 TINY = dict(n_layers=2, width=128, heads=2, block_size=16, cond_dim=64, target_layer_ids=(0, 2))

@@ -1,5 +1,5 @@
-"""DiT drafter ops (flashmap_ext.dit_ops, csrc/dit): opcheck on every op, the CPU kernels against the fp64
-oracle (flashmap_ext.reference_dit) on awkward shapes, clear argument errors, and every kernel against the
+"""DiT drafter ops (flashmap_ext.ops.dit, csrc/dit): opcheck on every op, the CPU kernels against the fp64
+oracle (flashmap_ext.ops.dit_reference) on awkward shapes, clear argument errors, and every kernel against the
 oracle under the error-budget rule (kernel error <= 2x the error of the bf16 PyTorch version, both against
 fp64; research/house-style.md §8.4): each budget check runs on the CPU kernels at small shapes and — on a
 GPU — on the CUDA kernels at the real ones; then CUDA-graph replay and torch.compile.
@@ -7,8 +7,8 @@ The fused draft step built from these ops is tested in test_dit_fused.py."""
 import pytest
 import torch
 
-from flashmap_ext import dit_ops as ops
-from flashmap_ext import reference_dit as ref
+from flashmap_ext.ops import dit as ops
+from flashmap_ext.ops import dit_reference as ref
 
 OPS = torch.ops.flashmap
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters import flashmap_fused as fused
 from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
-from flashmap_ext.drafters.flashmap_target import TargetTables
+from flashmap_ext.drafters.flashmap import fused as fused
 from flashmap_ext.speculate import generate
+from flashmap_ext.target.tables import TargetTables
 
 # Widths the CUDA kernels accept (GEMM inputs multiples of 64, head dim 64).
 TINY = dict(n_layers=2, width=128, heads=2, block_size=16, cond_dim=64, target_layer_ids=(0, 2))

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters.base import BlockDrafter
+from flashmap_ext.drafters.common.base import BlockDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from flashmap_ext.drafters.eagle3_config import eagle3_layer_ids
+from flashmap_ext.drafters.eagle3.config import eagle3_layer_ids
 from flashmap_ext.speculate import generate
 from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens, eagle3_loss
 
@@ -252,7 +252,7 @@ def test_eagle3_draft_vocab_from_counts(target):
     assert eagle3_layer_ids(36) == [1, 17, 32]
     d = Eagle3Drafter.for_target(target, draft_ids=build_draft_vocab(counts, 4), num_draft_tokens=3)
     assert d.draft_ids.tolist() == [2, 5, 7, 9] and d.t2d.sum() == 4
-    assert d.target_to_draft(torch.tensor([9, 3, -100])).tolist() == [3, -1, -1]
+    assert d.target_to_draft(torch.tensor([9, 3, -100])).tolist() == [3, -100, -100]  # vocab.IGNORE
     torch.testing.assert_close(d.lm_head.weight, target.lm_head.weight[[2, 5, 7, 9]])
 
 

@@ -14,10 +14,25 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from test_eagle3_drafter import (D, DRAFT_IDS, G, H, HD, INTER, TAPS, V, VD, _chain_after, _ctx, _rms, _rope,
-                                 specforge_weights, write_specforge)
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from flashmap_ext.drafters.eagle3_config import Eagle3Config
+from flashmap_ext.drafters.eagle3.config import Eagle3Config
+from test_eagle3_drafter import (
+    DRAFT_IDS,
+    HD,
+    INTER,
+    TAPS,
+    VD,
+    D,
+    G,
+    H,
+    V,
+    _chain_after,
+    _ctx,
+    _rms,
+    _rope,
+    specforge_weights,
+    write_specforge,
+)
 
 FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
 

@@ -7,10 +7,9 @@ import torch
 from safetensors import safe_open
 
 from conftest import HAS_CUDA, tiny_qwen3
-from flashmap_ext import flow
-from flashmap_ext.drafters.base import BlockDrafter
-from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapConfig, FlashMapDrafter, draft_block
-from flashmap_ext.drafters.flashmap_config import default_tap_layers
+from flashmap_ext.drafters.common.base import BlockDrafter
+from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapConfig, FlashMapDrafter, draft_block, flow
+from flashmap_ext.drafters.flashmap.config import default_tap_layers
 
 TINY = dict(n_layers=2, width=32, heads=4, block_size=4, cond_dim=16, target_layer_ids=(0, 2))
 
@@ -214,7 +213,7 @@ def test_draft_vocabulary_subset(target, tmp_path):
     memory = filled_memory(drafter, rand_taps(2, 5, drafter))
     out = draft_block(drafter, memory, torch.tensor([1, 2]), seed=0, position=5, steps=2, return_logits=True)
     assert out.logits.shape == (2, 4, 20) and torch.isin(out.tokens, keep).all()
-    assert drafter.tables.noise_factor.shape == (64, 64)
+    assert drafter.noise_factor.shape == (64, 64)
     drafter.save_pretrained(tmp_path)
     assert torch.equal(FlashMapDrafter.from_pretrained(tmp_path, target).d2t, drafter.d2t)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashmap_ext import flow
+from flashmap_ext.drafters.flashmap import flow
 
 QWEN_V = 151_936
 

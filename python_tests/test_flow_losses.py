@@ -6,7 +6,7 @@ import torch
 
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.flow import flow_map_jump, t_of_tau
+from flashmap_ext.drafters.flashmap.flow import flow_map_jump, t_of_tau
 from flashmap_ext.train.distill import assign_roles, distill_loss, make_student, sample_times
 from flashmap_ext.train.flow import block_taus, flow_loss, noisy_states, slot_weights, stratified_uniform
 

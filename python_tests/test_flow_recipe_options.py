@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from test_flow_losses import make_batch, make_flow
 from conftest import tiny_qwen3
 from flashmap_ext.commands.train import slot_decay_arg
 from flashmap_ext.train.flow import flow_loss, slot_weights
+from test_flow_losses import make_batch, make_flow
 
 
 def test_slot_decay_tied_to_k_follows_dflash_rule():

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from flashmap_ext import cli
-from flashmap_ext.drafters.hf_checkpoint import CheckpointError
-from flashmap_ext.commands.generate import (ByteTokenizer, TextStream, checkpoint_type, load_drafter,
-                                            load_target_and_tokenizer)
+from flashmap_ext.commands.generate import TextStream
+from flashmap_ext.drafters.common.checkpoint import CheckpointError
+from flashmap_ext.drafters.load import checkpoint_type, load_drafter
+from flashmap_ext.target import ByteTokenizer
+from flashmap_ext.target import load_target as load_target_and_tokenizer
 
 BASE = ["generate", "--target", "tiny-random", "--prompt", "Hello, world", "--max-new-tokens", "24",
         "--dtype", "fp32"]
@@ -135,11 +137,11 @@ def test_user_errors_print_one_line_and_exit_2(capsys, monkeypatch):
 
 def test_builtin_target_name_resolves_to_the_offline_model(tmp_path, monkeypatch):
     """`--target qwen2.5-coder-0.5b` used to go to the hub; it is the cached offline model, as in `bench`
-    (the one resolver, bench.assets.resolve_target). Here a tiny model stands in for the cached one."""
+    (the one resolver, assets.models.resolve_target). Here a tiny model stands in for the cached one."""
     from transformers import AutoTokenizer
 
     from conftest import tiny_qwen3
-    from flashmap_ext.bench import assets
+    from flashmap_ext.assets import models as assets
     tiny_qwen3(vocab_size=97).save_pretrained(tmp_path)
     monkeypatch.setattr(assets, "qwen05_dir", lambda download=True: tmp_path)
     asked = []
@@ -160,7 +162,7 @@ def test_auto_dtype_is_the_bench_rule(monkeypatch):
     def fake_loader(name, dtype, device=None):
         seen.append(dtype)
         raise KeyboardInterrupt  # stop before generating
-    monkeypatch.setattr(generate, "load_target_and_tokenizer", fake_loader)
+    monkeypatch.setattr(generate, "load_target", fake_loader)
     for rule, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         monkeypatch.setattr(machine, "auto_dtype", lambda rule=rule: rule)
         with pytest.raises(KeyboardInterrupt):

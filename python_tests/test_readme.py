@@ -55,8 +55,8 @@ def byte_level_tokenizer_dir(path: Path, vocab_size: int) -> None:
 
 def test_python_snippet_runs_and_prints(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "cache"))  # the cost table of AutoDrafter goes there
-    from flashmap_ext.commands.generate import BYTE_EOS, tiny_random_model
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.target import BYTE_EOS, tiny_random_model
     model = tiny_random_model()
     model.save_pretrained(tmp_path / "target")
     byte_level_tokenizer_dir(tmp_path / "target", BYTE_EOS + 1)

@@ -11,23 +11,24 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def real():
-    from flashmap_ext.bench import assets, datasets
+    from flashmap_ext.assets import datasets
+    from flashmap_ext.assets import models as assets
     from flashmap_ext.commands.demo import find_drafter
     from flashmap_ext.target import load_target
-    from transformers import AutoTokenizer
     model_dir = assets.qwen05_dir()
-    target = load_target(str(model_dir), dtype="fp32", device="cpu")
+    target, tokenizer = load_target(str(model_dir), dtype="fp32", device="cpu")
     prompts = [datasets.load("gsm8k", 1)[0], datasets.load("humaneval", 1)[0]]
-    return target, AutoTokenizer.from_pretrained(model_dir), prompts, find_drafter(None)
+    return target, tokenizer, prompts, find_drafter(None)
 
 
 @pytest.mark.parametrize("steps", [1, 2])
 def test_real_prompts_are_lossless_in_fp32(real, steps):
-    from flashmap_ext.bench.methods import StepsDrafter, load_flashmap
+    from flashmap_ext.bench.methods import StepsDrafter
+    from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.speculate import generate
     from flashmap_ext.train.data import prompt_ids, stop_token_ids
     target, tokenizer, prompts, ckpt = real
-    drafter = StepsDrafter(load_flashmap(str(ckpt) if ckpt else "random", target, torch.float32), steps)
+    drafter = StepsDrafter(load_drafter(str(ckpt) if ckpt else "random", target, "flashmap", dtype=torch.float32), steps)
     stop = stop_token_ids(tokenizer)
     for prompt in prompts:
         ids = prompt_ids(tokenizer, prompt.messages)
@@ -45,6 +46,7 @@ def test_gguf_conversion_matches_transformers_gguf_loader(tmp_path):
     weights and tokenizer of transformers' own GGUF loading path."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from flashmap_ext.bench import assets
     gguf = assets.qwen05_gguf()
     assets.convert_gguf(gguf, tmp_path / "hf")

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import tiny_qwen3
 from drafter_doubles import OracleDrafter, ScheduledRejectDrafter
-from flashmap_ext.speculate import generate
+from flashmap_ext.speculate import Timer, generate
 
 K, N = 4, 14
 PROMPT = [7, 1, 42, 42, 9]
@@ -41,7 +41,7 @@ def test_schedule_gives_exact_counts(model):
 
 
 def test_times_and_throughput(model):
-    out = generate(model, OracleDrafter(model, K, (0,)), PROMPT, N, profile=True)
+    out = generate(model, OracleDrafter(model, K, (0,)), PROMPT, N, timer=Timer(sync=True))
     s = out.stats
     assert min(s.prefill_time_s, s.draft_time_s, s.verify_time_s) > 0
     assert s.total_time_s >= s.prefill_time_s + s.draft_time_s + s.verify_time_s

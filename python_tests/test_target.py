@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_qwen3
 from drafter_doubles import ScheduledRejectDrafter, greedy_continuation
 from flashmap_ext.speculate import generate
-from flashmap_ext.target import Target, load_target, resolve_dtype
+from flashmap_ext.target import Target, resolve_dtype
 
 V = 97
 
@@ -153,7 +153,7 @@ def test_adapter_errors():
 def test_load_target_from_local_dir(tmp_path):
     model = tiny_model("qwen3")
     model.save_pretrained(tmp_path)
-    target = load_target(str(tmp_path), dtype="bf16", device="cpu")
+    target = Target.from_pretrained(str(tmp_path), dtype="bf16", device="cpu")
     assert target.dtype == torch.bfloat16 and target.vocab_size == V and target.num_layers == 3
     assert target.max_positions == 512 and target.hidden_size == 64
     torch.testing.assert_close(target.lm_head.weight.float(), model.lm_head.weight.bfloat16().float())

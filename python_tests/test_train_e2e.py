@@ -12,16 +12,16 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.drafters.flashmap_config import default_tap_layers
+from flashmap_ext.drafters.flashmap.config import default_tap_layers
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target
 from flashmap_ext.train.data import load_samples, prompt_ids
 from flashmap_ext.train.distill import distill_loss, make_student
 from flashmap_ext.train.features import FeatureCache, cache_features
 from flashmap_ext.train.flow import flow_loss
-from flashmap_ext.train.loop import TrainConfig, train
 from flashmap_ext.train.regenerate import regenerate
 from flashmap_ext.train.runner import make_collate
+from flashmap_ext.train.trainer import TrainConfig, train
 from train_fixtures import qwen3_style_tokenizer
 
 WORDS = [f"w{i}" for i in range(58)] + ["user", "assistant", "system"]

@@ -5,8 +5,9 @@ import os
 import pytest
 import torch
 
+from flashmap_ext.target.taps import compute_taps
 from flashmap_ext.train.data import Sample
-from flashmap_ext.train.features import FeatureCache, FeatureWriter, cache_features, compute_taps
+from flashmap_ext.train.features import FeatureCache, FeatureWriter, cache_features
 
 LAYERS = [0, 2, 3]
 

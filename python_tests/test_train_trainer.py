@@ -1,4 +1,4 @@
-"""train/loop.py: bit-exact resume after SIGTERM, schedule, atomic checkpoints, DDP/FSDP2 on gloo."""
+"""train/trainer.py: bit-exact resume after SIGTERM, schedule, atomic checkpoints, DDP/FSDP2 on gloo."""
 import json
 import os
 import signal
@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from flashmap_ext.train import checkpoint as ckpt
-from flashmap_ext.train.loop import TrainConfig, lr_at, train
+from flashmap_ext.train.trainer import TrainConfig, lr_at, train
 
 
 class Net(torch.nn.Module):

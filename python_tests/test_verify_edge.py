@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashmap_ext import ops
-from flashmap_ext.reference import verify_reference
+from flashmap_ext.ops.verify_reference import verify_reference
 from verify_helpers import DEVICES, check_against_reference, per_row, random_case
 
 NEG = -math.inf

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from flashmap_ext import ops
-from flashmap_ext.reference import verify_target_probs
+from flashmap_ext.ops.verify_reference import verify_target_probs
 from verify_helpers import DEVICES, assert_chi_square
 
 N, V, K = 200_000, 16, 3

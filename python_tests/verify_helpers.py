@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from flashmap_ext import ops
-from flashmap_ext.reference import verify_reference_detailed
+from flashmap_ext.ops.verify_reference import verify_reference_detailed
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 FRAGILE = 2e-6  # decisions closer than this to their threshold (relative) may flip between fp32 and fp64

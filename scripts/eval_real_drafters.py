@@ -30,13 +30,14 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
-    from flashmap_ext.bench.assets import qwen05_dir
+    from transformers import AutoTokenizer
+
+    from flashmap_ext.assets.models import qwen05_dir
     from flashmap_ext.bench.methods import StepsDrafter
-    from flashmap_ext.commands.generate import load_drafter
+    from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.speculate import generate
     from flashmap_ext.target import load_target, resolve_dtype
     from flashmap_ext.train.data import prompt_ids, stop_token_ids
-    from transformers import AutoTokenizer
 
     model_dir = str(qwen05_dir())
     target = load_target(model_dir, dtype=resolve_dtype(args.dtype), device="cpu")
@@ -82,7 +83,7 @@ def main() -> int:
         results[label]["identical_to_greedy"] = [a == b for a, b in zip(outs, ar)]
     print(f"{len(prompts)} held-out prompts, {args.max_new_tokens} new tokens, {args.dtype}, "
           f"{time.time() - t0:.0f} s")
-    print(f"| method | γ | tok/s | identical to AR greedy | slot acceptance 1..K |")
+    print("| method | γ | tok/s | identical to AR greedy | slot acceptance 1..K |")
     print("|---|---|---|---|---|")
     for name, r in results.items():
         same = r.get("identical_to_greedy")

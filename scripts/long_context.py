@@ -17,8 +17,6 @@ import json
 import sys
 import time
 
-import torch
-
 CHECKPOINTS = {"flashmap": "checkpoints/flashmap-qwen2.5-coder-0.5b", "dflash": "checkpoints/dflash-qwen2.5-coder-0.5b"}
 SOURCES = ("argparse", "typing", "inspect", "dataclasses", "pathlib", "subprocess", "tarfile", "pydoc")
 QUESTION = "\n\nExplain in detail, step by step, what the last function above does and how it could be improved."

@@ -50,7 +50,7 @@ main() {
     local stages=("$@")
     [ ${#stages[@]} -eq 0 ] && stages=(data regen features vocab flow distill dflash eagle3 export)
 
-    TARGET=$($PY -c 'from flashmap_ext.bench.assets import qwen05_dir; print(qwen05_dir())')
+    TARGET=$($PY -c 'from flashmap_ext.assets.models import qwen05_dir; print(qwen05_dir())')
     DTYPE=${DTYPE:-$($PY -c 'from flashmap_ext.bench.machine import auto_dtype; print(auto_dtype())')}
     echo "target: $TARGET ($DTYPE)"
 
@@ -74,7 +74,7 @@ main() {
 #    self-answers are the scarce part), N_HELDOUT held out for the acceptance check.
 stage_data() {
     [ -s "$RUN/prompts.jsonl" ] && { echo "skip: $RUN/prompts.jsonl exists"; return; }
-    $PY -m flashmap_ext.bench.sharegpt "$RUN/sharegpt.jsonl" --limit 4000 --max-turns 1
+    $PY -m flashmap_ext.assets.sharegpt "$RUN/sharegpt.jsonl" --limit 4000 --max-turns 1
     $PY - "$RUN" "$N_REGEN" "$N_ORIG" "$N_HELDOUT" <<'EOF2'
 import json, sys
 run, nr, no, h = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

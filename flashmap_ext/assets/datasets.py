@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from flashmap_ext.bench.assets import AssetError, package_file
+from flashmap_ext.assets.models import AssetError, package_file
 
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 CODE_PREFIX = ("Please provide a self-contained Python script that solves the following problem "

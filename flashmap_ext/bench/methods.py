@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from flashmap_ext.drafters.flashmap import draft_block
+from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.tree import TreeSpec
 
 #: seed offset between the per-slot noise streams of the shuffle test (a prime, far from request seeds)
@@ -44,7 +46,6 @@ class StepsDrafter:
         self.inner.extend_memory(memory, token_ids, taps)
 
     def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
-        from flashmap_ext.drafters.flashmap import draft_block
         block = draft_block(self.inner, memory, anchor_tokens, steps=self.steps, seed=seed, position=position)
         return block.tokens[:, :num_tokens]
 
@@ -55,7 +56,6 @@ class PerSlotNoiseDrafter(StepsDrafter):
     γ(per-slot) measures how much the drafter's block is jointly coherent. K drafter calls per round."""
 
     def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
-        from flashmap_ext.drafters.flashmap import draft_block
         out = []
         for j in range(num_tokens):
             slot_seed = seed + (j + 1) * SLOT_SEED_STRIDE
@@ -63,30 +63,6 @@ class PerSlotNoiseDrafter(StepsDrafter):
                                 position=position)
             out.append(block.tokens[:, j])
         return torch.stack(out, dim=1) if out else anchor_tokens.new_empty((anchor_tokens.shape[0], 0))
-
-
-def load_flashmap(path: str, target, dtype: torch.dtype):
-    """A FlashMap checkpoint, or `random` for an untrained drafter shaped for the target (plumbing runs)."""
-    from flashmap_ext.drafters.flashmap import FlashMapDrafter
-    if path == "random":
-        torch.manual_seed(0)
-        drafter = FlashMapDrafter.for_target(target.model, n_layers=2, width=256, heads=4, block_size=8)
-        drafter.reset_parameters(zero_init=False)
-        return drafter.to(dtype).eval()
-    return FlashMapDrafter.from_pretrained(path, target.model, dtype=dtype).eval()
-
-
-def load_dflash(path: str, target, dtype: torch.dtype):
-    from flashmap_ext.drafters.dflash import DFlashDrafter
-    return DFlashDrafter.from_pretrained(path, target.model, dtype=dtype).eval()
-
-
-def load_eagle3(path: str, target, dtype: torch.dtype):
-    try:
-        from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-    except ImportError as err:
-        raise SystemExit(f"--eagle3: the EAGLE-3 drafter is not available in this build ({err})") from None
-    return Eagle3Drafter.from_pretrained(path, target.model, dtype=dtype).eval()
 
 
 def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str | None, eagle3: str | None,
@@ -99,17 +75,17 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
     methods = [Method("AR", None)]
     fm = dfl = None
     if flashmap:
-        fm = load_flashmap(flashmap, target, dtype)
+        fm = load_drafter(flashmap, target, "flashmap", dtype=dtype)
         methods += [Method("FlashMap-1", StepsDrafter(fm, 1)), Method("FlashMap-2", StepsDrafter(fm, 2))]
     if dflash:
-        dfl = load_dflash(dflash, target, dtype)
+        dfl = load_drafter(dflash, target, "dflash", dtype=dtype)
         methods.append(Method("DFlash", dfl))
     if shapes:
         methods += shape_methods(fm and StepsDrafter(fm, 1), dfl)
     if auto:
         methods += auto_methods(target, fm and StepsDrafter(fm, 1))
     if eagle3:
-        eagle = load_eagle3(eagle3, target, dtype)
+        eagle = load_drafter(eagle3, target, "eagle3", dtype=dtype)
         methods.append(Method("EAGLE-3", eagle))
         if eagle3_tree is not None:
             methods.append(Method("EAGLE-3 tree", eagle, eagle3_tree))

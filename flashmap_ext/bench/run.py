@@ -14,10 +14,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from flashmap_ext.bench import datasets, machine, report
-from flashmap_ext.bench.assets import load_tokenizer, resolve_target
+from flashmap_ext.assets import datasets
+from flashmap_ext.bench import machine, report
 from flashmap_ext.bench.methods import Method, PerSlotNoiseDrafter, StepsDrafter, build_methods, run_peer
 from flashmap_ext.bench.metrics import Record, acceptance_length, summarize
+from flashmap_ext.speculate import generate
+from flashmap_ext.target import load_target, resolve_dtype
+from flashmap_ext.train.data import prompt_ids, stop_token_ids
 from flashmap_ext.tree import TreeSpec
 
 DEFAULT_DATASETS = ("gsm8k", "aime25", "humaneval", "mtbench", "arena-hard", "alpaca")
@@ -44,23 +47,12 @@ class BenchConfig:
     out: str = "runs/bench"
 
 
-def load_target_and_tokenizer(spec: str, dtype: str):
-    """(Target, tokenizer) for `--target`: the built-in offline model or any hub name / local dir."""
-    from flashmap_ext.target import load_target
-    path = resolve_target(spec)
-    try:
-        return load_target(path, dtype=dtype), load_tokenizer(spec)
-    except OSError as err:  # HF: not in the offline cache / no network / not a model (several lines)
-        raise ValueError(f"--target {spec}: cannot load it ({' '.join(str(err).split())})") from None
-
-
 def decode(target, method: Method, ids: list[int], cfg: BenchConfig, stop) -> Record:
     """One method on one prompt (no dataset/prompt labels yet)."""
     if method.drafter in ("hf", "pld"):
         out = run_peer(target.model, method.drafter, ids, cfg.max_new_tokens, cfg.temperature, stop, cfg.seed)
         return Record(method.name, "", "", out.tokens, out.time_s, draft_time_s=None, verify_time_s=None,
                       prefill_time_s=None)
-    from flashmap_ext.speculate import generate
     out = generate(target, method.drafter, ids, cfg.max_new_tokens, temperature=cfg.temperature,
                    seed=cfg.seed, stop_token_ids=stop, tree=method.tree)
     s = out.stats
@@ -85,7 +77,6 @@ def divergence(target, ids: list[int], ar: list[int], other: list[int]) -> dict 
 
 def run_turns(target, tokenizer, methods: list[Method], prompt, cfg: BenchConfig, stop) -> list[Record]:
     """All methods on every user turn of one prompt."""
-    from flashmap_ext.train.data import prompt_ids
     records, answers = [], []
     for turn in range(len(prompt.turns)):
         ids = prompt_ids(tokenizer, prompt.messages_for_turn(turn, answers))
@@ -115,7 +106,6 @@ def shuffle_test(target, tokenizer, methods: list[Method], records: list[Record]
                  stop) -> dict:
     """γ with the block's shared noise vs an independent noise block per slot, first turns of the first
     `shuffle_n` prompts of each dataset. {dataset: {method: {shared, per_slot, delta}}}."""
-    from flashmap_ext.train.data import prompt_ids
     out: dict = {}
     for name in cfg.datasets:
         prompts = datasets.load(name, min(cfg.shuffle_n, cfg.n))
@@ -133,11 +123,9 @@ def shuffle_test(target, tokenizer, methods: list[Method], records: list[Record]
 
 def run(cfg: BenchConfig) -> dict:
     """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results."""
-    from flashmap_ext.target import resolve_dtype
-    from flashmap_ext.train.data import stop_token_ids
     dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
-    target, tokenizer = load_target_and_tokenizer(cfg.target, dtype)
+    target, tokenizer = load_target(cfg.target, dtype)
     methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers,
                             cfg.eagle3_tree, cfg.shapes, cfg.auto)
     methods = [m for m in methods if not cfg.methods or m.name == "AR" or m.name in cfg.methods]

@@ -59,8 +59,8 @@ def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
 
 def check_args(args) -> None:
     """ValueError naming the option for counts out of range or an unknown dataset name."""
-    from flashmap_ext.bench.assets import AssetError
-    from flashmap_ext.bench.datasets import check_spec
+    from flashmap_ext.assets.datasets import check_spec
+    from flashmap_ext.assets.models import AssetError
     for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                             ("--shuffle-n", args.shuffle_n, 0)):
         if value < low:

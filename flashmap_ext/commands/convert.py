@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from flashmap_ext.drafters.hf_checkpoint import config_kind, read_config
+    from flashmap_ext.drafters.common.checkpoint import config_kind, read_config
     if (Path(args.dst) / "config.json").exists():
         raise FileExistsError(f"{args.dst} already holds a checkpoint (config.json): choose an empty directory")
     cfg = read_config(args.src)
@@ -86,8 +86,8 @@ def convert_eagle3(src: str, dst: str, to: str, target=None, verifier: str | Non
 
 def _target(name: str):
     """The target model alone (no tokenizer needed), fp32 on CPU."""
-    from flashmap_ext.commands.generate import TINY, resolve_target, tiny_random_model
-    from flashmap_ext.target import Target, load_target
+    from flashmap_ext.assets.models import resolve_target
+    from flashmap_ext.target import TINY, Target, tiny_random_model
     if name == TINY:
         return Target(tiny_random_model())
-    return load_target(resolve_target(name), dtype="fp32", device="cpu")
+    return Target.from_pretrained(resolve_target(name), dtype="fp32", device="cpu")

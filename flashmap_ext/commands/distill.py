@@ -6,9 +6,8 @@ is the student's own two half-jumps (no grad). The student starts as the teacher
 """
 from __future__ import annotations
 
-from fractions import Fraction
-
 import argparse
+from fractions import Fraction
 
 from flashmap_ext.train import runner
 

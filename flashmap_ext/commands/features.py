@@ -52,8 +52,8 @@ def run(args) -> int:
 
 def tap_layers(spec: str, num_layers: int) -> list[int]:
     """--layers: 'flashmap' | 'eagle3' | a comma list of 0-based ids. Raises ValueError otherwise."""
-    from flashmap_ext.drafters.eagle3_config import eagle3_layer_ids
-    from flashmap_ext.drafters.flashmap_config import default_tap_layers
+    from flashmap_ext.drafters.eagle3.config import eagle3_layer_ids
+    from flashmap_ext.drafters.flashmap.config import default_tap_layers
     if spec == "flashmap":
         return list(default_tap_layers(num_layers))
     if spec == "eagle3":

@@ -18,19 +18,14 @@ with --drafter-type).
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
-from pathlib import Path
 
-import torch
-
+from flashmap_ext.assets.models import QWEN05_NAME
 from flashmap_ext.bench import machine
-from flashmap_ext.bench.assets import QWEN05_NAME, resolve_target
-from flashmap_ext.target import Target, load_target, resolve_dtype
+from flashmap_ext.drafters.load import load_drafter
+from flashmap_ext.speculate import generate
+from flashmap_ext.target import TINY, Target, load_target, resolve_dtype
 from flashmap_ext.tree import TreeSpec
-
-TINY = "tiny-random"
-BYTE_EOS = 256
 
 
 def add_parser(subparsers) -> None:
@@ -61,15 +56,14 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
-    target, tokenizer = load_target_and_tokenizer(args.target, dtype, args.device)
-    drafter = load_drafter(args.drafter, target, args.drafter_type, args.steps) if args.drafter else None
+    target, tokenizer = load_target(args.target, dtype, args.device)
+    drafter = load_drafter(args.drafter, target, args.drafter_type, steps=args.steps) if args.drafter else None
     drafter, tree = shape_drafter(args, target, drafter)
     ids = encode_prompt(tokenizer, args.prompt, args.chat)
     budget = min(args.max_new_tokens, target.max_positions - len(ids))
     if budget < args.max_new_tokens:
         print(f"[max-new-tokens cut to {max(budget, 0)}: the target's context is {target.max_positions}]",
               file=sys.stderr)
-    from flashmap_ext.speculate import generate
     stream = TextStream(tokenizer)
     out = generate(target, drafter, ids, max(budget, 0), args.temperature, args.top_k, args.top_p, args.seed,
                    stop_token_ids(tokenizer, target), tree=tree, on_tokens=stream)
@@ -132,105 +126,6 @@ def tree_spec(text: str) -> TreeSpec:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def load_target_and_tokenizer(name: str, dtype: torch.dtype, device=None):
-    """(Target, tokenizer) for a hub name, a local dir, a .gguf file, 'qwen2.5-coder-0.5b' (the offline
-    real target, resolved by bench.assets.resolve_target as in `flashmap bench`) or 'tiny-random'."""
-    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if name == TINY:
-        return Target(tiny_random_model(dtype).to(device)), ByteTokenizer()
-    name = resolve_target(name)
-    looks_local = name.endswith(".gguf") or name.startswith(("/", "./", "../", "~"))
-    if looks_local:
-        if not Path(name).expanduser().exists():
-            raise FileNotFoundError(f"--target {name}: no such file or directory (expected a model directory, "
-                                    f"a .gguf file, a hub name such as Qwen/Qwen3-8B, or '{TINY}')")
-        name = str(Path(name).expanduser())
-        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
-            raise ValueError(f"--target {name}: not a model directory (no config.json)")
-    from transformers import AutoTokenizer
-    try:
-        if name.endswith(".gguf"):
-            path = Path(name).resolve()
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(name)
-        return load_target(name, dtype=dtype, device=device), tokenizer
-    except OSError as err:  # HF: not in the offline cache / no network / not a model repo (several lines)
-        if isinstance(err, FileNotFoundError) and str(err).startswith("--target"):
-            raise
-        raise ValueError(f"--target {name}: cannot load it ({' '.join(str(err).split())})") from None
-
-
-def check_device(device) -> torch.device:
-    """`device` as a torch.device; ValueError naming --device for an unknown one or CUDA without CUDA."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"--device {device!r}: not a device (expected cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device available (torch {torch.__version__} "
-                         f"{'has no CUDA support' if torch.version.cuda is None else 'sees no GPU'})")
-    return dev
-
-
-def tiny_random_model(dtype: torch.dtype = torch.float32, seed: int = 0):
-    """A tiny random Qwen3 over a 257-id byte vocabulary (4 layers, hidden 64, 2048 positions)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    cfg = Qwen3Config(vocab_size=BYTE_EOS + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=BYTE_EOS)
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(cfg).to(dtype).eval()
-
-
-def load_drafter(path: str, target: Target, drafter_type: str | None = None, steps: int | None = None):
-    """A drafter for `target`: 'random' (small random FlashMap), 'random-eagle3' or a checkpoint dir,
-    dispatched on its config.json unless `drafter_type` is given. Raises ValueError for an unknown
-    checkpoint type."""
-    if path == "random":
-        from flashmap_ext.drafters.flashmap import FlashMapDrafter
-        torch.manual_seed(0)
-        drafter = FlashMapDrafter.for_target(target, n_layers=2, width=128, heads=4, block_size=8)
-        drafter.reset_parameters(zero_init=False)  # adaLN-Zero would draft the same id everywhere
-    elif path == "random-eagle3":
-        from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-        torch.manual_seed(0)
-        drafter = Eagle3Drafter.for_target(target, num_draft_tokens=7)
-    else:
-        kind = drafter_type or checkpoint_type(path)
-        drafter = drafter_class(kind).from_pretrained(path, target, dtype=target.dtype)
-    if steps is not None and hasattr(drafter.config, "draft_steps"):
-        drafter.config.draft_steps = steps
-    return drafter.to(dtype=target.dtype).eval()
-
-
-def checkpoint_type(path: str) -> str:
-    """'flashmap' | 'dflash' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
-    one line) for a missing directory, a missing / malformed / empty config or an unknown kind."""
-    from flashmap_ext.drafters.hf_checkpoint import CheckpointError, config_kind, read_config
-    try:
-        cfg = read_config(path)
-    except CheckpointError as err:
-        raise CheckpointError(f"--drafter {err}") from None
-    kind = config_kind(cfg)
-    if kind is None:
-        raise CheckpointError(f"--drafter {path}: unknown drafter type (architectures="
-                              f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); "
-                              f"pass --drafter-type")
-    return kind
-
-
-def drafter_class(kind: str):
-    if kind == "flashmap":
-        from flashmap_ext.drafters.flashmap import FlashMapDrafter
-        return FlashMapDrafter
-    if kind == "dflash":
-        from flashmap_ext.drafters.dflash import DFlashDrafter
-        return DFlashDrafter
-    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-    return Eagle3Drafter
-
-
 def encode_prompt(tokenizer, prompt: str, chat: bool) -> list:
     if chat:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -266,40 +161,3 @@ class TextStream:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         self.out.write(text[self.printed:] + "\n")
         self.out.flush()
-
-
-_RAW_BYTE = 0xF700  # private-use U+F700 + b stands for a byte b that is not valid UTF-8 where it occurs
-
-
-def _raw_bytes(err: UnicodeDecodeError):
-    """Decode error handler: a sequence cut off at the end (still streaming) becomes U+FFFD, which
-    TextStream holds back; any other invalid byte b becomes U+F700 + b, which `encode` maps back to b."""
-    if err.reason == "unexpected end of data":
-        return "\ufffd", err.end
-    return "".join(chr(_RAW_BYTE + b) for b in err.object[err.start:err.end]), err.end
-
-
-codecs.register_error("flashmap_raw_bytes", _raw_bytes)
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as ids 0-255, EOS = 256; a plain-text chat template.
-
-    decode → encode gives back the same ids, also for the invalid UTF-8 a random model emits (its bytes
-    decode to private-use characters), so `data regenerate` → `features` trains on what the target said;
-    only a multi-byte sequence cut off at the very end decodes to U+FFFD."""
-    eos_token_id = BYTE_EOS
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list:
-        ids = []
-        for ch in text:
-            code = ord(ch)
-            ids.extend([code - _RAW_BYTE] if _RAW_BYTE <= code < _RAW_BYTE + 256 else ch.encode("utf-8"))
-        return ids
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="flashmap_raw_bytes")
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
-        turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-        return turns + ("assistant: " if add_generation_prompt else "")

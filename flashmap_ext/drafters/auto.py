@@ -19,7 +19,8 @@ import torch
 
 from flashmap_ext.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
 from flashmap_ext.drafters.block_tree import merge_chains
-from flashmap_ext.drafters.eagle3_tree import DraftTree
+from flashmap_ext.drafters.common.base import TreeSpec
+from flashmap_ext.drafters.eagle3.tree import DraftTree
 from flashmap_ext.drafters.lookup import LookupDrafter, LookupMemory
 
 
@@ -45,7 +46,6 @@ class AutoDrafter(LookupDrafter):
 
     def tree_spec(self):
         """The TreeSpec to pass to `generate`: depth = the longest chain, topk 2, nodes = both chains."""
-        from flashmap_ext.tree import TreeSpec
         return TreeSpec(depth=self.num_draft_tokens, topk=2 if self.two_branch else 1,
                         num_nodes=self.num_lookup_tokens + (self.inner.num_draft_tokens if self.inner else 0))
 

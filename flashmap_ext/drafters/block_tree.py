@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from flashmap_ext.drafters.eagle3_tree import DraftTree
+from flashmap_ext.drafters.eagle3.tree import DraftTree
 
 #: seed offset between the noise draws of a multi-noise tree (an odd constant far from request seeds)
 NOISE_SEED_STRIDE = 0x9E3779B1

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from flashmap_ext.drafters.block_tree import merge_chains
-from flashmap_ext.drafters.eagle3_tree import DraftTree
+from flashmap_ext.drafters.eagle3.tree import DraftTree
 
 
 def lookup_continuation(tokens: Sequence[int], num_tokens: int, max_ngram: int = 2, min_ngram: int = 1) -> list:

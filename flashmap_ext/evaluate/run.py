@@ -8,7 +8,6 @@ FlashMap flow model with 1 step, DFlash, EAGLE-3 chain). Writes eval.json, eval.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -83,16 +82,15 @@ def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, str
 
 def run(args) -> int:
     import torch
-    from flashmap_ext.bench.assets import resolve_target
+
     from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
     from flashmap_ext.bench.methods import StepsDrafter
-    from flashmap_ext.commands.generate import load_drafter, load_target_and_tokenizer
+    from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.evaluate.report import write_reports
-    from flashmap_ext.target import resolve_dtype
+    from flashmap_ext.target import load_target
     set_threads(args.threads)
     dtype = args.dtype or auto_dtype()
-    target, tokenizer = load_target_and_tokenizer(resolve_target(args.target), resolve_dtype(dtype), "cpu"
-                                                  if not torch.cuda.is_available() else "cuda")
+    target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
     specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
     drafters = {}
     for name, path, steps in specs:

@@ -1,9 +1,9 @@
 """Typed wrappers over the FlashMap DiT drafter ops (torch.ops.flashmap.dit_*) and their fake kernels.
 
 The ops are the building blocks of the fused draft step (DESIGN §5, §10; composed in
-`flashmap_ext.drafters.flashmap_fused`). CUDA kernels take bf16 (fp32 accumulation and statistics, one
+`flashmap_ext.drafters.flashmap.fused`). CUDA kernels take bf16 (fp32 accumulation and statistics, one
 rounding per output); the CPU kernels accept any float dtype and compute in fp32 (fp64 for fp64).
-References: `flashmap_ext.reference_dit`. Output shapes never depend on data, so every op is CUDA-graph
+References: `flashmap_ext.ops.dit_reference`. Output shapes never depend on data, so every op is CUDA-graph
 and torch.compile safe. Wrappers flatten leading dims: `x [..., K]` means any number of row dims.
 
 Dimension letters: M rows (B·K slots), N output features, K input features, G conditioning rows

@@ -10,15 +10,17 @@ from typing import NamedTuple, Optional, Union
 
 import torch
 
+from flashmap_ext.ops.status import (
+    STATUS_BAD_DRAFT_PROB,
+    STATUS_BAD_PARAMS,
+    STATUS_ERRORS,
+    STATUS_NO_FINITE,
+    STATUS_NONFINITE,
+)
+
 _verify_op = torch.ops.flashmap.verify.default
 
 Scalar = Union[int, float, torch.Tensor]
-STATUS_NONFINITE = 1   # a NaN or +inf logit among the valid ids of some slot
-STATUS_NO_FINITE = 2   # some slot has no finite logit among the valid ids
-STATUS_FALLBACK = 4    # residual mass was 0, the token was sampled from p (informational)
-STATUS_BAD_DRAFT_PROB = 8  # a sampling slot's draft_probs give its draft q(x) outside (0, 1]
-STATUS_BAD_PARAMS = 16     # NaN temperature, top_p NaN or outside [0, 1], or top_k < 0 in a [B] tensor
-STATUS_ERRORS = STATUS_NONFINITE | STATUS_NO_FINITE | STATUS_BAD_DRAFT_PROB | STATUS_BAD_PARAMS
 
 
 class VerifyOutput(NamedTuple):

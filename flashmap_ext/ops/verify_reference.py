@@ -9,43 +9,22 @@ from typing import Optional
 
 import torch
 
+from flashmap_ext.ops.status import (
+    STATUS_BAD_DRAFT_PROB,
+    STATUS_BAD_PARAMS,
+    STATUS_ERRORS,
+    STATUS_FALLBACK,
+    STATUS_NO_FINITE,
+    STATUS_NONFINITE,
+)
+from flashmap_ext.rng import STREAM_ACCEPT, STREAM_RESAMPLE, verify_uniform
+
 # ---------------------------------------------------------------------------------------------------
 # verify — fused acceptance step (DESIGN.md §3.1). Kernels: csrc/accept/verify_cpu.cpp,
 # csrc/accept/verify_kernel.cu. Rejection sampling after Leviathan et al. 2023 ("Fast Inference from
 # Transformers via Speculative Decoding", arXiv:2211.17192) and Chen et al. 2023 ("Accelerating Large
 # Language Model Decoding with Speculative Sampling", arXiv:2302.01318).
 # ---------------------------------------------------------------------------------------------------
-
-VERIFY_STREAM_ACCEPT, VERIFY_STREAM_RESAMPLE, VERIFY_STREAM_DRAFTER = 0, 1, 2
-VERIFY_STATUS_NONFINITE = 1   # a NaN or +inf logit among the valid ids of some slot (error)
-VERIFY_STATUS_NO_FINITE = 2   # some slot has no finite logit among the valid ids (error)
-VERIFY_STATUS_FALLBACK = 4    # residual mass was 0: sampled from p instead (informational)
-VERIFY_STATUS_BAD_DRAFT_PROB = 8  # a sampling slot's draft_probs give its draft q(x) outside (0, 1] (error)
-VERIFY_STATUS_BAD_PARAMS = 16     # NaN temperature, top_p NaN or outside [0, 1], or top_k < 0 (error)
-VERIFY_STATUS_ERRORS = (VERIFY_STATUS_NONFINITE | VERIFY_STATUS_NO_FINITE | VERIFY_STATUS_BAD_DRAFT_PROB
-                        | VERIFY_STATUS_BAD_PARAMS)
-
-_M32 = 0xFFFFFFFF
-
-
-def philox4x32_10(counter: tuple, key: tuple) -> tuple:
-    """Philox4x32-10 block (Salmon et al. 2011, Random123): 4 counter words, 2 key words -> 4 words."""
-    c0, c1, c2, c3 = (w & _M32 for w in counter)
-    k0, k1 = (w & _M32 for w in key)
-    for r in range(10):
-        if r:
-            k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
-        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _M32, p1 & _M32, ((p0 >> 32) ^ c3 ^ k1) & _M32, p0 & _M32
-    return c0, c1, c2, c3
-
-
-def verify_uniform(seed: int, position: int, stream: int) -> float:
-    """The verifier's coin: key = seed, counter = (position, stream); 24-bit uniform in [0, 1)."""
-    seed, position = seed & (2**64 - 1), position & (2**64 - 1)
-    word = philox4x32_10((position, position >> 32, stream, 0), (seed, seed >> 32))[0]
-    return (word >> 8) * 2.0**-24
-
 
 def verify_target_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
                         valid_vocab: int) -> torch.Tensor:
@@ -110,9 +89,9 @@ def _row_status(logits: torch.Tensor, valid_vocab: int) -> int:
     valid = logits[:, :valid_vocab].double()
     status = 0
     if bool((torch.isnan(valid) | (valid == math.inf)).any()):
-        status |= VERIFY_STATUS_NONFINITE
+        status |= STATUS_NONFINITE
     if bool((~torch.isfinite(valid)).all(dim=1).any()):
-        status |= VERIFY_STATUS_NO_FINITE
+        status |= STATUS_NO_FINITE
     return status
 
 
@@ -123,11 +102,11 @@ def _row_input_status(drafts, temperature, top_k, top_p, draft_probs, valid_voca
     checked; greedy rows never read draft_probs."""
     status = 0
     if math.isnan(temperature) or not 0.0 <= top_p <= 1.0 or top_k < 0:
-        status |= VERIFY_STATUS_BAD_PARAMS
+        status |= STATUS_BAD_PARAMS
     if draft_probs is not None and temperature > 0:
         for i, x in enumerate(drafts):
             if 0 <= x < valid_vocab and not 0.0 < float(draft_probs[i, x]) <= 1.0:
-                status |= VERIFY_STATUS_BAD_DRAFT_PROB
+                status |= STATUS_BAD_DRAFT_PROB
     return status
 
 
@@ -144,7 +123,7 @@ def _sample_emission(p: torch.Tensor, q: Optional[torch.Tensor], x: int, u: floa
         residual = torch.where(residual > 0, residual, torch.zeros_like(residual))
     status = 0
     if float(residual.sum()) <= 0.0:  # degenerate residual: fall back to p minus x, then to p
-        status = VERIFY_STATUS_FALLBACK
+        status = STATUS_FALLBACK
         residual = p.clone()
         if x >= 0 and float(residual.sum() - residual[x]) > 0:
             residual[x] = 0.0
@@ -161,7 +140,7 @@ def verify_reference_row(logits, drafts, temperature, top_k, top_p, seed, positi
     tokens = [-1] * (K + 1)
     status = _row_status(logits, valid_vocab) | _row_input_status(drafts, temperature, top_k, top_p,
                                                                     draft_probs, valid_vocab)
-    if status & VERIFY_STATUS_ERRORS:
+    if status & STATUS_ERRORS:
         tokens[0] = 0  # deterministic in-range token; the wrapper raises for such rows
         return tokens, 0, status, math.inf
     greedy = not temperature > 0
@@ -180,13 +159,13 @@ def verify_reference_row(logits, drafts, temperature, top_k, top_p, seed, positi
         margin = min(margin, cut_margin)
         q = None if draft_probs is None or i == K else draft_probs[i]
         if i < K and x >= 0:
-            u = float(uniforms[i]) if uniforms is not None else verify_uniform(seed, position + i, 0)
+            u = float(uniforms[i]) if uniforms is not None else verify_uniform(seed, position + i, STREAM_ACCEPT)
             qx = 1.0 if q is None else float(q[x])
             margin = min(margin, abs(u * qx - float(p[x])))
             if u * qx < float(p[x]):  # accept; u in [0, 1) so p(x) = 0 is never accepted
                 tokens[i] = x
                 continue
-        u = float(uniforms[K]) if uniforms is not None else verify_uniform(seed, position + i, 1)
+        u = float(uniforms[K]) if uniforms is not None else verify_uniform(seed, position + i, STREAM_RESAMPLE)
         tokens[i], m, s = _sample_emission(p, q, x, u)
         return tokens, i, status | s, min(margin, m)
     raise AssertionError("unreachable")

@@ -1,4 +1,4 @@
-"""Adapter over a Hugging Face causal LM used as the verifier (DESIGN.md §6).
+"""The target: an adapter over a Hugging Face causal LM used as the verifier (DESIGN.md §6).
 
 What the decoding loop needs from the target, and nothing more:
 - `forward(input_ids, cache, num_logits=n, tap_layer_ids=ids)`: one forward over new tokens that appends
@@ -15,13 +15,16 @@ Llama, ...), in fp32, bf16 or fp16, on whatever device the model lives on.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-from typing import NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM, DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from flashmap_ext.target.taps import final_norm, tap_hooks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,7 +57,7 @@ class Target:
     def __init__(self, model: nn.Module):
         self.model = model.eval().requires_grad_(False)
         self.config = model.config.get_text_config(decoder=True)
-        self.layers = _decoder_layers(model)
+        self.layers = decoder_layers(model)
         self.final_norm = final_norm(model)
         self.embed_tokens = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
@@ -76,7 +79,6 @@ class Target:
 
     def new_cache(self):
         """An empty KV cache (`DynamicCache`) for one call of the decoding loop."""
-        from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
     def forward(self, input_ids: torch.Tensor, cache, *, num_logits: int = 1,
@@ -105,11 +107,24 @@ class Target:
             raise ValueError(f"a custom attention mask (tree attention) needs sdpa or eager attention, "
                              f"not {attn}")
         captured: list = [None] * len(tap_layer_ids)
-        with torch.inference_mode(), self._taps(tap_layer_ids, captured):
+        with torch.inference_mode(), tap_hooks(self.layers, tap_layer_ids, captured, self.final_norm):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=True, logits_to_keep=num_logits, **{self._cache_kwarg: cache})
         taps = torch.cat(captured, dim=-1) if captured else None
         return TargetOutput(out.logits, taps)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, dtype="fp32", device: Optional[str | torch.device] = None) -> "Target":
+        """The causal LM of a hub name, a local directory or a local .gguf file (dequantised by transformers'
+        GGUF support; needs `gguf`), in dtype "fp32" | "bf16" | "fp16" (or a torch.dtype), on `device`
+        (default: cuda if available, else cpu). `load_target` also returns its tokenizer."""
+        dtype = resolve_dtype(dtype)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        kwargs = {}
+        if str(name_or_path).endswith(".gguf"):
+            name_or_path, kwargs["gguf_file"] = os.path.split(os.path.abspath(name_or_path))
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+        return cls(model.to(device))
 
     @staticmethod
     def rollback(cache, num_tokens: int) -> None:
@@ -126,7 +141,6 @@ class Target:
         For full-attention `DynamicLayer`s (keys/values [B, H, L, hd]; transformers 5.17–5.24); other cache
         layers (sliding window, static) raise TypeError.
         """
-        from transformers.cache_utils import DynamicLayer
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise TypeError(f"keep_positions supports full-attention DynamicLayer caches, not "
@@ -136,64 +150,21 @@ class Target:
                 layer.keys = layer.keys.index_select(-2, index)
                 layer.values = layer.values.index_select(-2, index)
 
-    @contextlib.contextmanager
-    def _taps(self, layer_ids: Sequence[int], captured: list):
-        """Forward hooks that store layer `layer_ids[j]`'s output hidden state in `captured[j]`."""
-        handles = []
-        try:
-            for j, i in enumerate(layer_ids):
-                if not 0 <= i < self.num_layers:
-                    raise ValueError(f"tap layer id {i} out of range for a {self.num_layers}-layer target")
-                module = tap_module(self.layers, self.final_norm, i)
-                handles.append(module.register_forward_hook(_store(captured, j)))
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+
+def hf_causal_lm(target: Any) -> nn.Module:
+    """The HF causal LM inside `target`: the model itself, or an adapter exposing it as `.model` (Target)."""
+    for obj in (target, getattr(target, "model", None)):
+        if obj is not None and hasattr(obj, "get_input_embeddings") and hasattr(obj, "config"):
+            return obj
+    raise TypeError(f"target: expected a transformers causal LM (or an adapter with `.model`), "
+                    f"got {type(target).__name__}")
 
 
-def _store(captured: list, j: int):
-    def hook(module, args, output):
-        captured[j] = output[0] if isinstance(output, (tuple, list)) else output
-    return hook
-
-
-def tap_module(layers: nn.ModuleList, norm: Optional[nn.Module], i: int) -> nn.Module:
-    """The module whose output is tap i = HF `hidden_states[i + 1]`: decoder layer i, except the last
-    layer, whose HF hidden state is the final norm's output (when the model has one)."""
-    return norm if i == len(layers) - 1 and norm is not None else layers[i]
-
-
-def final_norm(model: nn.Module) -> Optional[nn.Module]:
-    """The decoder's final norm (`get_decoder().norm`), or None."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    norm = getattr(decoder, "norm", None)
-    return norm if isinstance(norm, nn.Module) else None
-
-
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of an HF causal LM (`get_decoder().layers`): the modules taps hook."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise TypeError(f"{type(model).__name__}: cannot find the decoder layers "
                         "(expected get_decoder().layers)")
     return layers
-
-
-def load_target(name_or_path: str, dtype="fp32", device: Optional[str | torch.device] = None) -> Target:
-    """Loads a causal LM from a hub name, a local directory or a local .gguf file and wraps it.
-
-    Args:
-        name_or_path: e.g. "Qwen/Qwen3-8B", "/models/qwen3", or "/models/qwen.gguf" (dequantised by
-            transformers' GGUF support; needs the `gguf` package).
-        dtype: "fp32" | "bf16" | "fp16" or a torch.dtype.
-        device: where to put the model (default: cuda if available, else cpu).
-    """
-    from transformers import AutoModelForCausalLM
-    dtype = resolve_dtype(dtype)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    kwargs = {}
-    if str(name_or_path).endswith(".gguf"):
-        name_or_path, kwargs["gguf_file"] = os.path.split(os.path.abspath(name_or_path))
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
-    return Target(model.to(device))

@@ -1,65 +1,81 @@
-"""The target's frozen tensors a FlashMap drafter reads, held by reference and never stored.
+"""The target's frozen tensors that drafters read, held by reference and never stored (DESIGN.md §6).
 
-The drafter embeds anchors and labels with the target's input embedding E [V, d], reads slot states
-through Eᵀ restricted to the flow's vocabulary, and turns its output into logits with the target's LM
-head. These live in a plain object (not parameters or buffers): they never enter `state_dict()`,
-checkpoints, optimizers or DDP buffer broadcasts, `deepcopy` shares them, and no gradient reaches them.
+Drafters embed tokens with the target's input embedding E [V, d] and read logits through its LM head.
+These live in a plain object (not parameters or buffers): they never enter `state_dict()`, checkpoints,
+optimizers or DDP buffer broadcasts, `deepcopy` shares them, and no gradient reaches them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from flashmap_ext.flow import noise_factor
-
-
-def hf_causal_lm(target: Any) -> nn.Module:
-    """The HF causal LM inside `target` (the model itself, or an adapter exposing it as `.model`)."""
-    for obj in (target, getattr(target, "model", None)):
-        if obj is not None and hasattr(obj, "get_input_embeddings") and hasattr(obj, "config"):
-            return obj
-    raise TypeError(f"target: expected a transformers causal LM (or an adapter with `.model`), "
-                    f"got {type(target).__name__}")
+from flashmap_ext.target.model import hf_causal_lm
 
 
 class TargetTables:
-    """E [V, d] (full), and for the flow's rows (all, or the draft vocabulary): E_s [V_s, d],
-    the LM head's weight [V_s, d] and bias [V_s] (or None), and the noise factor L with LLᵀ = E_sᵀE_s.
+    """E [V, d] and the LM head (weight [V, d], bias [V] or None), and the same restricted to `rows`.
 
-    draft_rows: None, or [V_s] int64 target ids of the draft vocabulary.
+    rows: None (every row), or [V_s] int64 target ids (a draft vocabulary): `state_embedding` [V_s, d],
+    `head_weight` [V_s, d] and `head_bias` are those rows; `full_head_weight` / `full_head_bias` all of them.
     """
 
     def __init__(self, embedding: torch.Tensor, head_weight: torch.Tensor, head_bias: torch.Tensor | None,
-                 draft_rows: torch.Tensor | None = None):
+                 rows: torch.Tensor | None = None):
         self.embedding = embedding.detach()
-        rows = None if draft_rows is None else draft_rows.to(embedding.device)
-        self.state_embedding = self.embedding if rows is None else self.embedding[rows]
-        head_weight = head_weight.detach()
-        self.head_weight = head_weight if rows is None else head_weight[rows]
-        bias = None if head_bias is None else head_bias.detach()
-        self.head_bias = bias if bias is None or rows is None else bias[rows]
-        self._factor: torch.Tensor | None = None
+        self.full_head_weight = head_weight.detach()
+        self.full_head_bias = None if head_bias is None else head_bias.detach()
+        self.rows = None if rows is None else rows.to(self.embedding.device)
+        self.state_embedding = self._select(self.embedding)
+        self.head_weight = self._select(self.full_head_weight)
+        self.head_bias = self._select(self.full_head_bias)
+        self._memo: dict = {}
+
+    def _select(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        return t if t is None or self.rows is None else t[self.rows.to(t.device)]
 
     @classmethod
-    def from_target(cls, target: Any, draft_rows: torch.Tensor | None = None) -> "TargetTables":
+    def from_target(cls, target: Any, rows: torch.Tensor | None = None) -> "TargetTables":
+        """The tables of an HF causal LM or an adapter exposing it as `.model`; TypeError unless its LM
+        head is an nn.Linear."""
         model = hf_causal_lm(target)
         head = model.get_output_embeddings()
         if not isinstance(head, nn.Linear):
             raise TypeError(f"target: the LM head must be an nn.Linear, got {type(head).__name__}")
-        return cls(model.get_input_embeddings().weight, head.weight, head.bias, draft_rows)
+        return cls(model.get_input_embeddings().weight, head.weight, head.bias, rows)
+
+    def with_rows(self, rows: torch.Tensor | None) -> "TargetTables":
+        """The same target tensors restricted to other rows."""
+        return TargetTables(self.embedding, self.full_head_weight, self.full_head_bias, rows)
 
     def __deepcopy__(self, memo: dict) -> "TargetTables":
         return self  # frozen and shared: a copied drafter (e.g. a distillation student) reads the same tables
 
     @property
-    def noise_factor(self) -> torch.Tensor:
-        """L [d, d] fp32 on E's device, computed once (fp64 Cholesky of E_sᵀE_s, flow.noise_factor)."""
-        if self._factor is None:
-            self._factor = noise_factor(self.state_embedding).to(torch.float32)
-        return self._factor
+    def num_rows(self) -> int:
+        """Rows of the embedding table (the padded vocabulary, e.g. 151,936 for Qwen3)."""
+        return self.embedding.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.embedding.shape[1]
+
+    def memo(self, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A value derived from these tables (e.g. a drafter's noise factor), computed once and shared."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+    def embed(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """ids [...] int64 target ids -> E[ids] [..., d] in `dtype`."""
+        return nn.functional.embedding(ids, self.embedding).to(dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., d] -> logits [..., V_s] in the head's dtype (frozen LM head, draft rows only)."""
+        """hidden [..., d] -> logits [..., V_s] over `rows` in the head's dtype."""
         return nn.functional.linear(hidden.to(self.head_weight.dtype), self.head_weight, self.head_bias)
+
+    def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> logits [..., V] over every row in the head's dtype."""
+        return nn.functional.linear(hidden.to(self.full_head_weight.dtype), self.full_head_weight,
+                                    self.full_head_bias)

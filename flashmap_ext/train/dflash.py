@@ -67,7 +67,7 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     drafter: DFlashDrafter = getattr(model, "module", model)
     k = drafter.num_draft_tokens
     _check_batch(batch, k)
-    device = drafter.parts.embedding.weight.device
+    device = drafter.tables.embedding.device
     b = {key: batch[key].to(device) for key in ("input_ids", "taps", "anchor_pos", "labels")}
     labels = drafter.to_draft_ids(b["labels"][:, :, :k])  # draft-vocabulary rows (identity without one)
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"])

@@ -22,9 +22,17 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.flow import flow_map_jump, semigroup_weight, t_of_tau
-from flashmap_ext.train.flow import (IGNORE, block_metrics, chunked, noisy_states, prepare_batch,
-                                     stratified_uniform, unwrap, weighted_mean)
+from flashmap_ext.drafters.flashmap.flow import flow_map_jump, semigroup_weight, t_of_tau
+from flashmap_ext.train.flow import (
+    IGNORE,
+    block_metrics,
+    chunked,
+    noisy_states,
+    prepare_batch,
+    stratified_uniform,
+    unwrap,
+    weighted_mean,
+)
 
 
 def make_student(teacher: FlashMapDrafter) -> FlashMapDrafter:
@@ -184,7 +192,7 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
 
 def distill_loss_fn(teacher: FlashMapDrafter, frac_01: float = 1 / 16,
                     anchor_chunk: int = 16) -> Callable[[nn.Module, dict, torch.Generator], tuple]:
-    """`loss_fn(model, batch, generator)` for train.loop with a fixed frozen teacher."""
+    """`loss_fn(model, batch, generator)` for train.trainer with a fixed frozen teacher."""
     teacher.requires_grad_(False).eval()
 
     def loss_fn(model: nn.Module, batch: dict, generator: torch.Generator):

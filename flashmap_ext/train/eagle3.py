@@ -55,11 +55,11 @@ def eagle3_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     labels = batch["labels"]
     if labels.dim() != 3 or labels.shape[:2] != batch["anchor_pos"].shape or labels.shape[2] < steps:
         raise ValueError(f"labels must be [B, A, K>={steps}] matching anchor_pos, got {tuple(labels.shape)}")
-    device = drafter.parts.embedding.weight.device
+    device = drafter.tables.embedding.device
     b = {k: batch[k].to(device) for k in ("input_ids", "taps", "anchor_pos", "labels")}
     labels = b["labels"][..., :steps]
     labels = torch.where(b["anchor_pos"][..., None] >= 1, labels, IGNORE)
-    rows = drafter.target_to_draft(torch.where(labels == IGNORE, -1, labels))
+    rows = drafter.target_to_draft(labels)  # IGNORE stays IGNORE
     logits = model(b["taps"], b["input_ids"], b["anchor_pos"], steps=steps).float()
     ce = F.cross_entropy(logits.flatten(0, -2), rows.clamp(min=0).flatten(), reduction="none").view_as(rows)
     supervised = rows >= 0

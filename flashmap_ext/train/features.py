@@ -1,8 +1,7 @@
 """Feature cache: the target's tapped hidden states for every training sequence, streamed to disk (DESIGN §8).
 
-One target forward per sequence (no LM head, no KV cache) with forward hooks on the decoder layers in
-`target_layer_ids` (0-based; tap = the layer's output = HF `hidden_states[i + 1]`), concatenated in id
-order into `taps [T, n_taps·d]`. Layout of a cache directory:
+One target forward per sequence (no LM head, no KV cache; `target.taps.compute_taps`) with tap hooks on
+the decoder layers in `target_layer_ids`, concatenated in id order into `taps [T, n_taps·d]`. Layout of a cache directory:
 
     manifest.json        format version, target, target_layer_ids, hidden_size, feature_dim, dtype, extra meta
     index.jsonl          one line per sequence: {"id", "shard", "offset", "length"}  (offsets in tokens)
@@ -15,7 +14,6 @@ already indexed. Nothing accumulates in memory: memory use is flat in the number
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from typing import Iterable, Sequence
@@ -24,7 +22,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from flashmap_ext.target import final_norm, tap_module
+from flashmap_ext.target.model import hf_causal_lm
+from flashmap_ext.target.taps import compute_taps
 
 FORMAT_VERSION = 1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -33,44 +32,6 @@ _NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: n
 
 def _shard_paths(root: str, shard: int) -> dict[str, str]:
     return {k: os.path.join(root, f"{k}-{shard:05d}.bin") for k in ("taps", "ids", "mask")}
-
-
-@contextlib.contextmanager
-def tap_hooks(layers: Sequence[torch.nn.Module], layer_ids: Sequence[int], captured: list,
-              norm: torch.nn.Module | None = None):
-    """Forward hooks storing `layers[layer_ids[j]]`'s output hidden state in `captured[j]` (the last
-    layer's after the final `norm`, when given: HF `hidden_states[L]`, see `target.tap_module`).
-
-    Raises ValueError naming the bad id when one is outside [0, len(layers)).
-    """
-    handles = []
-
-    def store(j):
-        def hook(module, args, output):
-            captured[j] = output[0] if isinstance(output, (tuple, list)) else output
-        return hook
-    try:
-        for j, i in enumerate(layer_ids):
-            if not 0 <= i < len(layers):
-                raise ValueError(f"target_layer_ids: {i} out of range for a {len(layers)}-layer target")
-            handles.append(tap_module(layers, norm, i).register_forward_hook(store(j)))
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()
-
-
-@torch.inference_mode()
-def compute_taps(model: torch.nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
-    """taps [B, T, len(layer_ids)·d] in the model's dtype for input_ids [B, T] int64 (HF causal LM).
-
-    Runs only the decoder (`get_decoder()`): no LM head, no KV cache.
-    """
-    decoder = model.get_decoder()
-    captured: list = [None] * len(layer_ids)
-    with tap_hooks(decoder.layers, layer_ids, captured, final_norm(model)):
-        decoder(input_ids=input_ids.to(model.get_input_embeddings().weight.device), use_cache=False)
-    return torch.cat(captured, dim=-1)
 
 
 class FeatureWriter:
@@ -276,7 +237,7 @@ def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_i
     cache are skipped (resume). Returns the number of sequences written by this call. The progress bar
     counts tokens, so its rate is tokens/s.
     """
-    model = model if hasattr(model, "get_decoder") else model.model
+    model = hf_causal_lm(model)
     hidden = model.get_input_embeddings().weight.shape[1]
     meta = {**(meta or {}), "target_layer_ids": list(layer_ids), "hidden_size": hidden,
             "feature_dim": hidden * len(layer_ids), "dtype": dtype}

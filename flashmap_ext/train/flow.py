@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.flow import interpolant, t_of_tau
+from flashmap_ext.drafters.flashmap.flow import interpolant, t_of_tau
 
 IGNORE = -100
 SLOT_DECAY = 7.0

@@ -1,7 +1,7 @@
 """Glue shared by `flashmap train {flow,dflash}` and `flashmap distill`: arguments, presets, data, export.
 
 Every stage reads a feature cache (`flashmap features`), builds a drafter for the target, trains it with
-train/loop.py and writes `<out>/drafter/` (save_pretrained: config.json + model.safetensors) next to
+train/trainer.py and writes `<out>/drafter/` (save_pretrained: config.json + model.safetensors) next to
 `<out>/checkpoints/` and `<out>/metrics.jsonl`.
 """
 from __future__ import annotations
@@ -14,12 +14,13 @@ from typing import Callable
 
 import torch
 
+from flashmap_ext import target as target_lib
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
 from flashmap_ext.train.features import FeatureCache
-from flashmap_ext.train.loop import TrainConfig, train
 from flashmap_ext.train.presets import PRESETS, preset
+from flashmap_ext.train.trainer import TrainConfig, train
 
 EPILOG = """Typical pipeline (defaults are the paper's Qwen3-8B settings; --preset cpu-tiny trains in minutes on a CPU):
   flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl --out regen.jsonl
@@ -88,14 +89,11 @@ def device_of(args) -> str:
 
 
 def load_target(args):
-    """(Target, tokenizer) on this process's device (see commands/generate.py for the accepted names)."""
-    from flashmap_ext.commands.generate import load_target_and_tokenizer
-    from flashmap_ext.target import resolve_dtype
+    """(Target, tokenizer) of --target on this process's device (target.load_target: the accepted names)."""
     device = device_of(args)
     dtype = args.target_dtype or ("bf16" if device == "cuda" else "fp32")
     world_local = int(os.environ.get("LOCAL_RANK", "0"))
-    return load_target_and_tokenizer(args.target, resolve_dtype(dtype),
-                                     f"cuda:{world_local}" if device == "cuda" else "cpu")
+    return target_lib.load_target(args.target, dtype, f"cuda:{world_local}" if device == "cuda" else "cpu")
 
 
 def make_collate(num_anchors: int, k: int, max_length: int | None, taps_dtype: torch.dtype) -> Callable:

@@ -26,9 +26,13 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from tqdm.auto import tqdm
 
 from flashmap_ext.train import checkpoint as ckpt

@@ -11,6 +11,7 @@ Conventions shared by all drafters:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -42,3 +43,33 @@ class BlockDrafter(Protocol):
         seed, position: [B] int64, the request seed and the absolute position of the anchor.
         Returns draft_tokens [B, num_tokens] int64 (-1 = no proposal for that slot and the rest).
         """
+
+
+def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:
+    """anchor_pos must be [B, A] int64 with entries in [0, T) or −1 (padding); ValueError otherwise."""
+    if anchor_pos.dim() != 2 or anchor_pos.shape[0] != batch or anchor_pos.dtype != torch.long:
+        raise ValueError(f"anchor_pos must be [B={batch}, A] int64, got {tuple(anchor_pos.shape)} {anchor_pos.dtype}")
+    if anchor_pos.numel() and (anchor_pos.min() < -1 or anchor_pos.max() >= length):
+        raise ValueError(f"anchor_pos entries must be in [0, T={length}) or -1 for padding")
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """Shape of the draft trees: `depth` levels, `topk` children per expanded node and frontier width,
+    `num_nodes` nodes kept (the DFlash paper's EAGLE-3 comparison: 7, 10, 16)."""
+    depth: int = 7
+    topk: int = 10
+    num_nodes: int = 16
+
+    def __post_init__(self):
+        if min(self.depth, self.topk, self.num_nodes) < 1:
+            raise ValueError(f"tree depth, topk, num_nodes must be >= 1 (got {self.depth}, {self.topk}, "
+                             f"{self.num_nodes})")
+
+    @classmethod
+    def parse(cls, text: str) -> "TreeSpec":
+        """'DEPTH,TOPK,NODES' (e.g. '7,10,16') → TreeSpec; ValueError otherwise."""
+        parts = text.split(",")
+        if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"tree spec must be DEPTH,TOPK,NODES (e.g. 7,10,16), got {text!r}")
+        return cls(*(int(p) for p in parts))

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from flashmap_ext.drafters.dflash_config import DFlashConfig
-
-
-def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:
-    """anchor_pos must be [B, A] int64 with entries in [0, T) or −1 (padding); ValueError otherwise."""
-    if anchor_pos.dim() != 2 or anchor_pos.shape[0] != batch or anchor_pos.dtype != torch.long:
-        raise ValueError(f"anchor_pos must be [B={batch}, A] int64, got {tuple(anchor_pos.shape)} {anchor_pos.dtype}")
-    if anchor_pos.numel() and (anchor_pos.min() < -1 or anchor_pos.max() >= length):
-        raise ValueError(f"anchor_pos entries must be in [0, T={length}) or -1 for padding")
+from flashmap_ext.drafters.common.base import check_anchors
+from flashmap_ext.drafters.dflash.config import DFlashConfig
 
 
 def train_block_inputs(input_ids: torch.Tensor, anchor_pos: torch.Tensor,

@@ -14,6 +14,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from flashmap_ext.drafters.common.checkpoint import rope_theta
+from flashmap_ext.drafters.common.layers import SEQUENCE_DEPENDENT_ROPE
+
 ARCHITECTURE = "DFlashDraftModel"
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -191,12 +194,6 @@ def from_engine_layer_ids(ids) -> list[int]:
     return [int(i) - ENGINE_TAP_OFFSET for i in ids]
 
 
-def rope_theta(cfg: dict[str, Any]) -> float:
-    """RoPE base from `rope_theta` (transformers 4.x files) or `rope_parameters.rope_theta` (5.x)."""
-    params = cfg.get("rope_parameters") or {}
-    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-
-
 def rope_scaling(cfg: dict[str, Any]) -> dict | None:
     """The RoPE scaling parameters (`rope_scaling` of 4.x files or `rope_parameters` of 5.x) without
     `rope_theta`, `type` renamed `rope_type`; None for default RoPE."""
@@ -233,20 +230,6 @@ def reject_unsupported(cfg: dict[str, Any]) -> None:
                                   "(sliding_window unset or use_sliding_window false) are not supported")
     scaling = rope_scaling(cfg)
     if scaling is not None:
-        from flashmap_ext.drafters.layers import SEQUENCE_DEPENDENT_ROPE
         if scaling["rope_type"] in SEQUENCE_DEPENDENT_ROPE:
             raise NotImplementedError(f"DFlash option rope_scaling.rope_type={scaling['rope_type']!r} is not "
                                       f"supported (its tables depend on the sequence length)")
-
-
-def target_shape(model_config: Any) -> dict[str, Any]:
-    """Layer shapes of an HF target config (Qwen3, Qwen2, Llama) for a drafter of the same width."""
-    c = getattr(model_config, "text_config", None) or model_config
-    heads = c.num_attention_heads
-    params = getattr(c, "rope_parameters", None) or {}
-    return dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
-                num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
-                head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
-                rope_theta=params.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
-                max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers)

@@ -16,13 +16,15 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from flashmap_ext.drafters import hf_checkpoint as ckpt
-from flashmap_ext.drafters.dflash_blocks import attention_rule, train_attention_mask, train_block_inputs
-from flashmap_ext.drafters.dflash_config import DFlashConfig, build_target_layer_ids, target_shape
-from flashmap_ext.drafters.kv_cache import KVCache
-from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
-from flashmap_ext.drafters.target_parts import TargetParts, hf_model
-
+from flashmap_ext.drafters.common import checkpoint as ckpt
+from flashmap_ext.drafters.common.checkpoint import target_shape
+from flashmap_ext.drafters.common.kv_cache import KVCache
+from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from flashmap_ext.drafters.common.vocab import DraftVocab
+from flashmap_ext.drafters.dflash.blocks import attention_rule, train_attention_mask, train_block_inputs
+from flashmap_ext.drafters.dflash.config import DFlashConfig, build_target_layer_ids
+from flashmap_ext.target.model import hf_causal_lm
+from flashmap_ext.target.tables import TargetTables
 
 DFlashMemory = KVCache  # per-layer context K/V of the committed positions
 
@@ -44,7 +46,7 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    """DFlash drafter implementing `flashmap_ext.drafters.base.BlockDrafter`.
+    """DFlash drafter implementing `flashmap_ext.drafters.common.base.BlockDrafter`.
 
     Weights (released names): `layers.{i}.self_attn.{q,k,v,o}_proj`, `layers.{i}.self_attn.{q,k}_norm`,
     `layers.{i}.mlp.{gate,up,down}_proj`, `layers.{i}.{input,post_attention}_layernorm`, `fc`,
@@ -64,8 +66,7 @@ class DFlashDrafter(nn.Module):
         init_weights(self, c.initializer_range)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
-        self._target: TargetParts | None = None
-        self._head_rows: torch.Tensor | None = None
+        self._tables: TargetTables | None = None
         if target is not None:
             self.attach_target(target)
 
@@ -107,34 +108,23 @@ class DFlashDrafter(nn.Module):
         if not 0 <= num_tokens <= self.num_draft_tokens:
             raise ValueError(f"num_tokens must be in [0, {self.num_draft_tokens}], got {num_tokens}")
         hidden = self.block_hidden(memory, anchor_tokens, position)[:, :num_tokens]
-        return self.to_target_ids(self.vocab_logits(hidden).argmax(-1))
+        return self.vocab.to_target(self.vocab_logits(hidden).argmax(-1))
 
     # --- draft vocabulary ----------------------------------------------------------------------------
-    def draft_rows(self) -> torch.Tensor | None:
-        """[draft_vocab_size] int64 target ids of the draft vocabulary (ascending), or None (all rows)."""
-        if self.config.draft_vocab_size is None:
-            return None
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+    @property
+    def vocab(self) -> DraftVocab:
+        """The draft vocabulary (the full vocabulary without `draft_vocab_size`)."""
+        return DraftVocab(self.d2t if self.config.draft_vocab_size is not None else None)
 
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Sets the draft vocabulary: [draft_vocab_size] distinct target ids."""
-        ids = torch.as_tensor(token_ids, dtype=torch.int64).flatten().sort().values
-        if self.config.draft_vocab_size != ids.numel() or ids.unique().numel() != ids.numel():
-            raise ValueError(f"token_ids: expected {self.config.draft_vocab_size} distinct ids, got {ids.numel()}")
-        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.numel(), device=self.d2t.device))
-        self._head_rows = None
+        self.d2t.copy_(DraftVocab.offsets(token_ids, self.config.draft_vocab_size))
+        if self._tables is not None:
+            self._tables = self._tables.with_rows(self.vocab.target_ids)
 
     def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> logits over the draft vocabulary [..., V_d] (all of the LM head without one)."""
-        rows = self.draft_rows()
-        if rows is None:
-            return self.scale_logits(self.parts.logits(hidden))
-        head = self.parts.head
-        if not isinstance(head, nn.Linear) or head.bias is not None:
-            raise ValueError("a draft vocabulary needs a bias-free Linear LM head")
-        if self._head_rows is None or self._head_rows.device != head.weight.device:
-            self._head_rows = head.weight.detach()[rows.to(head.weight.device)].contiguous()
-        return self.scale_logits(torch.nn.functional.linear(hidden.to(self._head_rows.dtype), self._head_rows))
+        return self.scale_logits(self.tables.logits(hidden))
 
     def scale_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """`output_multiplier`, then `final_logit_softcapping` c > 0: c·tanh(logits / c) (z-lab
@@ -148,14 +138,10 @@ class DFlashDrafter(nn.Module):
 
     def to_draft_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft-vocabulary rows; −100 and ids outside the draft vocabulary -> −100."""
-        rows = self.draft_rows()
-        if rows is None:
-            return token_ids
-        pos = torch.searchsorted(rows, token_ids.clamp_min(0)).clamp_max(rows.numel() - 1)
-        return torch.where((token_ids >= 0) & (rows[pos] == token_ids), pos, torch.full_like(pos, -100))
+        return self.vocab.to_draft(token_ids)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.config.draft_vocab_size is None else draft_ids + self.d2t[draft_ids]
+        return self.vocab.to_target(draft_ids)
 
     # --- inference pieces --------------------------------------------------------------------------
     @torch.no_grad()
@@ -163,12 +149,12 @@ class DFlashDrafter(nn.Module):
         """Logits [B, block_size−1, V] of the draft slots for anchors at absolute `position` [B]
         (−inf outside the draft vocabulary, if any)."""
         hidden = self.block_hidden(memory, anchor_tokens, position)
-        rows = self.draft_rows()
+        rows = self.vocab.target_ids
         if rows is None:
             return self.vocab_logits(hidden)
         small = self.vocab_logits(hidden)
-        full = small.new_full((*small.shape[:-1], self.parts.num_rows), float("-inf"))
-        return full.index_copy_(-1, rows, small)
+        full = small.new_full((*small.shape[:-1], self.tables.num_rows), float("-inf"))
+        return full.index_copy_(-1, rows.to(small.device), small)
 
     def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1. Full-attention
@@ -192,7 +178,7 @@ class DFlashDrafter(nn.Module):
         return self.norm(x)[:, 1:]
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.parts.embed(ids, self.fc.weight.dtype)
+        x = self.tables.embed(ids, self.fc.weight.dtype)
         scale = self.config.input_embedding_scale
         return x if scale == 1.0 else x * scale
 
@@ -228,7 +214,7 @@ class DFlashDrafter(nn.Module):
         """Logits [B, A, block_size−1, V] for A blocks per sequence in one forward (SpecForge-style).
         See `forward_train_hidden` for the inputs."""
         hidden = self.forward_train_hidden(taps, input_ids, anchor_pos)
-        return self.scale_logits(self.parts.logits(hidden))
+        return self.scale_logits(self.tables.full_logits(hidden))
 
     def forward(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
         """`forward_train_hidden`, the module's call (so DDP/FSDP wrappers see the training forward)."""
@@ -259,25 +245,24 @@ class DFlashDrafter(nn.Module):
 
     # --- target, construction, checkpoints -----------------------------------------------------------
     @property
-    def parts(self) -> TargetParts:
-        if self._target is None:
+    def tables(self) -> TargetTables:
+        if self._tables is None:
             raise RuntimeError("no target attached: call attach_target(target) or pass target= first")
-        return self._target
+        return self._tables
 
     def attach_target(self, target: Any) -> "DFlashDrafter":
         """Uses `target`'s frozen embedding and LM head (held by reference, never stored)."""
-        parts = TargetParts(target)
+        parts = TargetTables.from_target(target, self.vocab.target_ids)
         if parts.dim != self.config.hidden_size:
             raise ValueError(f"target hidden size {parts.dim} != drafter hidden_size {self.config.hidden_size}")
         if parts.num_rows <= self.config.mask_token_id:
             raise ValueError(f"mask_token_id {self.config.mask_token_id} outside the target's "
                              f"{parts.num_rows}-row embedding table")
-        layers = target_shape(hf_model(target).config)["num_target_layers"]
+        layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
         if max(self.config.target_layer_ids) >= layers:
             raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
                              f"{layers} layers")
-        self._target = parts
-        self._head_rows = None
+        self._tables = parts
         return self
 
     @classmethod
@@ -288,7 +273,7 @@ class DFlashDrafter(nn.Module):
         first padding row, as DFlash's 151669 for Qwen3) when the embedding table has spare rows; else
         ValueError asking for one. Any DFlashConfig field may be overridden. Device: the target's;
         dtype: `dtype`, default the target embedding's (pass torch.float32 to train under autocast)."""
-        model = hf_model(target)
+        model = hf_causal_lm(target)
         rows = model.get_input_embeddings().weight.shape[0]
         shape = target_shape(model.config)
         n_layers = overrides.get("num_hidden_layers", 5)

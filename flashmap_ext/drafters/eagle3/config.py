@@ -6,7 +6,7 @@ fields with `num_hidden_layers: 1`, `draft_vocab_size`, and the tapped layers in
 `target_layer_ids`; SGLang reads these). vLLM reads a top-level `eagle_aux_hidden_state_layer_ids` that
 numbers the layer whose *input* is captured (ours + 1); we write both and read either. We add
 `num_target_layers` and `num_draft_tokens` (ignored by other readers). The `speculators` format (vLLM's)
-is read and written by `eagle3_formats`.
+is read and written by `eagle3/formats.py`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flashmap_ext.drafters.dflash_config import from_engine_layer_ids, rope_scaling, rope_theta, to_engine_layer_ids
+from flashmap_ext.drafters.common.checkpoint import rope_theta
+from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, rope_scaling, to_engine_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

@@ -19,15 +19,17 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from flashmap_ext.drafters import eagle3_formats as formats
-from flashmap_ext.drafters import hf_checkpoint as ckpt
-from flashmap_ext.drafters.dflash_config import target_shape
-from flashmap_ext.drafters.eagle3_config import Eagle3Config, eagle3_layer_ids
-from flashmap_ext.drafters.eagle3_tree import DraftTree, draft_tree
-from flashmap_ext.drafters.eagle3_ttt import ttt_forward
-from flashmap_ext.drafters.kv_cache import KVCache
-from flashmap_ext.drafters.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
-from flashmap_ext.drafters.target_parts import TargetParts, hf_model
+from flashmap_ext.drafters.common import checkpoint as ckpt
+from flashmap_ext.drafters.common.checkpoint import target_shape
+from flashmap_ext.drafters.common.kv_cache import KVCache
+from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from flashmap_ext.drafters.common.vocab import DraftVocab
+from flashmap_ext.drafters.eagle3 import formats
+from flashmap_ext.drafters.eagle3.config import Eagle3Config, eagle3_layer_ids
+from flashmap_ext.drafters.eagle3.tree import DraftTree, draft_tree
+from flashmap_ext.drafters.eagle3.ttt import ttt_forward
+from flashmap_ext.target.model import hf_causal_lm
+from flashmap_ext.target.tables import TargetTables
 
 
 @dataclass
@@ -69,7 +71,7 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
-    """EAGLE-3 chain drafter implementing `flashmap_ext.drafters.base.BlockDrafter`.
+    """EAGLE-3 chain drafter implementing `flashmap_ext.drafters.common.base.BlockDrafter`.
 
     Weights (SpecForge names): `fc`, `midlayer.*`, `norm`, `lm_head` [draft_vocab, d]; buffers `d2t`
     [draft_vocab] int64 (target id − draft id) and `t2d` [V] bool (target id is in the draft vocab).
@@ -92,33 +94,33 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.arange(c.vocab_size) < c.draft_vocab_size)
         init_weights(self, c.initializer_range)
-        self._target: TargetParts | None = None
+        self._tables: TargetTables | None = None
         if target is not None:
             self.attach_target(target)
 
     # --- vocabulary --------------------------------------------------------------------------------
     @property
+    def vocab(self) -> DraftVocab:
+        """The draft vocabulary: the rows of the drafter's LM head."""
+        return DraftVocab(self.d2t)
+
+    @property
     def draft_ids(self) -> torch.Tensor:
         """[draft_vocab] int64: the target id of each draft-vocabulary row."""
-        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
+        return self.vocab.target_ids
 
     @torch.no_grad()
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Sets d2t/t2d from [draft_vocab] distinct target ids (row order = LM-head row order)."""
         ids = torch.as_tensor(target_ids, dtype=torch.long, device=self.d2t.device)
-        if ids.shape != self.d2t.shape or ids.unique().numel() != ids.numel():
-            raise ValueError(f"draft vocabulary must be {self.d2t.shape[0]} distinct ids, got {tuple(ids.shape)}")
-        if ids.min() < 0 or ids.max() >= self.t2d.shape[0]:
-            raise ValueError(f"draft vocabulary ids must be in [0, {self.t2d.shape[0]})")
-        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.d2t.copy_(DraftVocab.offsets(ids, self.d2t.shape[0], self.t2d.shape[0], sort=False))
         self.t2d.zero_()
         self.t2d[ids] = True
 
     def target_to_draft(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Target ids [...] -> draft-vocab rows [...], −1 where the id is not in the draft vocabulary."""
-        table = torch.full((self.t2d.shape[0],), -1, dtype=torch.long, device=self.d2t.device)
-        table[self.draft_ids] = torch.arange(self.d2t.shape[0], device=self.d2t.device)
-        return torch.where(token_ids >= 0, table[token_ids.clamp(min=0)], -1)
+        """Target ids [...] -> draft-vocab rows [...], −100 (vocab.IGNORE) where the id is not in the draft
+        vocabulary."""
+        return self.vocab.to_draft(token_ids)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """Layer outputs o [..., d] -> draft-vocab logits [..., draft_vocab]."""
@@ -168,7 +170,7 @@ class Eagle3Drafter(nn.Module):
         if n:
             pos = memory.cache.length + torch.arange(n, device=g.device).expand(b, -1)
             cos, sin = self.rotary(pos, g.dtype)
-            memory.cache.append([self.midlayer.kv(g[:, :n], self.parts.embed(nxt, g.dtype), cos, sin)])
+            memory.cache.append([self.midlayer.kv(g[:, :n], self.tables.embed(nxt, g.dtype), cos, sin)])
         memory.pending = g[:, -1:]
 
     @torch.no_grad()
@@ -195,7 +197,7 @@ class Eagle3Drafter(nn.Module):
         logits, drafts = [], []
         for j in range(steps):
             cos, sin = self.rotary((position - 1 + j)[:, None], hidden.dtype)
-            emb = self.parts.embed(token[:, None], hidden.dtype)
+            emb = self.tables.embed(token[:, None], hidden.dtype)
             out, k, v = self.midlayer(hidden, emb, cos, sin, keys, values)
             keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
             logits.append(self.draft_logits(out)[:, 0])
@@ -228,22 +230,22 @@ class Eagle3Drafter(nn.Module):
 
     # --- target, construction, checkpoints -------------------------------------------------------
     @property
-    def parts(self) -> TargetParts:
-        if self._target is None:
+    def tables(self) -> TargetTables:
+        if self._tables is None:
             raise RuntimeError("no target attached: call attach_target(target) or pass target= first")
-        return self._target
+        return self._tables
 
     def attach_target(self, target: Any) -> "Eagle3Drafter":
         """Uses `target`'s frozen embedding (held by reference, never stored)."""
-        parts = TargetParts(target)
+        parts = TargetTables.from_target(target)
         if (parts.num_rows, parts.dim) != (self.config.vocab_size, self.config.hidden_size):
             raise ValueError(f"target embedding {parts.num_rows}x{parts.dim} != drafter vocab_size x hidden_size "
                              f"{self.config.vocab_size}x{self.config.hidden_size}")
-        layers = target_shape(hf_model(target).config)["num_target_layers"]
+        layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
         if max(self.config.target_layer_ids) >= layers:
             raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
                              f"{layers} layers")
-        self._target = parts
+        self._tables = parts
         return self
 
     @classmethod
@@ -253,8 +255,8 @@ class Eagle3Drafter(nn.Module):
         vocabulary (e.g. `train.eagle3.build_draft_vocab`), default all ids. The LM head starts as the
         target's head rows of the draft vocabulary (our choice: a better start than random). Device: the
         target's; dtype: `dtype`, default the target embedding's."""
-        model = hf_model(target)
-        parts = TargetParts(model)
+        model = hf_causal_lm(target)
+        parts = TargetTables.from_target(model)
         shape = target_shape(model.config)
         del shape["num_target_layers"]
         n_layers = model.config.num_hidden_layers
@@ -264,10 +266,11 @@ class Eagle3Drafter(nn.Module):
                                  **overrides})
         drafter = cls(config)
         drafter.set_draft_vocab(ids)
-        if isinstance(parts.head, nn.Linear) and parts.head.weight.shape[1] == config.hidden_size:
+        head = parts.full_head_weight
+        if head.shape[1] == config.hidden_size:
             with torch.no_grad():
-                drafter.lm_head.weight.copy_(parts.head.weight[ids.to(parts.head.weight.device)].float())
-        weight = parts.embedding.weight
+                drafter.lm_head.weight.copy_(head[ids.to(head.device)].float())
+        weight = parts.embedding
         return drafter.to(device=weight.device, dtype=dtype or weight.dtype).attach_target(target)
 
     @classmethod
@@ -277,7 +280,7 @@ class Eagle3Drafter(nn.Module):
         `embed_tokens.weight`, if present, is ignored (the target's embedding is used). Weights keep their
         stored dtype unless `dtype` is given. A `frozen_lm_head` checkpoint takes its head from `target`
         (ValueError without one). Unsupported options: NotImplementedError naming the field."""
-        n_target = hf_model(target).config.num_hidden_layers if target is not None else None
+        n_target = hf_causal_lm(target).config.num_hidden_layers if target is not None else None
         speculators = formats.is_speculators(ckpt.read_config(path, "eagle3"))
         parse = formats.config_from_speculators if speculators else Eagle3Config.from_hf_dict
         config = ckpt.load_config(path, "eagle3", lambda cfg: parse(cfg, n_target))
@@ -292,7 +295,7 @@ class Eagle3Drafter(nn.Module):
         if config.frozen_lm_head and "lm_head.weight" not in weights:
             if target is None:
                 raise ValueError(f"{path}: frozen_lm_head checkpoint: pass the target (its LM head is the head)")
-            head = TargetParts(hf_model(target)).head.weight
+            head = TargetTables.from_target(target).full_head_weight
             ids = torch.arange(weights["d2t"].numel()) + weights["d2t"]
             weights["lm_head.weight"] = head[ids.to(head.device)].detach().to("cpu", weights["fc.weight"].dtype)
         return ckpt.build_loaded(cls, config, weights, f"{path} (EAGLE-3 drafter)", target, device, dtype)
@@ -302,7 +305,7 @@ class Eagle3Drafter(nn.Module):
         - "flashmap": SpecForge names and config plus our fields; a `frozen_lm_head` head is not stored.
         - "specforge": the same for an engine (SGLang; vLLM reads it too): `lm_head.weight` always stored,
           `frozen_lm_head` dropped from the config.
-        - "speculators": vLLM's format (`eagle3_formats`); `verifier` names the target there.
+        - "speculators": vLLM's format (`eagle3/formats.py`); `verifier` names the target there.
         ValueError for another format."""
         state = self.state_dict()
         if format == "flashmap":

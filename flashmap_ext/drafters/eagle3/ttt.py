@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from flashmap_ext.drafters.dflash_blocks import check_anchors
+from flashmap_ext.drafters.common.base import check_anchors
 
 
 def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -30,7 +30,7 @@ def ttt_forward(drafter, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos
         raise ValueError(f"taps must be [B={b}, T={t}, n_taps·d={width}], got {tuple(taps.shape)}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    parts, layer, rotary = drafter.parts, drafter.midlayer, drafter.rotary
+    parts, layer, rotary = drafter.tables, drafter.midlayer, drafter.rotary
     g = drafter.fuse(taps)
     nxt = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)       # x_{s+1} (last one: unused)
     cos, sin = rotary(torch.arange(t, device=g.device).expand(b, -1), g.dtype)

@@ -1,42 +1,19 @@
-"""`draft_block`: one FlashMap drafting call (DESIGN §3.2, §4) on the reference (PyTorch) path.
+"""`draft_block`: one FlashMap drafting call (DESIGN §3.2, §4): the flow-map step(s) from shared noise.
 
-The fused path (drafters/flashmap_fused.py) computes the same thing with the dit_ops kernels.
+The reference (PyTorch) path is here; the fused path (fused.py) computes the same with the ops.dit kernels.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
-
 import torch
+from torch import nn
 
-from flashmap_ext.drafters.flashmap_memory import FlashMapMemory
-from flashmap_ext.flow import flow_map_jump
-
-if TYPE_CHECKING:
-    from flashmap_ext.drafters.flashmap import FlashMapDrafter
-
-
-class DraftBlock(NamedTuple):
-    """tokens [B, K] int64 target ids; logits [B, K, V_s] fp32 of the last evaluation, or None."""
-    tokens: torch.Tensor
-    logits: torch.Tensor | None
-
-
-def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device,
-            name: str = "seed/position") -> torch.Tensor:
-    """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
-    it already lives there), an int is filled in on the device (no host-to-device transfer).
-    Raises ValueError naming `name` for a non-integer tensor or one that is neither [B] nor [1]."""
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool \
-                or value.numel() not in (1, batch_size) or value.dim() > 1:
-            raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
-                             f"{list(value.shape)} {value.dtype}")
-        return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
-    return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)
+from flashmap_ext.drafters.flashmap.flow import flow_map_jump
+from flashmap_ext.drafters.flashmap.fused import fused_draft_block, graphs_enabled
+from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, per_row
 
 
 @torch.no_grad()
-def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
+def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
                 steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
                 position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
     """One FlashMap drafting call (DESIGN §3.2, §4).
@@ -65,7 +42,6 @@ def draft_block(drafter: "FlashMapDrafter", memory: FlashMapMemory, anchor_token
                          f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
     packed = drafter.fused_weights() if anchor_tokens.is_cuda else None
     if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/test_dit_fused.py)
-        from flashmap_ext.drafters.flashmap_fused import fused_draft_block, graphs_enabled
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
                                  position=position, return_logits=return_logits, graph=graphs_enabled(drafter))
     B = anchor_tokens.shape[0]

@@ -1,5 +1,5 @@
 """Fused fast path of the FlashMap drafter (DESIGN §5, §10): the same network as
-`FlashMapDrafter.denoise` / `extend_memory`, run through the `flashmap_ext.dit_ops` kernels.
+`nn.Module.denoise` / `extend_memory`, run through the `flashmap_ext.ops.dit` kernels.
 
     packed = pack_weights(drafter)                       # once, at load time (if fused_supported(drafter))
     fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch import nn
 
-from flashmap_ext import dit_ops as ops
-from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, FlashMapMemory
-from flashmap_ext.drafters.flashmap_draft import per_row
-from flashmap_ext.flow import flow_map_jump
+from flashmap_ext.drafters.flashmap.flow import flow_map_jump
+from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, per_row
+from flashmap_ext.ops import dit as ops
 
 
 @dataclass
@@ -43,7 +43,7 @@ class PackedLayer:
 @dataclass
 class PackedFlashMap:
     """The drafter's weights in the kernels' layout (contiguous [out, in], K-major), built once."""
-    drafter: FlashMapDrafter  # for the time embedders, the noise, the embedding and d2t
+    drafter: nn.Module  # the FlashMapDrafter: for the time embedders, the noise, the embedding and d2t
     layers: list[PackedLayer]
     adaln_w: torch.Tensor     # [n_layers·9w + 2w, cond_dim]: every block's adaLN, then the final one
     adaln_b: torch.Tensor
@@ -56,7 +56,7 @@ class PackedFlashMap:
     head_w: torch.Tensor; head_b: Optional[torch.Tensor]
 
 
-def fused_supported(drafter: FlashMapDrafter) -> bool:
+def fused_supported(drafter: nn.Module) -> bool:
     """True when the CUDA kernels accept this drafter: bf16 weights on a GPU, every GEMM input width a
     multiple of 64 (d_target, width, cond_dim, MLP hidden) and head dim 64 or 128. (On CPU every shape works.)"""
     c = drafter.config
@@ -65,7 +65,7 @@ def fused_supported(drafter: FlashMapDrafter) -> bool:
             and all(w % 64 == 0 for w in widths))
 
 
-def pack_weights(drafter: FlashMapDrafter) -> PackedFlashMap:
+def pack_weights(drafter: nn.Module) -> PackedFlashMap:
     """The drafter's weights (and the target's LM head rows) in the fused layout. Single weights are
     shared with the module (no copy); the concatenated ones (all adaLN modulations, all memory K/V
     projections) are copies, so pack again after the weights change (training)."""
@@ -108,7 +108,7 @@ def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Ten
 @torch.no_grad()
 def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: torch.Tensor,
                         taps: torch.Tensor) -> None:
-    """FlashMapDrafter.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
+    """nn.Module.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
     c = p.drafter.config
     B, T = token_ids.shape
     memory.reserve(memory.length + T)
@@ -140,7 +140,7 @@ def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.T
 
 def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tensor, slot_inputs: torch.Tensor,
                   tau_s: float, tau_t: float, *, return_logits: bool) -> ops.LmHeadOutput:
-    """One network evaluation (FlashMapDrafter.denoise after the anchor entry is written).
+    """One network evaluation (nn.Module.denoise after the anchor entry is written).
 
     lengths: [B] int32, committed entries per row (the anchor sits at index lengths[b]); a device tensor
     so that a captured graph replays for any length within the memory's capacity.
@@ -179,7 +179,7 @@ def fused_draft_step(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: t
     return fused_denoise(p, memory, lengths, mid, 0.5, 1.0, return_logits=return_logits)
 
 
-def graphs_enabled(drafter: FlashMapDrafter) -> bool:
+def graphs_enabled(drafter: nn.Module) -> bool:
     """Whether `draft_block` may replay the fused step as a CUDA graph: `drafter.allow_graphs`, the
     environment (FLASHMAP_CUDA_GRAPHS=0 turns graphs off) and not while torch.compile traces."""
     return (not torch.compiler.is_compiling() and drafter.allow_graphs
@@ -241,7 +241,7 @@ class FusedDraftGraph:
     enters through a device tensor (the attention grid depends on the capacity only), so the memory may
     grow within its capacity between replays; after `memory.reserve` reallocated it, capture again.
     seeded=False takes the noise z [B, K, d_target]; seeded=True takes seed and position [B] int64 and
-    draws the noise inside the graph (flow.drafter_xi: no host sync). Inputs are copied into static
+    draws the noise inside the graph (rng.drafter_xi: no host sync). Inputs are copied into static
     buffers; the returned tokens [B, K] (target ids) are a static buffer overwritten by the next call.
     """
 

@@ -1,5 +1,5 @@
-"""Context memories of the FlashMap drafter: the incremental inference cache (DESIGN §5.3) and the
-training-time memory of whole sequences with many anchors.
+"""What a FlashMap draft call reads and returns: the incremental context memory (DESIGN §5.3), the
+training-time memory of whole sequences with many anchors, per-row seeds/positions and the DraftBlock.
 
 Both hold, per DiT layer, the cross-attention K/V of memory entries (k RMS-normed and rotated to the
 entry's absolute position), so each committed position is projected once per layer.
@@ -7,6 +7,7 @@ entry's absolute position), so each committed position is projected once per lay
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -97,3 +98,23 @@ class TrainMemory:
         own = torch.eye(A, dtype=torch.bool, device=device)[None].expand(B, A, A)  # [B, A, A]
         mask = torch.cat([seq, own], dim=-1)  # [B, A, T + A]
         return mask[:, :, None, :].expand(B, A, block_size, T + A).reshape(B, 1, A * block_size, T + A)
+
+
+class DraftBlock(NamedTuple):
+    """tokens [B, K] int64 target ids; logits [B, K, V_s] fp32 of the last evaluation, or None."""
+    tokens: torch.Tensor
+    logits: torch.Tensor | None
+
+
+def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device,
+            name: str = "seed/position") -> torch.Tensor:
+    """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
+    it already lives there), an int is filled in on the device (no host-to-device transfer).
+    Raises ValueError naming `name` for a non-integer tensor or one that is neither [B] nor [1]."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool \
+                or value.numel() not in (1, batch_size) or value.dim() > 1:
+            raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
+                             f"{list(value.shape)} {value.dtype}")
+        return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
+    return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)

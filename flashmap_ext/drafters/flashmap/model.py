@@ -13,16 +13,20 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
-from flashmap_ext.drafters.flashmap_config import FlashMapConfig, default_tap_layers
-from flashmap_ext.drafters.flashmap_draft import DraftBlock, draft_block
-from flashmap_ext.drafters.flashmap_layers import DiTBlock, FinalLayer, RMSNorm, TimestepEmbedder
-from flashmap_ext.drafters.flashmap_memory import KV, FlashMapMemory, TrainMemory
-from flashmap_ext.drafters.flashmap_target import TargetTables, hf_causal_lm
-from flashmap_ext.flow import d_space_noise, drafter_xi, t_of_tau
-
-__all__ = ["FlashMapConfig", "FlashMapDrafter", "FlashMapMemory", "DraftBlock", "draft_block"]
+from flashmap_ext.drafters.common import checkpoint as ckpt
+from flashmap_ext.drafters.common.vocab import DraftVocab
+from flashmap_ext.drafters.flashmap import fused
+from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, RMSNorm, TimestepEmbedder
+from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers
+from flashmap_ext.drafters.flashmap.draft import draft_block
+from flashmap_ext.drafters.flashmap.flow import d_space_noise, noise_factor, t_of_tau
+from flashmap_ext.drafters.flashmap.memory import KV, FlashMapMemory, TrainMemory
+from flashmap_ext.rng import drafter_xi
+from flashmap_ext.target.model import hf_causal_lm
+from flashmap_ext.target.tables import TargetTables
 
 
 def _drop_packed_after_load(module: "FlashMapDrafter", _incompatible_keys) -> None:
@@ -105,10 +109,7 @@ class FlashMapDrafter(nn.Module):
         if tuple(emb.shape) != (c.vocab_size, c.d_target):
             raise ValueError(f"target: embedding is {tuple(emb.shape)}, this drafter was built for a target "
                              f"with (vocab_size={c.vocab_size}, d_target={c.d_target})")
-        rows = None
-        if self.config.draft_vocab_size is not None:
-            rows = torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
-        return self.attach_tables(TargetTables.from_target(target, rows))
+        return self.attach_tables(TargetTables.from_target(target, self.vocab.target_ids))
 
     def attach_tables(self, tables: TargetTables) -> "FlashMapDrafter":
         c = self.config
@@ -121,10 +122,7 @@ class FlashMapDrafter(nn.Module):
 
     def set_draft_vocab(self, token_ids: torch.Tensor, target: Any) -> None:
         """Sets the draft vocabulary: token_ids [draft_vocab_size] int64, distinct target ids."""
-        ids = torch.as_tensor(token_ids, dtype=torch.int64).flatten().sort().values
-        if not (self.config.draft_vocab_size == ids.numel() and ids.unique().numel() == ids.numel()):
-            raise ValueError(f"token_ids: expected {self.config.draft_vocab_size} distinct ids, got {ids.numel()}")
-        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(ids.numel(), device=self.d2t.device))
+        self.d2t.copy_(DraftVocab.offsets(token_ids, self.config.draft_vocab_size))
         self.attach_target(target)
 
     @property
@@ -132,6 +130,16 @@ class FlashMapDrafter(nn.Module):
         if self._tables is None:
             raise RuntimeError("FlashMapDrafter: no target attached; call attach_target(target) first")
         return self._tables
+
+    @property
+    def vocab(self) -> DraftVocab:
+        """The draft vocabulary (the flow's rows; the full vocabulary without `draft_vocab_size`)."""
+        return DraftVocab(self.d2t if self.config.draft_vocab_size is not None else None)
+
+    @property
+    def noise_factor(self) -> torch.Tensor:
+        """L [d, d] fp32 with LLᵀ = E_sᵀE_s, on E's device, computed once per tables (flow.noise_factor)."""
+        return self.tables.memo("noise_factor", lambda: noise_factor(self.tables.state_embedding).to(torch.float32))
 
     @property
     def num_draft_tokens(self) -> int:
@@ -148,15 +156,11 @@ class FlashMapDrafter(nn.Module):
     # ------------------------------------------------------------------ token/state helpers
     def to_state_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> rows of the flow's vocabulary; −100 stays −100, ids outside the draft vocab -> −100."""
-        if self.config.draft_vocab_size is None:
-            return token_ids
-        rows = torch.arange(self.config.draft_vocab_size, device=token_ids.device) + self.d2t
-        pos = torch.searchsorted(rows, token_ids.clamp_min(0)).clamp_max(rows.numel() - 1)
-        return torch.where((token_ids >= 0) & (rows[pos] == token_ids), pos, torch.full_like(pos, -100))
+        return self.vocab.to_draft(token_ids)
 
     def to_target_ids(self, state_ids: torch.Tensor) -> torch.Tensor:
         """Rows of the flow's vocabulary -> target token ids."""
-        return state_ids if self.config.draft_vocab_size is None else state_ids + self.d2t[state_ids]
+        return self.vocab.to_target(state_ids)
 
     def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
         """E[token_ids] (target ids) -> [..., d_target] fp32 (the data end of the d-space interpolant)."""
@@ -169,7 +173,7 @@ class FlashMapDrafter(nn.Module):
 
     def noise_from_xi(self, xi: torch.Tensor) -> torch.Tensor:
         """xi [..., d_target] standard normal -> z ~ N(0, E_sᵀE_s), fp32 (DESIGN §4 d-space noise)."""
-        return d_space_noise(self.tables.noise_factor, xi.float())
+        return d_space_noise(self.noise_factor, xi.float())
 
     def sample_noise(self, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """z [B, K, d_target] fp32 from the drafter's own Philox stream keyed by (seed[b], position[b]),
@@ -215,16 +219,15 @@ class FlashMapDrafter(nn.Module):
 
     # ------------------------------------------------------------------ inference (BlockDrafter)
     def fused_weights(self):
-        """Weights packed for the fused CUDA kernels (DESIGN §10, drafters/flashmap_fused.py), or None
+        """Weights packed for the fused CUDA kernels (DESIGN §10, fused.py), or None
         when the fused path does not apply: CPU weights, training mode, `allow_fused = False`, or shapes the kernels do not take
         (`fused_supported`). Packed lazily once; `train()`/`eval()`, `load_state_dict` and `.to()`/`.cuda()`
         drop the pack (`drop_packed`), so changed weights are never served from stale copies. Weights
         changed in place by other means (an optimizer step outside training mode): call `drop_packed()`."""
-        from flashmap_ext.drafters import flashmap_fused
-        if self.training or not self.allow_fused or not flashmap_fused.fused_supported(self):
+        if self.training or not self.allow_fused or not fused.fused_supported(self):
             return None
         if self._packed is None:
-            self._packed = flashmap_fused.pack_weights(self)
+            self._packed = fused.pack_weights(self)
         return self._packed
 
     def drop_packed(self) -> None:
@@ -255,8 +258,7 @@ class FlashMapDrafter(nn.Module):
             raise ValueError(f"taps: leading dims {list(taps.shape[:2])} must equal token_ids {list(token_ids.shape)}")
         packed = self.fused_weights() if taps.is_cuda else None
         if packed is not None:
-            from flashmap_ext.drafters.flashmap_fused import fused_extend_memory
-            return fused_extend_memory(packed, memory, token_ids, taps)
+            return fused.fused_extend_memory(packed, memory, token_ids, taps)
         entries = self._context_entries(taps)
         T = token_ids.shape[1]
         pos = (memory.length + torch.arange(T, device=entries.device)).expand(memory.batch_size, T)
@@ -332,7 +334,6 @@ class FlashMapDrafter(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def save_pretrained(self, path: str | Path) -> None:
         """Writes config.json + model.safetensors (trainable weights and d2t only; no target tensors)."""
-        from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.config.save(path / "config.json")
@@ -343,8 +344,7 @@ class FlashMapDrafter(nn.Module):
     def from_pretrained(cls, path: str | Path, target: Any, *, dtype: torch.dtype | None = None) -> "FlashMapDrafter":
         """Loads a `save_pretrained` directory onto the target's device and attaches the target's
         embedding and LM head. dtype: cast the weights (default: as stored). A missing, malformed or
-        truncated checkpoint raises hf_checkpoint.CheckpointError (one line naming the file)."""
-        from flashmap_ext.drafters import hf_checkpoint as ckpt
+        truncated checkpoint raises common.checkpoint.CheckpointError (one line naming the file)."""
         config = ckpt.load_config(path, "flashmap", FlashMapConfig.from_dict)
         weights = ckpt.read_weights(path, "flashmap")
         device = hf_causal_lm(target).get_input_embeddings().weight.device

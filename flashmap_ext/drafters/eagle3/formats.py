@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from flashmap_ext.drafters.dflash_config import from_engine_layer_ids, rope_scaling, rope_theta, to_engine_layer_ids
-from flashmap_ext.drafters.eagle3_config import Eagle3Config, eagle3_layer_ids
+from flashmap_ext.drafters.common.checkpoint import rope_theta
+from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, rope_scaling, to_engine_layer_ids
+from flashmap_ext.drafters.eagle3.config import Eagle3Config, eagle3_layer_ids
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 _LAYER_TYPES = {"llama": False, "qwen3": True}  # model_type -> q/k norms

@@ -1,0 +1,12 @@
+"""FlashMap: the flow-map DiT drafter (DESIGN §5).
+
+config.py (FlashMapConfig), block.py (the FlashMap block: adaLN-Zero DiT layer), memory.py (context memory,
+DraftBlock), flow.py (flow math: clock, interpolant, the flow-map jump), draft.py (`draft_block`: one
+drafting call), model.py (FlashMapDrafter), fused.py (the same network on the fused ops).
+"""
+from flashmap_ext.drafters.flashmap.config import FlashMapConfig
+from flashmap_ext.drafters.flashmap.draft import draft_block
+from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory
+from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
+
+__all__ = ["FlashMapConfig", "FlashMapDrafter", "FlashMapMemory", "DraftBlock", "draft_block"]

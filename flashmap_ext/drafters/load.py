@@ -1,0 +1,54 @@
+"""`load_drafter`: a drafter for a target, from a checkpoint directory (dispatched on its config.json) or
+'random' / 'random-eagle3' (small random drafters for plumbing runs)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flashmap_ext.drafters.common.checkpoint import CheckpointError, config_kind, read_config
+from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
+from flashmap_ext.target.model import hf_causal_lm
+
+CLASSES = {"flashmap": FlashMapDrafter, "dflash": DFlashDrafter, "eagle3": Eagle3Drafter}
+
+
+def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torch.dtype | None = None,
+                 steps: int | None = None) -> torch.nn.Module:
+    """A drafter for `target` (a Target or an HF causal LM) in eval mode and `dtype` (default: the target's).
+
+    path: a checkpoint directory, 'random' (a small random FlashMap drafter: 2 layers, width 128, K = 8) or
+    'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3' overrides the type read from config.json.
+    steps: FlashMap draft steps (1 or 2; default the checkpoint's). Raises CheckpointError (a ValueError)
+    for a missing directory, a bad config or an unknown checkpoint type.
+    """
+    dtype = dtype or hf_causal_lm(target).get_input_embeddings().weight.dtype
+    if path == "random":
+        torch.manual_seed(0)
+        drafter = FlashMapDrafter.for_target(target, n_layers=2, width=128, heads=4, block_size=8)
+        drafter.reset_parameters(zero_init=False)  # adaLN-Zero would draft the same id everywhere
+    elif path == "random-eagle3":
+        torch.manual_seed(0)
+        drafter = Eagle3Drafter.for_target(target, num_draft_tokens=7)
+    else:
+        drafter = CLASSES[kind or checkpoint_type(path)].from_pretrained(path, target, dtype=dtype)
+    if steps is not None and hasattr(drafter.config, "draft_steps"):
+        drafter.config.draft_steps = steps
+    return drafter.to(dtype=dtype).eval()
+
+
+def checkpoint_type(path: str) -> str:
+    """'flashmap' | 'dflash' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
+    one line) for a missing directory, a missing / malformed / empty config or an unknown kind."""
+    try:
+        cfg = read_config(path)
+    except CheckpointError as err:
+        raise CheckpointError(f"--drafter {err}") from None
+    kind = config_kind(cfg)
+    if kind is None:
+        raise CheckpointError(f"--drafter {path}: unknown drafter type (architectures="
+                              f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); "
+                              f"pass --drafter-type")
+    return kind

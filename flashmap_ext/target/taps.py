@@ -1,0 +1,66 @@
+"""Tap hooks: the outputs of chosen decoder layers, read during a forward (DESIGN.md §6).
+
+Tap i is HF `hidden_states[i + 1]` for 0-based `target_layer_ids`: decoder layer i's output, except the last
+layer's, which HF (and z-lab's DFlash) take after the final norm. The decoding loop (`Target.forward`) and
+feature extraction (`compute_taps`) both read taps through `tap_hooks`: forward hooks, because
+`output_hidden_states` would keep every layer.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+
+def tap_module(layers: nn.ModuleList, norm: Optional[nn.Module], i: int) -> nn.Module:
+    """The module whose output is tap i = HF `hidden_states[i + 1]`: decoder layer i, except the last
+    layer, whose HF hidden state is the final norm's output (when the model has one)."""
+    return norm if i == len(layers) - 1 and norm is not None else layers[i]
+
+
+def final_norm(model: nn.Module) -> Optional[nn.Module]:
+    """The decoder's final norm (`get_decoder().norm`), or None."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    norm = getattr(decoder, "norm", None)
+    return norm if isinstance(norm, nn.Module) else None
+
+
+@contextlib.contextmanager
+def tap_hooks(layers: Sequence[nn.Module], layer_ids: Sequence[int], captured: list,
+              norm: Optional[nn.Module] = None):
+    """Forward hooks storing tap `layer_ids[j]` in `captured[j]` (the last layer's after the final `norm`,
+    when given: HF `hidden_states[L]`, see `tap_module`).
+
+    Raises ValueError naming the bad id when one is outside [0, len(layers)).
+    """
+    handles = []
+
+    def store(j):
+        def hook(module, args, output):
+            captured[j] = output[0] if isinstance(output, (tuple, list)) else output
+        return hook
+    try:
+        for j, i in enumerate(layer_ids):
+            if not 0 <= i < len(layers):
+                raise ValueError(f"target_layer_ids: {i} is not a layer of the target "
+                                 f"(tap layer id {i} out of range for a {len(layers)}-layer target)")
+            handles.append(tap_module(layers, norm, i).register_forward_hook(store(j)))
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.inference_mode()
+def compute_taps(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+    """taps [B, T, len(layer_ids)·d] in the model's dtype for input_ids [B, T] int64 (HF causal LM).
+
+    Runs only the decoder (`get_decoder()`): no LM head, no KV cache.
+    """
+    decoder = model.get_decoder()
+    captured: list = [None] * len(layer_ids)
+    with tap_hooks(decoder.layers, layer_ids, captured, final_norm(model)):
+        decoder(input_ids=input_ids.to(model.get_input_embeddings().weight.device), use_cache=False)
+    return torch.cat(captured, dim=-1)

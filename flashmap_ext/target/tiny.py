@@ -1,0 +1,57 @@
+"""The `tiny-random` target: a tiny random Qwen3 over a byte vocabulary and its tokenizer (runs anywhere,
+no weights: `flashmap generate --target tiny-random`)."""
+from __future__ import annotations
+
+import codecs
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+TINY = "tiny-random"
+BYTE_EOS = 256
+
+
+def tiny_random_model(dtype: torch.dtype = torch.float32, seed: int = 0):
+    """A tiny random Qwen3 over a 257-id byte vocabulary (4 layers, hidden 64, 2048 positions)."""
+    cfg = Qwen3Config(vocab_size=BYTE_EOS + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=2048, tie_word_embeddings=False, eos_token_id=BYTE_EOS)
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg).to(dtype).eval()
+
+
+_RAW_BYTE = 0xF700  # private-use U+F700 + b stands for a byte b that is not valid UTF-8 where it occurs
+
+
+def _raw_bytes(err: UnicodeDecodeError):
+    """Decode error handler: a sequence cut off at the end (still streaming) becomes U+FFFD, which
+    TextStream holds back; any other invalid byte b becomes U+F700 + b, which `encode` maps back to b."""
+    if err.reason == "unexpected end of data":
+        return "\ufffd", err.end
+    return "".join(chr(_RAW_BYTE + b) for b in err.object[err.start:err.end]), err.end
+
+
+codecs.register_error("flashmap_raw_bytes", _raw_bytes)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0-255, EOS = 256; a plain-text chat template.
+
+    decode → encode gives back the same ids, also for the invalid UTF-8 a random model emits (its bytes
+    decode to private-use characters), so `data regenerate` → `features` trains on what the target said;
+    only a multi-byte sequence cut off at the very end decodes to U+FFFD."""
+    eos_token_id = BYTE_EOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list:
+        ids = []
+        for ch in text:
+            code = ord(ch)
+            ids.extend([code - _RAW_BYTE] if _RAW_BYTE <= code < _RAW_BYTE + 256 else ch.encode("utf-8"))
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="flashmap_raw_bytes")
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
+        turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return turns + ("assistant: " if add_generation_prompt else "")
