@@ -14,7 +14,7 @@ CUTLASS_VERSION := 4.2.0.0
 LOG     := build/make.log
 STEP    := scripts/step.sh $(LOG)
 
-.PHONY: demo test test-real build bench checkpoints cuda-check cutlass cutlass-min clean
+.PHONY: demo test lint test-real build bench checkpoints cuda-check cutlass cutlass-min clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(STEP) "creating $(VENV)" $(PY) -m venv $(VENV)
@@ -43,9 +43,14 @@ checkpoints:
 demo: build checkpoints
 	$(BIN)/flashmap demo
 
-test: build $(REF_STAMP)
+test: build lint checkpoints $(REF_STAMP)
 	$(BIN)/python -m pytest -q python_tests
 	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) cuda-check; else echo "nvcc not found: CUDA compile check skipped"; fi
+
+# ruff (pyflakes, import order) and the import-linter contracts of pyproject.toml (the package's layering)
+lint: $(STAMP)
+	$(BIN)/ruff check flashmap_ext python_tests benches scripts
+	$(BIN)/lint-imports --no-cache
 
 test-real: build checkpoints $(REF_STAMP)
 	$(BIN)/python -m pytest -q -m slow python_tests

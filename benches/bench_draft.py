@@ -1,4 +1,4 @@
-"""Draft-step latency of the FlashMap drafter (issue 6 item 4; DESIGN §10 targets, measured, never asserted).
+"""Draft-step latency of the FlashMap drafter (issue 6 item 4; DESIGN.md §10 targets, measured, never asserted).
 
 Shape: the Qwen3-8B FlashMap drafter (6 layers, width 2048, 16 heads, K 16, d 4096, V 151,936) with random
 weights, batch 1, memory length L ∈ {128, 1024, 4096}, 1 and 2 steps. Variants in one benchmark group per
@@ -7,7 +7,7 @@ Python), `eager` (the reference drafter), `compiled` (torch.compile of the refer
 to keep compile time inside the device check's budget). extra_info: bytes read from HBM by one draft step
 (drafter weights it touches + LM head (+ the embedding for the 2-step midpoint) + memory K/V), achieved
 GB/s, the HBM copy bandwidth measured in this run, and `roofline_x` = time / (bytes / copy bandwidth), the
-DESIGN §10 target being <= 1.3 at 1 step, L = 1024.
+DESIGN.md §10 target being <= 1.3 at 1 step, L = 1024.
 Without a GPU: a tiny shape runs once per variant on CPU (a smoke test of the same code).
 
     pytest benches/bench_draft.py --benchmark-only --benchmark-json=draft.json

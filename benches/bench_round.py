@@ -1,9 +1,9 @@
-"""One decoding round end to end on a Qwen3-8B-shaped target (issue 6 item 6; DESIGN §10 target, measured,
+"""One decoding round end to end on a Qwen3-8B-shaped target (issue 6 item 6; DESIGN.md §10 target, measured,
 never asserted: everything but the verify forward ≤ 10% of it).
 
 Random weights (timing does not need trained ones): an HF `Qwen3ForCausalLM` of the Qwen3-8B shape (36 layers,
 d 4096, 32 query / 8 KV heads of 128, MLP 12,288, V 151,936) in bf16, built directly on the GPU, and the
-FlashMap drafter `FlashMapDrafter.for_target` (DESIGN §5 defaults: 6 layers, width 2048, K = 16) with
+FlashMap drafter `FlashMapDrafter.for_target` (DESIGN.md §5 defaults: 6 layers, width 2048, K = 16) with
 random gates. Rounds run through `speculate.generate` itself (T = 0, after a prompt of --prompt-len
 tokens); its `Timer(sync=True)` timestamps each round, with a device sync at every phase boundary:
 
@@ -130,7 +130,7 @@ def print_table(results: list[dict]) -> None:
         print(f"{r['path']:<10}{r['steps']:>6}{r['draft_ms']:>9.3f}{r['forward_ms']:>9.3f}{r['verify_op_ms']:>9.3f}"
               f"{r['bookkeeping_ms']:>10.3f}{r['total_ms']:>9.3f}{r['round_ms']:>9.3f}{r['overhead']:>10.1%}"
               f"{r['overhead_nosync']:>11.1%}")
-    print("ms per round (median); overhead = (total - forward) / forward, DESIGN §10 target <= 10%;"
+    print("ms per round (median); overhead = (total - forward) / forward, DESIGN.md §10 target <= 10%;"
           " round = unsynced round time")
 
 

@@ -1,4 +1,4 @@
-// One declaration per op of the flashmap library (schemas: registration.cpp; Python: flashmap_ext/ops.py).
+// One declaration per op of the flashmap library (schemas: registration.cpp; Python: flashmap_ext/ops/).
 // Dimension letters: B batch, K draft slots, V vocabulary.
 #pragma once
 
@@ -13,7 +13,7 @@ namespace flashmap {
 // int64, temperature [B] fp32, top_k [B] int32, top_p [B] fp32, seed [B] int64, position [B] int64,
 // draft_probs [B, K, V] fp32 or none, valid_vocab (<= 0: V), uniforms [B, K+1] fp64 or none
 // -> tokens [B, K+1] int64, num_accepted [B] int32, status [B] int32.
-// CPU: csrc/accept/verify_cpu.cpp; CUDA: csrc/accept/verify_cuda.cpp + verify_kernel.cu.
+// CPU: csrc/verify/verify_cpu.cpp; CUDA: csrc/verify/verify_cuda.cpp + verify_kernel.cu.
 using VerifyResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 VerifyResult verify_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
                         const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,

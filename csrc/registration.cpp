@@ -1,5 +1,5 @@
 // Every op schema of the `flashmap` library, on one screen. Kernels register per backend in their own
-// files (TORCH_LIBRARY_IMPL(flashmap, CPU|CUDA, m)); fake (meta) kernels live in flashmap_ext/ops.py.
+// files (TORCH_LIBRARY_IMPL(flashmap, CPU|CUDA, m)); fake (meta) kernels live in flashmap_ext/ops/.
 #include <Python.h>
 #include <torch/library.h>
 

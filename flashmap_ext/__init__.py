@@ -11,6 +11,7 @@ Public API:
     generate                the lossless speculative decoding loop (DESIGN.md §7); tree=TreeSpec(...)
                             drafts EAGLE-3 token trees (batch 1, reference path)
     generate_tree           generate(..., tree=TreeSpec(depth, topk, num_nodes))
+    Timer                   generate(..., timer=Timer(sync=True)): exact phase times of every round
 """
 import torch  # noqa: F401  (must precede _C: it links against libtorch)
 
@@ -20,11 +21,11 @@ from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_block
 from flashmap_ext.ops import VerifyOutput, sample, verify
-from flashmap_ext.speculate import GenerateOutput, GenerateStats, TreeSpec, generate, generate_tree
+from flashmap_ext.speculate import GenerateOutput, GenerateStats, Timer, TreeSpec, generate, generate_tree
 from flashmap_ext.target import Target, load_target
 
 _aliases.install()
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
-           "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate", "GenerateOutput",
-           "GenerateStats", "generate_tree", "TreeSpec"]
+           "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate",
+           "GenerateOutput", "GenerateStats", "generate_tree", "TreeSpec", "Timer"]

@@ -32,6 +32,8 @@ ALIASES = {
     "reference_dit": "ops.dit_reference",
     "loop": "request",
     "drafters.eagle3_formats": "drafters.eagle3.formats",
+    "cost_calibrate": "bench.calibrate",
+    "data.store": "train.store",
     "train.loop": "train.trainer",
     "bench.assets": "assets.models",
     "bench.datasets": "assets.datasets",

@@ -8,6 +8,8 @@ import importlib
 import os
 import sys
 
+from flashmap_ext.assets.models import AssetError  # missing/unknown offline assets are user errors too
+
 COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval", "convert"]
 
 
@@ -28,7 +30,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2;
     FLASHMAP_DEBUG=1 shows the full traceback instead."""
-    from flashmap_ext.assets.models import AssetError  # missing/unknown offline assets are user errors too
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

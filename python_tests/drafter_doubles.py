@@ -150,3 +150,13 @@ def _greedy(model, context: tuple, n: int) -> list:
         out.append(int(nxt))
         ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
     return out
+
+
+def random_flashmap(model, k: int, taps):
+    """A FlashMap drafter with random (not adaLN-zero) weights, so its drafts depend on the context."""
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    torch.manual_seed(1)
+    drafter = FlashMapDrafter.for_target(model, n_layers=2, width=64, heads=4, block_size=k,
+                                         target_layer_ids=taps)
+    drafter.reset_parameters(zero_init=False)
+    return drafter

@@ -1,5 +1,5 @@
 """Shared inputs and comparisons for the verify tests. Expected values always come from
-flashmap_ext/reference.py (float64) or from exact distributions, never from the op under test."""
+flashmap_ext/ops/verify_reference.py (float64) or from exact distributions, never from the op under test."""
 from __future__ import annotations
 
 import math

@@ -9,7 +9,7 @@ header fails in CI, not on the GPU machine.
 
     python scripts/cutlass_min.py [--src third_party/cutlass] [--dst third_party/cutlass-min]
 
-Fails when the copy exceeds MAX_MIB, the bound python_tests/test_device_payload.py counts on.
+Fails when the copy exceeds MAX_MIB, the bound python_tests/bench/test_device_payload.py counts on.
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     mib = sum((include / rel).stat().st_size for rel in headers) / 2**20
     if mib > MAX_MIB:  # checked before writing, so no oversized copy is left behind looking up to date
         sys.exit(f"cutlass_min: {mib:.2f} MiB exceeds the {MAX_MIB} MiB carry bound the device payload test "
-                 "counts on (python_tests/test_device_payload.py): raise it here if the copy must grow")
+                 "counts on (python_tests/bench/test_device_payload.py): raise it here if the copy must grow")
     shutil.rmtree(args.dst, ignore_errors=True)
     for rel in sorted(headers):
         target = args.dst / "include" / rel

@@ -30,8 +30,6 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
-    from transformers import AutoTokenizer
-
     from flashmap_ext.assets.models import qwen05_dir
     from flashmap_ext.bench.methods import StepsDrafter
     from flashmap_ext.drafters.load import load_drafter
@@ -40,8 +38,7 @@ def main() -> int:
     from flashmap_ext.train.data import prompt_ids, stop_token_ids
 
     model_dir = str(qwen05_dir())
-    target = load_target(model_dir, dtype=resolve_dtype(args.dtype), device="cpu")
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    target, tok = load_target(model_dir, dtype=resolve_dtype(args.dtype), device="cpu")
     stops = sorted(stop_token_ids(tok))
     rows = [json.loads(line) for line in open(os.path.join(args.run, "heldout.jsonl"))][:args.n]
     prompts = [prompt_ids(tok, [r["messages"][0]]) for r in rows]

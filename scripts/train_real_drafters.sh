@@ -16,7 +16,7 @@
 #   FlashMap: DiT 2 layers, width 384, 6 heads, cond 256, K = 8 slots, draft vocabulary 8,192 rows
 #   DFlash:   2 Qwen3-style layers (hidden 896 = target's), intermediate 384, block 9 (anchor + 8 drafts),
 #             the same 8,192-row draft vocabulary (9.75 M vs 9.72 M trainable parameters)
-# K = 8: on this CPU a bf16 verify of 17 tokens costs ~1.33x one token (DESIGN §9), 9 tokens less; a
+# K = 8: on this CPU a bf16 verify of 17 tokens costs ~1.33x one token (DESIGN.md §9), 9 tokens less; a
 # drafter trained for minutes on ~10^5 tokens accepts few tokens past slot 5, so slots 9-16 would cost
 # training compute (per-anchor labels, LM-head rows) and draft time and buy almost nothing.
 set -euo pipefail

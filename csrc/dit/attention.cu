@@ -1,5 +1,5 @@
 // Host side of the drafter attention (kernel and algorithm: attention_kernel.cuh) and the in-place memory
-// cache append. Reference: flashmap_ext/reference_dit.py::attention, ::kv_append.
+// cache append. Reference: flashmap_ext/ops/dit_reference.py::attention, ::kv_append.
 //
 // kv_append_kernel: one CTA per (new row t, batch row b) copies row t of `values` (H heads x D) to cache
 // row start[b] + t when t < count[b] and the target row lies in [0, Lmax); 16-byte vectors (D % 8 == 0

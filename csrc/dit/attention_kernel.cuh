@@ -1,5 +1,5 @@
 // Slot self-attention and memory cross-attention of the DiT drafter in one flash-decoding kernel
-// (DESIGN.md §5.2, §10). Reference: flashmap_ext/reference_dit.py::attention.
+// (DESIGN.md §5.2, §10). Reference: flashmap_ext/ops/dit_reference.py::attention.
 //
 //   out[b, i, h] = sum_j softmax_j(scale * q[b, i, h] . k[b, j, h']) v[b, j, h'],  j < kv_len[b],
 //   h' = h / (Hq / Hkv) (grouped heads). A row with no valid key yields 0.

@@ -1,6 +1,6 @@
 // CPU kernels of the DiT drafter ops: ATen composites that compute in fp32 (fp64 for fp64 inputs) and
 // round once to the input dtype, so on CPU each op is its reference up to summation order. References:
-// flashmap_ext/reference_dit.py; CUDA twins: dit_cuda.cpp. Argument rules: dit_args.h (shared with CUDA).
+// flashmap_ext/ops/dit_reference.py; CUDA twins: dit_cuda.cpp. Argument rules: dit_args.h (shared with CUDA).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -1,5 +1,5 @@
-// Host declarations of the DiT drafter ops (schemas: csrc/registration.cpp; Python: flashmap_ext/dit_ops.py;
-// references: flashmap_ext/reference_dit.py). CPU: dit_cpu.cpp (ATen composites, compute in fp32, fp64
+// Host declarations of the DiT drafter ops (schemas: csrc/registration.cpp; Python: flashmap_ext/ops/dit.py;
+// references: flashmap_ext/ops/dit_reference.py). CPU: dit_cpu.cpp (ATen composites, compute in fp32, fp64
 // for fp64 inputs). CUDA: dit_cuda.cpp -> norm.cu, linear.cu, attention.cu (bf16 only).
 // Letters: M rows (B*K slots), N out features, K in features, G conditioning rows, B batch, Sq queries,
 // Skv keys, H heads, D head dim, V vocabulary, L cache rows, T new rows.

@@ -1,5 +1,5 @@
 // Small-M linear layer of the DiT drafter, a CuTe (CUTLASS) GEMM with fused epilogues (DESIGN.md §10).
-// Reference: flashmap_ext/reference_dit.py::linear and ::lm_head.
+// Reference: flashmap_ext/ops/dit_reference.py::linear and ::lm_head.
 //
 //   out[m, n] = residual[m, n] + gate[m / rows_per_gate, n] * act(sum_k x[m, k] * w[n, k] + bias[n])
 //   argmax mode (LM head): tokens[m] = argmax_{n < valid_n} softcap(sum_k x[m, k] * w[n, k] + bias[n])

@@ -1,4 +1,4 @@
-// The two normalisations of the DiT drafter (DESIGN.md §5.2). References: flashmap_ext/reference_dit.py::
+// The two normalisations of the DiT drafter (DESIGN.md §5.2). References: flashmap_ext/ops/dit_reference.py::
 // adaln and ::rms_norm.
 //
 // adaln_kernel: adaLN modulate fused into LayerNorm, out = LN(x) * (1 + scale) + shift, LN without affine

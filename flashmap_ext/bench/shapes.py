@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from flashmap_ext.bench.methods import Method
+from flashmap_ext.bench.metrics import Method
 from flashmap_ext.cost_model import H200_QWEN3_8B, projected_speedup
 from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter
 from flashmap_ext.drafters.lookup import LookupDrafter
@@ -35,7 +35,7 @@ def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
 
 def auto_methods(target, flashmap1=None) -> list[Method]:
     """The `auto` row: AutoDrafter around `flashmap1` (or prompt lookup alone) with this machine's costs."""
-    from flashmap_ext.cost_calibrate import load_or_calibrate
+    from flashmap_ext.bench.calibrate import load_or_calibrate
     from flashmap_ext.drafters.auto import AutoDrafter
     auto = AutoDrafter(flashmap1, load_or_calibrate(target, flashmap1))
     print(f"[flashmap] {auto.explain()}")

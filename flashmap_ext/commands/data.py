@@ -11,18 +11,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flashmap_ext.commands import io_parser
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("data", help="prepare training data (regenerate responses with the target)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    r = actions.add_parser("regenerate", help="answer every conversation with the target (resumable)",
-                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                           epilog="example: flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl "
-                                  "--out regen.jsonl --max-new-tokens 2048")
-    r.add_argument("--target", required=True, help="hub name, local dir, .gguf file, or 'tiny-random'")
-    r.add_argument("--data", required=True, help="input conversations (jsonl with 'messages')")
-    r.add_argument("--out", required=True, help="output jsonl (appended to; existing ids are skipped)")
+    r = io_parser(actions, "regenerate", "answer every conversation with the target (resumable)", __doc__,
+                  "flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl --out regen.jsonl "
+                  "--max-new-tokens 2048", "input conversations (jsonl with 'messages')",
+                  "output jsonl (appended to; existing ids are skipped)")
     r.add_argument("--batch-size", type=int, default=8, help="conversations per generate call")
     r.add_argument("--max-new-tokens", type=int, default=1024)
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")

@@ -184,7 +184,7 @@ def run(args) -> int:
     stop = stop_token_ids(tokenizer)
     tree = None
     if args.auto:  # issue 15: the cost model picks the shape; one line says what pays here and why
-        from flashmap_ext.cost_calibrate import load_or_calibrate
+        from flashmap_ext.bench.calibrate import load_or_calibrate
         from flashmap_ext.drafters.auto import AutoDrafter
         print("     --auto: this machine's verify and draft costs (measured once, then cached) ...", end="", flush=True)
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """`flashmap distill`: distil a trained flow drafter into a flow map that drafts in 1 or 2 steps.
 
-Semigroup flow-map distillation (DESIGN §4): half the blocks are zero-length jumps matched to the frozen
+Semigroup flow-map distillation (DESIGN.md §4): half the blocks are zero-length jumps matched to the frozen
 flow teacher, a fraction (--frac-01, default 1/16) are full 0→1 jumps, the rest random jumps whose target
 is the student's own two half-jumps (no grad). The student starts as the teacher's Euler step.
 """

@@ -7,18 +7,16 @@ rerun the same command and it skips the sequences already cached.
 """
 from __future__ import annotations
 
-import argparse
 import sys
+
+from flashmap_ext.commands import io_parser
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("features", help="cache the target's hidden-state taps for training",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog="example: flashmap features --target Qwen/Qwen3-8B --data regen.jsonl "
-                                     "--out feats/")
-    p.add_argument("--target", required=True, help="hub name, local dir, .gguf file, or 'tiny-random'")
-    p.add_argument("--data", required=True, help="conversations jsonl (e.g. from `flashmap data regenerate`)")
-    p.add_argument("--out", required=True, help="cache directory (created; resumed if it exists)")
+    p = io_parser(subparsers, "features", "cache the target's hidden-state taps for training", __doc__,
+                  "flashmap features --target Qwen/Qwen3-8B --data regen.jsonl --out feats/",
+                  "conversations jsonl (e.g. from `flashmap data regenerate`)",
+                  "cache directory (created; resumed if it exists)")
     p.add_argument("--layers", default="flashmap",
                    help="0-based decoder layers to tap, e.g. 1,9,17,25,33; or 'flashmap' (default: 5 spread "
                         "over 1..L-3, what FlashMap and DFlash drafters read) or 'eagle3' (low/mid/high)")

@@ -88,7 +88,7 @@ def add_shape_arguments(p) -> None:
 def shape_drafter(args, target, drafter):
     """(drafter, TreeSpec or None) after --auto / --lookup / --block-tree; SystemExit for a bad combination."""
     if getattr(args, "auto", False):
-        from flashmap_ext.cost_calibrate import load_or_calibrate
+        from flashmap_ext.bench.calibrate import load_or_calibrate
         from flashmap_ext.drafters.auto import AutoDrafter
         auto = AutoDrafter(drafter, load_or_calibrate(target, drafter))
         print(f"[{auto.explain()}]", file=sys.stderr)

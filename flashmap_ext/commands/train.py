@@ -1,6 +1,6 @@
 """`flashmap train {flow,dflash,eagle3}`: train a drafter on a feature cache.
 
-  flow    the FlashMap flow model (DESIGN §4): τ ~ U[0,1] stratified, slot-weighted CE, d-space noise.
+  flow    the FlashMap flow model (DESIGN.md §4): τ ~ U[0,1] stratified, slot-weighted CE, d-space noise.
           Its output is the teacher for `flashmap distill`, and already drafts on its own (one Euler step).
   dflash  the DFlash baseline (block = anchor + masks, weighted CE, γ = 7 for block 16).
   eagle3  the EAGLE-3 baseline (training-time test over 7 steps, weights 0.8^j, draft vocabulary of the
@@ -20,7 +20,7 @@ def add_parser(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     stages = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
     flow = stages.add_parser("flow", help="FlashMap flow model (the distillation teacher)", epilog=runner.EPILOG,
-                             description="Train the FlashMap flow model (DESIGN §4) on a feature cache.",
+                             description="Train the FlashMap flow model (DESIGN.md §4) on a feature cache.",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     runner.add_training_args(flow)
     shape = flow.add_argument_group("drafter shape (default: from --preset)")

@@ -1,2 +1,2 @@
-"""The self-answered corpus: prompts (`prompts`), the refill-batch engine (`engine`), jsonl.gz shards
-(`store`) and the `flashmap data generate` command (`generate`)."""
+"""The self-answered corpus: prompts (`prompts`), the refill-batch engine (`engine`) and the `flashmap data
+generate` command (`generate`); its jsonl.gz shards are written and read by `train.store`."""

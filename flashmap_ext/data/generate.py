@@ -18,8 +18,8 @@ import torch
 from tqdm.auto import tqdm
 
 from flashmap_ext.data.engine import EngineStats, Job, generate_refill, length_sorted
-from flashmap_ext.data.store import ShardWriter
 from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
+from flashmap_ext.train.store import ShardWriter
 
 
 def prompt_records(args) -> Iterator[dict]:

@@ -18,7 +18,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3.tree import DraftTree
+from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
 
 #: seed offset between the noise draws of a multi-noise tree (an odd constant far from request seeds)
 NOISE_SEED_STRIDE = 0x9E3779B1
@@ -90,8 +92,6 @@ def block_log_probs(drafter, memory, anchor: torch.Tensor, position: torch.Tenso
     """Per-slot draft log-probabilities [K, V_target] (−inf outside a draft vocabulary) of a FlashMap
     (steps as configured; a bench `StepsDrafter` keeps its steps) or DFlash block, batch 1; any other
     drafter may offer them as `draft_log_probs(memory, anchor, position, seed, noise_draw)`."""
-    from flashmap_ext.drafters.dflash import DFlashDrafter
-    from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
     if hasattr(drafter, "draft_log_probs"):
         return drafter.draft_log_probs(memory, anchor, position, seed, noise_draw)
     fm, steps = (drafter.inner, drafter.steps) if hasattr(drafter, "steps") else (drafter, None)

@@ -28,8 +28,8 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
     """The first `per_domain` records of each domain (by id) of a corpus folder or jsonl(.gz), rendered as
     the target sees them. An answer cut at max_new_tokens ("length") loses the end-of-turn token that
     rendering appends, since the target never produced it."""
-    from flashmap_ext.data.store import read_records
     from flashmap_ext.train.data import render_conversation, stop_token_ids
+    from flashmap_ext.train.store import read_records
     stops = stop_token_ids(tokenizer)
     records = sorted(read_records(path), key=lambda r: r["id"])
     if not records:

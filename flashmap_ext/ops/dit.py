@@ -1,6 +1,6 @@
 """Typed wrappers over the FlashMap DiT drafter ops (torch.ops.flashmap.dit_*) and their fake kernels.
 
-The ops are the building blocks of the fused draft step (DESIGN §5, §10; composed in
+The ops are the building blocks of the fused draft step (DESIGN.md §5, §10; composed in
 `flashmap_ext.drafters.flashmap.fused`). CUDA kernels take bf16 (fp32 accumulation and statistics, one
 rounding per output); the CPU kernels accept any float dtype and compute in fp32 (fp64 for fp64).
 References: `flashmap_ext.ops.dit_reference`. Output shapes never depend on data, so every op is CUDA-graph
@@ -76,7 +76,7 @@ def _rows(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """adaLN modulate fused into LayerNorm: `LN(x)·(1 + scale) + shift`, LN without affine (DESIGN §5.2).
+    """adaLN modulate fused into LayerNorm: `LN(x)·(1 + scale) + shift`, LN without affine (DESIGN.md §5.2).
 
     Args:
         x: (..., N) — the residual stream, e.g. (B, K, w).
@@ -92,7 +92,7 @@ def adaln(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
            activation: str = "none", gate: Optional[torch.Tensor] = None,
            residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`residual + gate · act(x @ weightᵀ + bias)` in one GEMM with a fused epilogue (DESIGN §10).
+    """`residual + gate · act(x @ weightᵀ + bias)` in one GEMM with a fused epilogue (DESIGN.md §10).
 
     Args:
         x: (..., K). On CUDA K must be a positive multiple of 64.

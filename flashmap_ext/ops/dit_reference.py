@@ -2,8 +2,8 @@
 
 Each function has the op's signature plus `dtype`, the precision the math runs in:
 - float64 (default) or float32: the oracle; plain formulas, every intermediate in `dtype`.
-- bfloat16 / float16: "the low-precision PyTorch version" of the error-budget rule (DESIGN §10,
-  research/house-style.md §8.4): the same ops the drafter module runs in that dtype (F.layer_norm,
+- bfloat16 / float16: "the low-precision PyTorch version" of the error-budget rule (DESIGN.md §10,
+  DESIGN.md §10): the same ops the drafter module runs in that dtype (F.layer_norm,
   F.linear, SDPA, a bf16 LM head), each rounding its output. A kernel passes when its error against the
   fp64 oracle is at most twice this version's error.
 Kernels: csrc/dit/norm.cu (adaln, rms_norm), linear_kernel.cuh (linear, lm_head), attention_kernel.cuh

@@ -20,8 +20,8 @@ from flashmap_ext.ops.status import (
 from flashmap_ext.rng import STREAM_ACCEPT, STREAM_RESAMPLE, verify_uniform
 
 # ---------------------------------------------------------------------------------------------------
-# verify — fused acceptance step (DESIGN.md §3.1). Kernels: csrc/accept/verify_cpu.cpp,
-# csrc/accept/verify_kernel.cu. Rejection sampling after Leviathan et al. 2023 ("Fast Inference from
+# verify — fused acceptance step (DESIGN.md §3.1). Kernels: csrc/verify/verify_cpu.cpp,
+# csrc/verify/verify_kernel.cu. Rejection sampling after Leviathan et al. 2023 ("Fast Inference from
 # Transformers via Speculative Decoding", arXiv:2211.17192) and Chen et al. 2023 ("Accelerating Large
 # Language Model Decoding with Speculative Sampling", arXiv:2302.01318).
 # ---------------------------------------------------------------------------------------------------
@@ -96,7 +96,7 @@ def _row_status(logits: torch.Tensor, valid_vocab: int) -> int:
 
 
 def _row_input_status(drafts, temperature, top_k, top_p, draft_probs, valid_vocab: int) -> int:
-    """Status bits of one batch row that do not come from its logits (csrc/accept/verify_core.h::
+    """Status bits of one batch row that do not come from its logits (csrc/verify/verify_core.h::
     verify_input_status): sampling parameters outside their domain; a sampling row whose q(x) at an
     in-range draft of slot i < K is not in (0, 1] (x was sampled from q, so q(x) > 0). Only q(x) is
     checked; greedy rows never read draft_probs."""

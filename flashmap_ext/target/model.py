@@ -6,8 +6,7 @@ What the decoding loop needs from the target, and nothing more:
   of the tapped decoder layers (forward hooks; `output_hidden_states` would materialise every layer).
   With `attention_mask` (an additive [1, 1, T, cached + T] mask) and `position_ids` [1, T] the new tokens
   may form a tree (tree attention: each sees the cache and its own ancestors).
-- `rollback(cache, n)`: drops the last n positions from the KV cache (`DynamicCache.crop(-n)`; a negative
-  count is the form that works across transformers 5.17–5.24, positive lengths raise in newer releases).
+- `rollback(cache, n)`: drops the last n positions from the KV cache (`DynamicCache.crop(-n)`, DESIGN.md §6).
 - `keep_positions(cache, keep)`: keeps only the positions `keep` (a tree round's accepted path).
 
 Works for any `AutoModelForCausalLM` whose decoder layers sit in `get_decoder().layers` (Qwen3, Qwen2,

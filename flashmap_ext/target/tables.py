@@ -53,13 +53,9 @@ class TargetTables:
         return self  # frozen and shared: a copied drafter (e.g. a distillation student) reads the same tables
 
     @property
-    def num_rows(self) -> int:
-        """Rows of the embedding table (the padded vocabulary, e.g. 151,936 for Qwen3)."""
-        return self.embedding.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.embedding.shape[1]
+    def shape(self) -> tuple[int, int]:
+        """(V, d) of E: rows of the padded vocabulary (e.g. 151,936 for Qwen3), hidden size."""
+        return tuple(self.embedding.shape)
 
     def memo(self, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """A value derived from these tables (e.g. a drafter's noise factor), computed once and shared."""

@@ -1,10 +1,10 @@
-"""Random supervised anchors, their labels, and the training batch every drafter loss consumes (DESIGN §8).
+"""Random supervised anchors, their labels, and the training batch every drafter loss consumes (DESIGN.md §8).
 
 An anchor `a` plays the role of the last committed token at inference: the drafter sees the target's taps
 strictly before `a` (its own hidden state does not exist yet), the token `input_ids[a]`, and predicts the
 K tokens at a+1 … a+K. Candidate anchors are positions where `loss_mask[a]` and `loss_mask[a+1]` are both
 set (a response token followed by another: the anchor is always something the target emitted), as in the
-DFlash recipe (research/dflash.md §3). Labels past the sequence end or where the loss mask is 0 are −100.
+DFlash recipe (DESIGN.md §8). Labels past the sequence end or where the loss mask is 0 are −100.
 
 Batch format (a dict of tensors):
     input_ids  [B, T]        int64   right-padded with 0

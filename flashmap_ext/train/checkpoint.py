@@ -1,4 +1,4 @@
-"""Training checkpoints: atomic, pickle-free, resumable bit for bit (DESIGN §8).
+"""Training checkpoints: atomic, pickle-free, resumable bit for bit (DESIGN.md §8).
 
 A checkpoint is a directory `<out>/checkpoints/step-NNNNNNNN/` holding
     state.json            step, data position, optimizer param_groups, config, python/numpy RNG per rank

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
+from flashmap_ext.train.store import read_records
+
 
 @dataclass
 class Sample:
@@ -55,10 +57,9 @@ def read_jsonl(path: str) -> Iterator[dict]:
 
     A torn last line (a write interrupted mid-line: no trailing newline) is skipped; any other malformed
     line raises ValueError naming the file and line. Memory use does not grow with the file. A corpus
-    folder or .jsonl.gz part of `flashmap data generate` (data.store) is read through `read_records`.
+    folder or .jsonl.gz part of `flashmap data generate` (train.store) is read through `read_records`.
     """
     if path.endswith(".gz") or os.path.isdir(path):
-        from flashmap_ext.data.store import read_records
         for n, record in enumerate(read_records(path)):
             record["id"] = str(record.get("id", n))
             yield record

@@ -1,4 +1,4 @@
-"""DFlash training loss (DESIGN.md §8 `train dflash`; research/dflash.md §3).
+"""DFlash training loss (DESIGN.md §8 `train dflash`, §11).
 
 Per block: cross-entropy of slots k = 1 … block_size−1 (slot k predicts the token at anchor+k) with
 weights w_k = exp(−(k−1)/γ), γ = 7 for block 16 (5 for 10, 4 for 8: DFlash paper Eq. 4 / App. A.3.1,

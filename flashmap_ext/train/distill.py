@@ -1,5 +1,5 @@
 """`distill`: semigroup flow-map distillation of a frozen flow teacher into a two-time student
-(DESIGN §4; FMLM `FMLM.loss` PSD branch, research/flowmap.md §2.4; Boffi et al. 2025, arXiv:2505.18825).
+(DESIGN.md §4; FMLM `FMLM.loss` PSD branch; Boffi et al. 2025, arXiv:2505.18825).
 
 Per block (anchor), with times in τ and states/γ in interpolant time t = t(τ):
 - zero-length blocks (half of them): τ_s = τ_t ~ U[0, 1] stratified; target = the frozen teacher's
@@ -149,7 +149,7 @@ def _group_soft_ce(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter
 
 def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, generator: torch.Generator,
                  frac_01: float = 1 / 16, *, anchor_chunk: int = 16) -> tuple[torch.Tensor, dict]:
-    """Semigroup flow-map distillation loss on one batch (module docstring; DESIGN §4).
+    """Semigroup flow-map distillation loss on one batch (module docstring; DESIGN.md §4).
 
     student: a two-time FlashMapDrafter (`make_student`), optionally DDP-wrapped (called as `student(...)`).
     teacher: the frozen flow model (evaluated without grad). batch: as `train.flow.flow_loss`.

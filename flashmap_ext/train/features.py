@@ -1,4 +1,4 @@
-"""Feature cache: the target's tapped hidden states for every training sequence, streamed to disk (DESIGN §8).
+"""Feature cache: the target's tapped hidden states for every training sequence, streamed to disk (DESIGN.md §8).
 
 One target forward per sequence (no LM head, no KV cache; `target.taps.compute_taps`) with tap hooks on
 the decoder layers in `target_layer_ids`, concatenated in id order into `taps [T, n_taps·d]`. Layout of a cache directory:

@@ -1,4 +1,4 @@
-"""`train flow`: τ-uniform cross-entropy training of the FlashMap flow model (DESIGN §4, §8).
+"""`train flow`: τ-uniform cross-entropy training of the FlashMap flow model (DESIGN.md §4, §8).
 
 Per block (anchor) of the batch: τ ~ U[0, 1] stratified over the blocks, t = t(τ), one d-space noise
 z ~ N(0, EᵀE) per slot, x_t = (1−t)·z + t·E[y] (Eᵀ of the V-space interpolant, FLM §3.1), logits =
@@ -114,7 +114,7 @@ def noisy_states(drafter: FlashMapDrafter, labels: torch.Tensor, t: torch.Tensor
 
 
 def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, tau0_frac: float = 0.0) -> torch.Tensor:
-    """[B, A] fp64 training times: τ ~ U[0, 1] stratified over the blocks (DESIGN §4), then
+    """[B, A] fp64 training times: τ ~ U[0, 1] stratified over the blocks (DESIGN.md §4), then
     round(tau0_frac·B·A) blocks chosen at random set to τ = 0 exactly (pure noise: the only time 1-step
     drafting evaluates; our option, default 0 = the FLM recipe). ValueError unless 0 <= tau0_frac <= 1."""
     if not 0.0 <= tau0_frac <= 1.0:
@@ -129,7 +129,7 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
               anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
               recompute_head: bool = True) -> tuple[torch.Tensor, dict]:
-    """Slot-weighted CE of the flow model on one batch (DESIGN §4).
+    """Slot-weighted CE of the flow model on one batch (DESIGN.md §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
     or it wrapped by DDP; the forward goes through `model(...)` so wrapper hooks run.

@@ -1,11 +1,11 @@
 """Named training presets: `--preset NAME` fills every setting the user did not give on the command line.
 
-qwen3-8b follows the papers (DESIGN §5, research/dflash.md §3): flow ~39k steps at peak LR 6e-4, distill
+qwen3-8b follows the papers (DESIGN.md §5, §11): flow ~39k steps at peak LR 6e-4, distill
 ~23k steps at peak LR 5e-5, block 16, a 6-layer width-2048 DiT; warmup 4% then cosine; 512 anchors per
 sequence of ≤ 3072 tokens; 4 sequences per process per step (global batch 4 × processes × accum). The
 DFlash baseline gets the flow stage's budget (5 layers, block 16, γ = 7); so does EAGLE-3, with its own
 optimiser settings (lr 5e-5, betas (0.9, 0.95), warmup 1.5%, clip 0.5, 32k draft vocabulary;
-research/dflash.md §8). The draft vocabulary is capped at the target's. cpu-tiny / cpu-small are for runs
+DESIGN.md §11). The draft vocabulary is capped at the target's. cpu-tiny / cpu-small are for runs
 on a laptop CPU (minutes / an hour or so).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Regenerate the responses of a conversations file with the target itself (`flashmap data regenerate`).
 
-What the target would say is what the drafter must predict (research/dflash.md §3: SpecForge and DFlash
+What the target would say is what the drafter must predict (DESIGN.md §8: SpecForge and DFlash
 train on target-regenerated responses, temperature 0, thinking off for Qwen3-8B). Each conversation is cut
 after its last user turn and answered by the target; the output jsonl holds the same `id`, the kept
 messages plus the new assistant turn, `enable_thinking` and `finish` ("stop" or "length").

@@ -1,4 +1,4 @@
-"""A generic drafter trainer (DESIGN §8): AdamW, warmup + cosine, grad-clip, accumulation, DDP/FSDP2.
+"""A generic drafter trainer (DESIGN.md §8): AdamW, warmup + cosine, grad-clip, accumulation, DDP/FSDP2.
 
 `train(model, loss_fn, dataset, collate_fn, cfg)` runs `cfg.steps` optimizer steps of
 
@@ -41,27 +41,24 @@ from flashmap_ext.train import parallel
 
 @dataclass
 class TrainConfig:
-    """Optimisation settings. lr: peak LR; warmup: fraction of `steps` (< 1) or a step count (>= 1);
-    min_lr_ratio: final LR / peak at the end of the cosine; batch_size: items per micro-batch per process;
-    accum: micro-batches per optimizer step; save_every: steps between checkpoints (0 = only at the end);
-    parallel: "none" | "ddp" | "fsdp"; autocast: bf16 autocast (None = on CUDA only)."""
-    out: str
-    steps: int
-    lr: float
-    warmup: float = 0.04
-    min_lr_ratio: float = 0.0
+    """Optimisation settings of one training run (AdamW, linear warmup then cosine decay)."""
+    out: str                                   # run directory: checkpoints/, metrics.jsonl
+    steps: int                                 # optimizer steps
+    lr: float                                  # peak learning rate
+    warmup: float = 0.04                       # a fraction of `steps` (< 1) or a step count (>= 1)
+    min_lr_ratio: float = 0.0                  # final LR / peak at the end of the cosine
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
-    batch_size: int = 4
-    accum: int = 1
-    save_every: int = 1000
-    keep: int = 2
+    grad_clip: float = 1.0                     # max global gradient norm
+    batch_size: int = 4                        # items per micro-batch per process
+    accum: int = 1                             # micro-batches per optimizer step
+    save_every: int = 1000                     # steps between checkpoints (0 = only at the end)
+    keep: int = 2                              # checkpoints kept
     seed: int = 0
-    log_every: int = 10
-    parallel: str = "none"
-    autocast: bool | None = None
-    progress: bool = True
+    log_every: int = 10                        # steps between metrics.jsonl lines
+    parallel: str = "none"                     # "none" | "ddp" | "fsdp"
+    autocast: bool | None = None               # bf16 autocast (None = on CUDA only)
+    progress: bool = True                      # a tqdm bar
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "accum"):

@@ -16,6 +16,11 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from flashmap_ext.drafters.common.config import target_shape
+from flashmap_ext.drafters.common.vocab import DraftVocab
+from flashmap_ext.target.model import hf_causal_lm
+from flashmap_ext.target.tables import TargetTables
+
 
 @runtime_checkable
 class BlockDrafter(Protocol):
@@ -43,6 +48,31 @@ class BlockDrafter(Protocol):
         seed, position: [B] int64, the request seed and the absolute position of the anchor.
         Returns draft_tokens [B, num_tokens] int64 (-1 = no proposal for that slot and the rest).
         """
+
+
+class ReadsTarget:
+    """Mixin of the drafters: the target's frozen tables they read (`attach_target` sets `_tables`) and
+    their draft vocabulary (the buffer `d2t`, if any)."""
+    _tables: TargetTables | None = None
+
+    @property
+    def tables(self) -> TargetTables:
+        if self._tables is None:
+            raise RuntimeError(f"{type(self).__name__}: no target attached: call attach_target(target) or pass "
+                               "target= first")
+        return self._tables
+
+    def check_tap_layers(self, target: Any) -> None:
+        """ValueError when `config.target_layer_ids` name a layer `target` does not have."""
+        layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
+        if max(self.config.target_layer_ids) >= layers:
+            raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
+                             f"{layers} layers")
+
+    @property
+    def vocab(self) -> DraftVocab:
+        """The draft vocabulary (the full vocabulary without a `d2t` buffer)."""
+        return DraftVocab(getattr(self, "d2t", None))
 
 
 def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -155,12 +154,6 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], source: str
     module.load_state_dict(weights, strict=True, assign=True)
 
 
-def rope_theta(cfg: dict[str, Any]) -> float:
-    """RoPE base from `rope_theta` (transformers 4.x files) or `rope_parameters.rope_theta` (5.x)."""
-    params = cfg.get("rope_parameters") or {}
-    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-
-
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -180,16 +173,3 @@ def build_loaded(cls, config, weights: dict[str, torch.Tensor], source: str, tar
 
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}[dtype]
-
-
-def target_shape(model_config: Any) -> dict[str, Any]:
-    """Layer shapes of an HF target config (Qwen3, Qwen2, Llama) for a drafter of the same width."""
-    c = getattr(model_config, "text_config", None) or model_config
-    heads = c.num_attention_heads
-    params = getattr(c, "rope_parameters", None) or {}
-    return dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
-                num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
-                head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-                rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
-                rope_theta=params.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
-                max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers)

@@ -1,53 +1,64 @@
-"""Qwen3/Llama building blocks shared by the DFlash and EAGLE-3 drafters.
+"""Qwen3/Llama building blocks shared by the drafters (RMSNorm, RoPE, SwiGLU MLP, attention over a K/V prefix).
 
-Numerics follow transformers' Qwen3 modules (`modeling_qwen3.py`): RMSNorm computes in fp32 and casts
-back; RoPE uses the rotate-half convention with cos/sin computed in fp32 and cast to the activation dtype.
+Numerics follow transformers' Qwen3 modules (`modeling_qwen3.py`, used directly where they fit): RMSNorm
+computes in fp32; RoPE uses the rotate-half convention with cos/sin computed in fp32 and cast to the
+activation dtype. The FlashMap drafter's variants (scale_in_fp32, kernel_freqs) mirror its fused kernels.
 Parameter names (`q_proj`, `k_norm`, `gate_proj`, ...) match HF checkpoints so released weights load
 unchanged. Shapes: B batch, L tokens, H query heads, G key/value heads, hd head dim.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rotate_half
 
 
-class RMSNorm(nn.Module):
-    """y = w · x / sqrt(mean(x²) + eps), computed in fp32 (as `Qwen3RMSNorm`)."""
+class RMSNorm(Qwen3RMSNorm):
+    """transformers' `Qwen3RMSNorm`: y = w · x / sqrt(mean(x²) + eps), normalised in fp32 and cast back to
+    x's dtype before the scale. scale_in_fp32=True scales in fp32 and rounds once instead, as the fused
+    DiT kernels do (csrc/dit/norm.cu): the FlashMap drafter's norms."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+    def __init__(self, dim: int, eps: float = 1e-6, *, scale_in_fp32: bool = False):
+        super().__init__(dim, eps)
+        self.scale_in_fp32 = scale_in_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.scale_in_fp32:
+            return super().forward(x)
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * h).to(x.dtype)
 
 
 class Rotary(nn.Module):
-    """RoPE tables: positions [B, L] int64 -> (cos, sin) [B, L, hd] in `dtype`.
+    """RoPE tables: positions [B, L] int64 -> (cos, sin) [B, L, hd] in `dtype`, angles in fp32.
 
-    `scaling`: None (default RoPE) or an HF `rope_parameters` dict without `rope_theta` (`rope_type`
-    "linear" | "llama3" | "yarn" | ...), whose inverse frequencies and attention factor come from
-    transformers' `ROPE_INIT_FUNCTIONS` (as the reference `Qwen3RotaryEmbedding`); `model_shape` then
-    gives the HF config fields those functions read (hidden_size, num_attention_heads,
-    max_position_embeddings). Types whose tables depend on the sequence length (dynamic, longrope)
-    raise ValueError naming `rope_type`.
+    Frequencies 1/θ^(2i/hd) as transformers' Qwen3 (DFlash, EAGLE-3); kernel_freqs=True uses θ^(−2i/hd), as
+    the fused DiT kernels (csrc/dit/norm.cu) and the FlashMap drafter. `scaling`: None (default RoPE) or
+    an HF `rope_parameters` dict without `rope_theta` (`rope_type` "linear" | "llama3" | "yarn" | ...),
+    whose inverse frequencies and attention factor come from transformers' `ROPE_INIT_FUNCTIONS` (as the
+    reference `Qwen3RotaryEmbedding`); `model_shape` then gives the HF config fields those functions read
+    (hidden_size, num_attention_heads, max_position_embeddings). Types whose tables depend on the sequence
+    length (dynamic, longrope) raise ValueError naming `rope_type`.
     """
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None, model_shape: dict | None = None):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None, model_shape: dict | None = None,
+                 *, kernel_freqs: bool = False):
         super().__init__()  # no buffers: nothing to store, nothing left on a meta device after loading
-        self.head_dim, self.theta = head_dim, theta
+        self.head_dim, self.theta, self.kernel_freqs = head_dim, theta, kernel_freqs
         self._scaled = None if not scaling else scaled_inv_freq(head_dim, theta, scaling, model_shape or {})
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._scaled is None:
-            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
-            inv_freq = 1.0 / self.theta ** (exponent / self.head_dim)
-        else:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=positions.device).float()
+        if self._scaled is not None:
             inv_freq = self._scaled[0].to(positions.device)
+        elif self.kernel_freqs:
+            inv_freq = self.theta ** (-exponent / self.head_dim)
+        else:
+            inv_freq = 1.0 / self.theta ** (exponent / self.head_dim)
         freqs = positions[..., None].float() * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         if self._scaled is None:
@@ -76,23 +87,14 @@ def scaled_inv_freq(head_dim: int, theta: float, scaling: dict, model_shape: dic
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, L, hd]; cos/sin [B, L, hd]. Rotate-half RoPE (HF `apply_rotary_pos_emb`)."""
+    """x [B, heads, L, hd]; cos/sin [B, L, hd]. Rotate-half RoPE (transformers' `apply_rotary_pos_emb`)."""
     cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return x * cos + rotate_half(x) * sin
 
 
-class SwiGLU(nn.Module):
-    """down(silu(gate(x)) · up(x)), no biases (Qwen3MLP / LlamaMLP)."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+def swiglu(dim: int, hidden: int) -> nn.Module:
+    """transformers' `Qwen3MLP`: down(silu(gate(x)) · up(x)), no biases."""
+    return Qwen3MLP(SimpleNamespace(hidden_size=dim, intermediate_size=hidden, hidden_act="silu"))
 
 
 class Attention(nn.Module):

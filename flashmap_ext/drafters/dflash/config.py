@@ -1,7 +1,7 @@
 """DFlash drafter configuration and its released `config.json` format.
 
 Format (z-lab `Qwen3-8B-DFlash-b16`, mirrored in SpecForge `configs/qwen3-8b-dflash.json`;
-research/dflash.md §1.1, §5): HF Qwen3 fields plus `architectures: ["DFlashDraftModel"]`, `block_size`,
+DESIGN.md §11): HF Qwen3 fields plus `architectures: ["DFlashDraftModel"]`, `block_size`,
 `num_target_layers`, `dflash_config: {mask_token_id, target_layer_ids}`. Newer z-lab releases add
 `layer_types` + `sliding_window` (sliding-window layers, causal unless `is_causal` says otherwise),
 `is_causal` (vLLM also reads `dflash_config.causal`), RoPE scaling, and `dflash_config.{input_embedding_scale,
@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flashmap_ext.drafters.common.checkpoint import rope_theta
+from flashmap_ext.drafters.common.config import TargetShaped, rope_theta
 from flashmap_ext.drafters.common.layers import SEQUENCE_DEPENDENT_ROPE
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -35,15 +35,9 @@ def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
 
 
 @dataclass
-class DFlashConfig:
+class DFlashConfig(TargetShaped):
     """Shapes of a DFlash drafter. `hidden_size` must equal the target's (the drafter reads the target's
     embeddings and feeds its LM head); `vocab_size` is the target's embedding rows (padding included)."""
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int | None  # None: unknown until a target is attached (the file lists the ids)
@@ -64,21 +58,13 @@ class DFlashConfig:
     final_logit_softcapping: float | None = None  # ... then softcapped: c·tanh(logits / c) when c > 0
 
     def __post_init__(self):
-        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
-        if not self.target_layer_ids:
-            raise ValueError("target_layer_ids is empty")
-        n = self.num_target_layers
-        bad = [i for i in self.target_layer_ids if i < 0 or (n is not None and i >= n)]
-        if bad:
-            raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers}) target layers")
+        self.check_shapes()
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} outside the embedding table [0, {self.vocab_size})")
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.layer_types is not None:
             self.layer_types = tuple(self.layer_types)
             if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - {FULL, SLIDING}:

@@ -1,4 +1,4 @@
-"""DFlash block-diffusion drafter (baseline; DESIGN.md §1, research/dflash.md §1–2).
+"""DFlash block-diffusion drafter (baseline; DESIGN.md §1, §11).
 
 One forward drafts a whole block: the block `[anchor, MASK × (block_size−1)]` at absolute positions
 `p … p+block_size−1` goes through Qwen3-style layers whose attention also sees "injected" context K/V:
@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.checkpoint import target_shape
+from flashmap_ext.drafters.common.base import ReadsTarget
+from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
-from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.dflash.blocks import attention_rule, train_attention_mask, train_block_inputs
 from flashmap_ext.drafters.dflash.config import DFlashConfig, build_target_layer_ids
@@ -36,7 +37,7 @@ class DFlashLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
                                    c.head_dim, qk_norm=True, eps=c.rms_norm_eps, bias=c.attention_bias)
-        self.mlp = SwiGLU(c.hidden_size, c.intermediate_size)
+        self.mlp = swiglu(c.hidden_size, c.intermediate_size)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -45,7 +46,7 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(ReadsTarget, nn.Module):
     """DFlash drafter implementing `flashmap_ext.drafters.common.base.BlockDrafter`.
 
     Weights (released names): `layers.{i}.self_attn.{q,k,v,o}_proj`, `layers.{i}.self_attn.{q,k}_norm`,
@@ -66,7 +67,6 @@ class DFlashDrafter(nn.Module):
         init_weights(self, c.initializer_range)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
-        self._tables: TargetTables | None = None
         if target is not None:
             self.attach_target(target)
 
@@ -111,11 +111,6 @@ class DFlashDrafter(nn.Module):
         return self.vocab.to_target(self.vocab_logits(hidden).argmax(-1))
 
     # --- draft vocabulary ----------------------------------------------------------------------------
-    @property
-    def vocab(self) -> DraftVocab:
-        """The draft vocabulary (the full vocabulary without `draft_vocab_size`)."""
-        return DraftVocab(self.d2t if self.config.draft_vocab_size is not None else None)
-
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
         """Sets the draft vocabulary: [draft_vocab_size] distinct target ids."""
         self.d2t.copy_(DraftVocab.offsets(token_ids, self.config.draft_vocab_size))
@@ -153,7 +148,7 @@ class DFlashDrafter(nn.Module):
         if rows is None:
             return self.vocab_logits(hidden)
         small = self.vocab_logits(hidden)
-        full = small.new_full((*small.shape[:-1], self.tables.num_rows), float("-inf"))
+        full = small.new_full((*small.shape[:-1], self.tables.shape[0]), float("-inf"))
         return full.index_copy_(-1, rows.to(small.device), small)
 
     def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -244,24 +239,15 @@ class DFlashDrafter(nn.Module):
         return self.norm(x).view(b, a, bs, -1)[:, :, 1:]
 
     # --- target, construction, checkpoints -----------------------------------------------------------
-    @property
-    def tables(self) -> TargetTables:
-        if self._tables is None:
-            raise RuntimeError("no target attached: call attach_target(target) or pass target= first")
-        return self._tables
-
     def attach_target(self, target: Any) -> "DFlashDrafter":
         """Uses `target`'s frozen embedding and LM head (held by reference, never stored)."""
         parts = TargetTables.from_target(target, self.vocab.target_ids)
-        if parts.dim != self.config.hidden_size:
-            raise ValueError(f"target hidden size {parts.dim} != drafter hidden_size {self.config.hidden_size}")
-        if parts.num_rows <= self.config.mask_token_id:
+        if parts.shape[1] != self.config.hidden_size:
+            raise ValueError(f"target hidden size {parts.shape[1]} != drafter hidden_size {self.config.hidden_size}")
+        if parts.shape[0] <= self.config.mask_token_id:
             raise ValueError(f"mask_token_id {self.config.mask_token_id} outside the target's "
-                             f"{parts.num_rows}-row embedding table")
-        layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
-        if max(self.config.target_layer_ids) >= layers:
-            raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
-                             f"{layers} layers")
+                             f"{parts.shape[0]}-row embedding table")
+        self.check_tap_layers(target)
         self._tables = parts
         return self
 

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flashmap_ext.drafters.common.checkpoint import rope_theta
+from flashmap_ext.drafters.common.config import TargetShaped, rope_theta
 from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, rope_scaling, to_engine_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -28,20 +28,24 @@ def eagle3_layer_ids(num_target_layers: int) -> list[int]:
     return sorted({min(max(i, 0), n - 1) for i in (1, n // 2 - 1, n - 4)})
 
 
+def refuse_layers_and_scaling(layer: dict[str, Any], prefix: str) -> None:
+    """NotImplementedError naming the field for more than one layer or a scaled RoPE (`prefix`: where the
+    fields sit in the file, e.g. "transformer_layer_config.")."""
+    if int(layer.get("num_hidden_layers", 1)) != 1:
+        raise NotImplementedError(f"{prefix}num_hidden_layers={layer['num_hidden_layers']}: only single-layer "
+                                  f"EAGLE-3 drafters are supported")
+    if rope_scaling(layer) is not None:
+        raise NotImplementedError(f"{prefix or 'EAGLE-3 option '}rope_scaling={rope_scaling(layer)} is not supported")
+
+
 @dataclass
-class Eagle3Config:
+class Eagle3Config(TargetShaped):
     """Shapes of an EAGLE-3 drafter. `hidden_size` equals the target's (its embeddings feed the layer);
     `vocab_size` = target embedding rows; `draft_vocab_size` = rows of the drafter's own LM head (32k for
     Qwen3 in EAGLE-3; = vocab_size for no subset). `num_draft_tokens` = chain length per round.
     `frozen_lm_head`: our option, not EAGLE-3's (which trains its head): the head is the target's LM-head
     rows of the draft vocabulary, frozen and not stored, attached at load as FlashMap and DFlash do here
     (same head and trainable-parameter budget for a fair comparison; smaller checkpoints)."""
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
     draft_vocab_size: int
     target_layer_ids: tuple[int, ...]
     num_target_layers: int | None  # None: not in the file (the ids are); attach_target checks them
@@ -58,19 +62,11 @@ class Eagle3Config:
     qk_norm: bool = False  # Qwen3-style per-head q/k RMSNorm in the layer (a qwen3 transformer_layer_config)
 
     def __post_init__(self):
-        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
-        if not self.target_layer_ids:
-            raise ValueError("target_layer_ids is empty")
-        n = self.num_target_layers
-        bad = [i for i in self.target_layer_ids if i < 0 or (n is not None and i >= n)]
-        if bad:
-            raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers}) target layers")
+        self.check_shapes()
         if not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]")
         if self.num_draft_tokens < 1:
             raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
     def to_hf_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -92,11 +88,7 @@ class Eagle3Config:
         file is not EAGLE-3; NotImplementedError for RoPE scaling or more than one layer."""
         if ARCHITECTURE not in (cfg.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 checkpoint: architectures={cfg.get('architectures')}")
-        if int(cfg.get("num_hidden_layers", 1)) != 1:
-            raise NotImplementedError(f"num_hidden_layers={cfg['num_hidden_layers']}: only single-layer EAGLE-3 "
-                                      f"drafters are supported")
-        if rope_scaling(cfg) is not None:
-            raise NotImplementedError(f"EAGLE-3 option rope_scaling={rope_scaling(cfg)} is not supported")
+        refuse_layers_and_scaling(cfg, "")
         n_target = cfg.get("num_target_layers", num_target_layers)
         ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if not ids and cfg.get("eagle_aux_hidden_state_layer_ids"):  # vLLM numbering: ours + 1

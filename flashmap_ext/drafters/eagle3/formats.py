@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from flashmap_ext.drafters.common.checkpoint import rope_theta
-from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, rope_scaling, to_engine_layer_ids
-from flashmap_ext.drafters.eagle3.config import Eagle3Config, eagle3_layer_ids
+from flashmap_ext.drafters.common.config import rope_theta
+from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, to_engine_layer_ids
+from flashmap_ext.drafters.eagle3.config import Eagle3Config, eagle3_layer_ids, refuse_layers_and_scaling
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
 _LAYER_TYPES = {"llama": False, "qwen3": True}  # model_type -> q/k norms
@@ -39,11 +39,7 @@ def config_from_speculators(cfg: dict[str, Any], num_target_layers: int | None) 
                                   f"(supported: {sorted(_LAYER_TYPES)})")
     if cfg.get("fc_norm"):
         raise NotImplementedError(f"speculators option fc_norm={cfg['fc_norm']!r} (a norm per tap) is not supported")
-    if int(layer.get("num_hidden_layers", 1)) != 1:
-        raise NotImplementedError(f"transformer_layer_config.num_hidden_layers={layer['num_hidden_layers']}: "
-                                  f"only single-layer EAGLE-3 drafters are supported")
-    if rope_scaling(layer) is not None:
-        raise NotImplementedError(f"transformer_layer_config.rope_scaling={rope_scaling(layer)} is not supported")
+    refuse_layers_and_scaling(layer, "transformer_layer_config.")
     hidden = int(layer["hidden_size"])
     if cfg.get("target_hidden_size") not in (None, hidden):
         raise NotImplementedError(f"speculators option target_hidden_size={cfg['target_hidden_size']} "

@@ -1,5 +1,5 @@
 """EAGLE-3 drafter (baseline; arXiv:2503.01840, SafeAILab/EAGLE `eagle/traineagle3/cnets.py`,
-SpecForge `llama3_eagle.py`; research/dflash.md §8).
+SpecForge `llama3_eagle.py`; DESIGN.md §11).
 
 Position s of the context is the pair (g_s, x_{s+1}): g_s = fc(low ‖ mid ‖ high taps at s) and the
 embedding of the *next* token. One Llama decoder layer reads [input_layernorm(emb) ‖ hidden_norm(g)]
@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.checkpoint import target_shape
+from flashmap_ext.drafters.common.base import ReadsTarget
+from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
-from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, SwiGLU, init_weights
+from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.eagle3 import formats
 from flashmap_ext.drafters.eagle3.config import Eagle3Config, eagle3_layer_ids
@@ -48,7 +49,7 @@ class Eagle3Layer(nn.Module):
         d = c.hidden_size
         self.self_attn = Attention(2 * d, d, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                    qk_norm=c.qk_norm, eps=c.rms_norm_eps)
-        self.mlp = SwiGLU(d, c.intermediate_size)
+        self.mlp = swiglu(d, c.intermediate_size)
         self.hidden_norm = RMSNorm(d, c.rms_norm_eps)
         self.input_layernorm = RMSNorm(d, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, c.rms_norm_eps)
@@ -70,7 +71,7 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h)), k, v
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(ReadsTarget, nn.Module):
     """EAGLE-3 chain drafter implementing `flashmap_ext.drafters.common.base.BlockDrafter`.
 
     Weights (SpecForge names): `fc`, `midlayer.*`, `norm`, `lm_head` [draft_vocab, d]; buffers `d2t`
@@ -94,16 +95,10 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.arange(c.vocab_size) < c.draft_vocab_size)
         init_weights(self, c.initializer_range)
-        self._tables: TargetTables | None = None
         if target is not None:
             self.attach_target(target)
 
     # --- vocabulary --------------------------------------------------------------------------------
-    @property
-    def vocab(self) -> DraftVocab:
-        """The draft vocabulary: the rows of the drafter's LM head."""
-        return DraftVocab(self.d2t)
-
     @property
     def draft_ids(self) -> torch.Tensor:
         """[draft_vocab] int64: the target id of each draft-vocabulary row."""
@@ -211,7 +206,7 @@ class Eagle3Drafter(nn.Module):
 
     def draft_tree(self, memory: Eagle3Memory, anchor_token: torch.Tensor, position: torch.Tensor, *,
                    depth: int = 7, topk: int = 10, num_nodes: int = 16) -> DraftTree:
-        """EAGLE-2-style dynamic draft tree (batch 1); see `eagle3_tree.draft_tree` and `flashmap_ext.tree`."""
+        """EAGLE-2-style dynamic draft tree (batch 1); see `drafters/eagle3/tree.py` and `flashmap_ext/tree.py`."""
         return draft_tree(self, memory, anchor_token, position, depth=depth, topk=topk, num_nodes=num_nodes)
 
     # --- training (training-time test) ------------------------------------------------------------
@@ -229,22 +224,13 @@ class Eagle3Drafter(nn.Module):
         return ttt_forward(self, taps, input_ids, anchor_pos, steps)
 
     # --- target, construction, checkpoints -------------------------------------------------------
-    @property
-    def tables(self) -> TargetTables:
-        if self._tables is None:
-            raise RuntimeError("no target attached: call attach_target(target) or pass target= first")
-        return self._tables
-
     def attach_target(self, target: Any) -> "Eagle3Drafter":
         """Uses `target`'s frozen embedding (held by reference, never stored)."""
         parts = TargetTables.from_target(target)
-        if (parts.num_rows, parts.dim) != (self.config.vocab_size, self.config.hidden_size):
-            raise ValueError(f"target embedding {parts.num_rows}x{parts.dim} != drafter vocab_size x hidden_size "
+        if (parts.shape[0], parts.shape[1]) != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(f"target embedding {parts.shape[0]}x{parts.shape[1]} != drafter vocab_size x hidden_size "
                              f"{self.config.vocab_size}x{self.config.hidden_size}")
-        layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
-        if max(self.config.target_layer_ids) >= layers:
-            raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
-                             f"{layers} layers")
+        self.check_tap_layers(target)
         self._tables = parts
         return self
 
@@ -260,8 +246,8 @@ class Eagle3Drafter(nn.Module):
         shape = target_shape(model.config)
         del shape["num_target_layers"]
         n_layers = model.config.num_hidden_layers
-        ids = torch.arange(parts.num_rows) if draft_ids is None else torch.as_tensor(draft_ids)
-        config = Eagle3Config(**{**shape, "vocab_size": parts.num_rows, "draft_vocab_size": len(ids),
+        ids = torch.arange(parts.shape[0]) if draft_ids is None else torch.as_tensor(draft_ids)
+        config = Eagle3Config(**{**shape, "vocab_size": parts.shape[0], "draft_vocab_size": len(ids),
                                  "target_layer_ids": eagle3_layer_ids(n_layers), "num_target_layers": n_layers,
                                  **overrides})
         drafter = cls(config)

@@ -1,4 +1,4 @@
-"""FlashMap: the flow-map DiT drafter (DESIGN §5).
+"""FlashMap: the flow-map DiT drafter (DESIGN.md §5).
 
 config.py (FlashMapConfig), block.py (the FlashMap block: adaLN-Zero DiT layer), memory.py (context memory,
 DraftBlock), flow.py (flow math: clock, interpolant, the flow-map jump), draft.py (`draft_block`: one

@@ -1,4 +1,4 @@
-"""Layers of the FlashMap DiT drafter (DESIGN §5.2): adaLN-Zero blocks with slot self-attention,
+"""Layers of the FlashMap DiT drafter (DESIGN.md §5.2): adaLN-Zero blocks with slot self-attention,
 cross-attention to the context memory, and an MLP.
 
 adaLN-Zero follows Peebles & Xie, "Scalable Diffusion Models with Transformers" (arXiv:2212.09748 §3.2,
@@ -15,26 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class RMSNorm(nn.Module):
-    """y = weight · x / sqrt(mean(x²) + eps), computed in fp32 and cast back to x's dtype."""
-
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h).to(x.dtype)
+from flashmap_ext.drafters.common.layers import RMSNorm, Rotary, apply_rope
 
 
 class TimestepEmbedder(nn.Module):
     """τ [N] -> [N, cond_dim]: sinusoidal(256) of `scale·τ` -> Linear -> SiLU -> Linear (DiT §3.2).
 
     `scale` (default 1000) maps τ ∈ [0, 1] onto DiT's 0..1000 step range so that the sinusoid's
-    frequencies (max period 10⁴) actually vary over τ (FLM feeds raw τ; see research/flowmap.md §2.3).
+    frequencies (max period 10⁴) actually vary over τ (FLM feeds raw τ).
     """
 
     def __init__(self, cond_dim: int, scale: float, freq_dim: int = 256):
@@ -48,17 +36,6 @@ class TimestepEmbedder(nn.Module):
         args = (self.scale * tau.float())[..., None] * freqs
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
         return self.mlp(emb.to(self.mlp[0].weight.dtype))
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE. x [B, h, L, hd]; positions [B, L] int64 (absolute token positions)."""
-    hd = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
-    freqs = positions.float()[..., None] * inv_freq
-    angle = torch.cat([freqs, freqs], -1)[:, None]
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -78,7 +55,7 @@ class SlotSelfAttention(nn.Module):
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(width, 3 * width)
-        self.q_norm, self.k_norm = RMSNorm(width // heads, eps), RMSNorm(width // heads, eps)
+        self.q_norm, self.k_norm = (RMSNorm(width // heads, eps, scale_in_fp32=True) for _ in range(2))
         self.out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,31 +69,33 @@ class MemoryCrossAttention(nn.Module):
     """Slots (queries) attend to the memory (keys/values), RoPE on absolute positions, QK-norm.
 
     K/V of memory entries depend only on the entry and its position, so they are computed once per
-    committed position and cached (DESIGN §5.3) through `memory_kv`.
+    committed position and cached (DESIGN.md §5.3) through `memory_kv`.
     """
 
     def __init__(self, width: int, heads: int, eps: float, rope_theta: float):
         super().__init__()
-        self.heads, self.rope_theta = heads, rope_theta
+        self.heads, self.rotary = heads, Rotary(width // heads, rope_theta, kernel_freqs=True)
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(width, width) for _ in range(3))
-        self.q_norm, self.k_norm = RMSNorm(width // heads, eps), RMSNorm(width // heads, eps)
+        self.q_norm, self.k_norm = (RMSNorm(width // heads, eps, scale_in_fp32=True) for _ in range(2))
         self.out = nn.Linear(width, width)
 
     def memory_kv(self, mem: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """mem [B, S, w], positions [B, S] -> (k, v) each [B, h, S, hd] (k normed and rotated)."""
-        k = rope(self.k_norm(_heads(self.k_proj(mem), self.heads)), positions, self.rope_theta)
+        k = self.k_norm(_heads(self.k_proj(mem), self.heads))
+        k = apply_rope(k, *self.rotary(positions, k.dtype))
         return k, _heads(self.v_proj(mem), self.heads)
 
     def forward(self, x: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, Q, w], q_pos [B, Q], k/v [B, h, S, hd], mask None or bool [B, 1, Q, S] -> [B, Q, w]."""
-        q = rope(self.q_norm(_heads(self.q_proj(x), self.heads)), q_pos, self.rope_theta)
+        q = self.q_norm(_heads(self.q_proj(x), self.heads))
+        q = apply_rope(q, *self.rotary(q_pos, q.dtype))
         y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(-2))
 
 
 class DiTBlock(nn.Module):
-    """One adaLN-Zero block: self-attn over slots, cross-attn to memory, MLP (DESIGN §5.2)."""
+    """One adaLN-Zero block: self-attn over slots, cross-attn to memory, MLP (DESIGN.md §5.2)."""
 
     def __init__(self, width: int, heads: int, mlp_ratio: float, cond_dim: int, eps: float, rope_theta: float):
         super().__init__()
@@ -141,7 +120,7 @@ class DiTBlock(nn.Module):
 
 
 class FinalLayer(nn.Module):
-    """adaLN (shift, scale) -> Linear(w -> d_target); the target's frozen LM head follows (DESIGN §5.2)."""
+    """adaLN (shift, scale) -> Linear(w -> d_target); the target's frozen LM head follows (DESIGN.md §5.2)."""
 
     def __init__(self, width: int, cond_dim: int, d_target: int, eps: float):
         super().__init__()

@@ -1,4 +1,4 @@
-"""FlashMapConfig: the shape of a FlashMap drafter (DESIGN §5), stored as `config.json` in checkpoints."""
+"""FlashMapConfig: the shape of a FlashMap drafter (DESIGN.md §5), stored as `config.json` in checkpoints."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,12 +15,12 @@ FORMAT_VERSION = 1
 class FlashMapConfig:
     """Defaults reproduce the paper's Qwen3-8B drafter (≈0.5 B trainable parameters).
 
-    n_layers, width, heads, mlp_ratio: the DiT trunk (DESIGN §5.2). width % heads == 0, head dim even.
+    n_layers, width, heads, mlp_ratio: the DiT trunk (DESIGN.md §5.2). width % heads == 0, head dim even.
     block_size: K, draft slots per block (all K are proposals; the anchor is not a slot).
     cond_dim: width of the time conditioning c = SiLU(Emb_s(τ_s) + Emb_t(τ_t)).
     target_layer_ids: 0-based target decoder layers whose outputs are tapped (HF hidden_states[i + 1]).
     d_target, vocab_size: the target's hidden size and (padded) vocabulary rows.
-    draft_steps: network evaluations per drafted block by default (1 or 2, DESIGN §4).
+    draft_steps: network evaluations per drafted block by default (1 or 2, DESIGN.md §4).
     softcap: tanh soft cap on the logits (FMLM uses 30); 0 disables it.
     draft_vocab_size: optional EAGLE-3-style draft vocabulary (the flow lives on these rows only; the
         `d2t` buffer maps draft id i to target id i + d2t[i]). None: the full vocabulary.
@@ -94,7 +94,7 @@ class FlashMapConfig:
 def default_tap_layers(num_layers: int, n_taps: int = 5) -> tuple[int, ...]:
     """`n_taps` layer ids spread uniformly from 1 to L−3 (rounded, deduplicated, clamped to [0, L−1]).
 
-    Qwen3-8B (L = 36): (1, 9, 17, 25, 33) as in DESIGN §5.1. A 4-layer target gives (1,).
+    Qwen3-8B (L = 36): (1, 9, 17, 25, 33) as in DESIGN.md §5.1. A 4-layer target gives (1,).
     """
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")

@@ -1,4 +1,4 @@
-"""`draft_block`: one FlashMap drafting call (DESIGN §3.2, §4): the flow-map step(s) from shared noise.
+"""`draft_block`: one FlashMap drafting call (DESIGN.md §3.2, §4): the flow-map step(s) from shared noise.
 
 The reference (PyTorch) path is here; the fused path (fused.py) computes the same with the ops.dit kernels.
 """
@@ -16,7 +16,7 @@ from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, pe
 def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
                 steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
                 position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
-    """One FlashMap drafting call (DESIGN §3.2, §4).
+    """One FlashMap drafting call (DESIGN.md §3.2, §4).
 
     anchor_tokens: [B] int64, the last committed token of each row (not in `memory`).
     steps: 1 (`net(z, 0, 1)`) or 2 (`A = softmax(net(z, 0, ½))`, jump to t(½), `net(x_m, ½, 1)`);
@@ -41,7 +41,7 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
         raise ValueError(f"anchor_tokens: expected [B={memory.batch_size}] int64, got "
                          f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
     packed = drafter.fused_weights() if anchor_tokens.is_cuda else None
-    if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/test_dit_fused.py)
+    if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/dit/test_dit_fused.py)
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
                                  position=position, return_logits=return_logits, graph=graphs_enabled(drafter))
     B = anchor_tokens.shape[0]

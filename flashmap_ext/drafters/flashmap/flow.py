@@ -116,7 +116,7 @@ def flow_map_jump(x_s: torch.Tensor, delta: torch.Tensor, s: torch.Tensor, t: to
 def semigroup_weight(s: torch.Tensor, u: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """γ with δ_{s,t}(x) = γ·δ_{s,u}(x) + (1−γ)·δ_{u,t}(X_{s,u}(x)): γ = (1−t)(u−s)/((1−u)(t−s)).
 
-    s <= u <= t in interpolant time (FMLM semigroup, DESIGN §4). Zero-length jumps (t = s) give γ = 1 by
+    s <= u <= t in interpolant time (FMLM semigroup, DESIGN.md §4). Zero-length jumps (t = s) give γ = 1 by
     convention; t = 1 gives γ = 0.
     """
     gap = t - s

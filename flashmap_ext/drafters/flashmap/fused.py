@@ -1,5 +1,5 @@
-"""Fused fast path of the FlashMap drafter (DESIGN §5, §10): the same network as
-`nn.Module.denoise` / `extend_memory`, run through the `flashmap_ext.ops.dit` kernels.
+"""Fused fast path of the FlashMap drafter (DESIGN.md §5, §10): the same network as
+`FlashMapDrafter.denoise` / `extend_memory`, run through the `flashmap_ext.ops.dit` kernels.
 
     packed = pack_weights(drafter)                       # once, at load time (if fused_supported(drafter))
     fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
@@ -8,14 +8,8 @@
     graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # the graph itself (what graph=True caches)
     tokens = graph(memory, anchor_tokens, z)
 
-Per DiT layer: adaLN -> fused qkv GEMM -> QK-norm -> slot attention -> out GEMM (gate·y + residual) ->
-adaLN -> q GEMM -> QK-norm + RoPE -> memory attention (kv_len = committed length + anchor) -> out GEMM
-(gated residual) -> adaLN -> fc1 GEMM (+GELU) -> fc2 GEMM (gated residual). All layers' adaLN
-modulations come from one GEMM (the conditioning c is shared), and all layers' memory K/V of new entries
-from one GEMM. The LM head fuses the per-slot argmax, so no [B·K, V] logits are written for 1-step drafts.
-
 Every op also runs on CPU, so this path is tested against the reference drafter on CPU; on CUDA the
-weights and the memory must be bf16.
+weights and the memory must be bf16. The layout and the CUDA graphs: DESIGN.md §5.5, §10.
 """
 from __future__ import annotations
 
@@ -108,7 +102,7 @@ def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Ten
 @torch.no_grad()
 def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: torch.Tensor,
                         taps: torch.Tensor) -> None:
-    """nn.Module.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
+    """FlashMapDrafter.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
     c = p.drafter.config
     B, T = token_ids.shape
     memory.reserve(memory.length + T)
@@ -140,7 +134,7 @@ def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.T
 
 def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tensor, slot_inputs: torch.Tensor,
                   tau_s: float, tau_t: float, *, return_logits: bool) -> ops.LmHeadOutput:
-    """One network evaluation (nn.Module.denoise after the anchor entry is written).
+    """One network evaluation (FlashMapDrafter.denoise after the anchor entry is written).
 
     lengths: [B] int32, committed entries per row (the anchor sits at index lengths[b]); a device tensor
     so that a captured graph replays for any length within the memory's capacity.
@@ -165,7 +159,7 @@ def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tens
 
 def fused_draft_step(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: torch.Tensor,
                      lengths: torch.Tensor, *, steps: int, return_logits: bool = False) -> ops.LmHeadOutput:
-    """Anchor entry + 1 or 2 evaluations (DESIGN §4). z [B, K, d_target] fp32 noise; lengths [B] int32.
+    """Anchor entry + 1 or 2 evaluations (DESIGN.md §4). z [B, K, d_target] fp32 noise; lengths [B] int32.
     Graph-safe when memory.capacity > max(lengths) (nothing here reads data on the host)."""
     d = p.drafter
     entry = ops.linear(d.embed_tokens(anchor_tokens).to(p.anchor_w.dtype), p.anchor_w, p.anchor_b)
@@ -234,7 +228,7 @@ def _layout(memory: FlashMapMemory) -> tuple:
 
 
 class FusedDraftGraph:
-    """The fused draft step captured once in a CUDA graph and replayed per round (DESIGN §10).
+    """The fused draft step captured once in a CUDA graph and replayed per round (DESIGN.md §10).
 
     Valid for one packing of the weights, a fixed batch size and step count, and the memory's buffers
     (address and capacity): the captured kernels read the memory by address, and the committed length

@@ -1,4 +1,4 @@
-"""What a FlashMap draft call reads and returns: the incremental context memory (DESIGN §5.3), the
+"""What a FlashMap draft call reads and returns: the incremental context memory (DESIGN.md §5.3), the
 training-time memory of whole sequences with many anchors, per-row seeds/positions and the DraftBlock.
 
 Both hold, per DiT layer, the cross-attention K/V of memory entries (k RMS-normed and rotated to the
@@ -25,7 +25,7 @@ class FlashMapMemory:
     k: torch.Tensor
     v: torch.Tensor
     length: int = 0
-    #: CUDA graphs of the fused draft step captured against k and v (drafters/flashmap_fused.py): they
+    #: CUDA graphs of the fused draft step captured against k and v (fused.py): they
     #: read the buffers by address, so `reserve` drops them when it reallocates.
     draft_graphs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -37,10 +37,12 @@ class FlashMapMemory:
 
     @property
     def batch_size(self) -> int:
+        """B, the sequences held."""
         return self.k.shape[1]
 
     @property
     def capacity(self) -> int:
+        """Entries that fit before `reserve` grows the buffers."""
         return self.k.shape[3]
 
     def reserve(self, n: int) -> None:
@@ -68,7 +70,7 @@ class FlashMapMemory:
 
 @dataclass
 class TrainMemory:
-    """Memory of B whole sequences for A anchors each (training, DESIGN §8).
+    """Memory of B whole sequences for A anchors each (training, DESIGN.md §8).
 
     kv: per layer, K/V [B, h, T, hd] of the projected taps at every position 0..T−1.
     anchor_kv: per layer, K/V [B, h, A, hd] of each anchor's embedding at its position.

@@ -1,13 +1,14 @@
-"""The FlashMap drafter (DESIGN §5): a small DiT that maps d-space noise to a block of K draft tokens
+"""The FlashMap drafter (DESIGN.md §5): a small DiT that maps d-space noise to a block of K draft tokens
 with a flow map in 1 or 2 evaluations, conditioned on the target's hidden states, and `draft_block`.
 
 Memory entries are the projected target taps of committed positions plus, last, the anchor's embedding
 (the anchor's own hidden state does not exist yet). Slots read the flow state through the frozen
-embedding (`Eᵀx`, d-space, DESIGN §4). Cross-attention uses RoPE on absolute positions (memory entry j
+embedding (`Eᵀx`, d-space, DESIGN.md §4). Cross-attention uses RoPE on absolute positions (memory entry j
 at j, the anchor at its position p, slot k at p + 1 + k) so the drafter knows which context is recent.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,9 +18,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from flashmap_ext.drafters.common import checkpoint as ckpt
+from flashmap_ext.drafters.common.base import ReadsTarget
+from flashmap_ext.drafters.common.layers import RMSNorm
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.flashmap import fused
-from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, RMSNorm, TimestepEmbedder
+from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, TimestepEmbedder
 from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers
 from flashmap_ext.drafters.flashmap.draft import draft_block
 from flashmap_ext.drafters.flashmap.flow import d_space_noise, noise_factor, t_of_tau
@@ -34,8 +37,8 @@ def _drop_packed_after_load(module: "FlashMapDrafter", _incompatible_keys) -> No
     module.drop_packed()
 
 
-class FlashMapDrafter(nn.Module):
-    """FlashMap DiT drafter; implements the BlockDrafter protocol (drafters/base.py).
+class FlashMapDrafter(ReadsTarget, nn.Module):
+    """FlashMap DiT drafter; implements the BlockDrafter protocol (drafters/common/base.py).
 
     Trainable: tap projection + RMSNorm, anchor projection + RMSNorm, slot input projection + RMSNorm +
     slot-position embedding, one or two time embedders, n_layers adaLN-Zero blocks, the final adaLN and
@@ -46,9 +49,10 @@ class FlashMapDrafter(nn.Module):
         super().__init__()
         c, w = config, config.width
         self.config = c
-        self.tap_proj, self.tap_norm = nn.Linear(len(c.target_layer_ids) * c.d_target, w), RMSNorm(w, c.norm_eps)
-        self.anchor_proj, self.anchor_norm = nn.Linear(c.d_target, w), RMSNorm(w, c.norm_eps)
-        self.slot_proj, self.slot_norm = nn.Linear(c.d_target, w), RMSNorm(w, c.norm_eps)
+        norm = functools.partial(RMSNorm, w, c.norm_eps, scale_in_fp32=True)  # as the fused kernels
+        self.tap_proj, self.tap_norm = nn.Linear(len(c.target_layer_ids) * c.d_target, w), norm()
+        self.anchor_proj, self.anchor_norm = nn.Linear(c.d_target, w), norm()
+        self.slot_proj, self.slot_norm = nn.Linear(c.d_target, w), norm()
         self.slot_pos = nn.Parameter(torch.empty(c.block_size, w))
         self.s_embedder = TimestepEmbedder(c.cond_dim, c.time_scale)
         self.t_embedder = TimestepEmbedder(c.cond_dim, c.time_scale) if c.two_time else None
@@ -59,7 +63,6 @@ class FlashMapDrafter(nn.Module):
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         #: t at τ = ½ (the 2-step midpoint), a Python float so compiled graphs see a constant
         self.t_mid = float(t_of_tau(0.5, c.state_vocab_size))
-        self._tables: TargetTables | None = None
         self._packed = None  # weights packed for the fused CUDA kernels (see fused_weights)
         self.allow_fused = True  # False forces the reference (PyTorch) path on CUDA, e.g. as a baseline
         self.allow_graphs = True  # False runs the fused CUDA path eagerly (also FLASHMAP_CUDA_GRAPHS=0)
@@ -126,17 +129,6 @@ class FlashMapDrafter(nn.Module):
         self.attach_target(target)
 
     @property
-    def tables(self) -> TargetTables:
-        if self._tables is None:
-            raise RuntimeError("FlashMapDrafter: no target attached; call attach_target(target) first")
-        return self._tables
-
-    @property
-    def vocab(self) -> DraftVocab:
-        """The draft vocabulary (the flow's rows; the full vocabulary without `draft_vocab_size`)."""
-        return DraftVocab(self.d2t if self.config.draft_vocab_size is not None else None)
-
-    @property
     def noise_factor(self) -> torch.Tensor:
         """L [d, d] fp32 with LLᵀ = E_sᵀE_s, on E's device, computed once per tables (flow.noise_factor)."""
         return self.tables.memo("noise_factor", lambda: noise_factor(self.tables.state_embedding).to(torch.float32))
@@ -172,7 +164,7 @@ class FlashMapDrafter(nn.Module):
         return (probs.to(e.dtype) @ e).float()
 
     def noise_from_xi(self, xi: torch.Tensor) -> torch.Tensor:
-        """xi [..., d_target] standard normal -> z ~ N(0, E_sᵀE_s), fp32 (DESIGN §4 d-space noise)."""
+        """xi [..., d_target] standard normal -> z ~ N(0, E_sᵀE_s), fp32 (DESIGN.md §4 d-space noise)."""
         return d_space_noise(self.noise_factor, xi.float())
 
     def sample_noise(self, seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -219,7 +211,7 @@ class FlashMapDrafter(nn.Module):
 
     # ------------------------------------------------------------------ inference (BlockDrafter)
     def fused_weights(self):
-        """Weights packed for the fused CUDA kernels (DESIGN §10, fused.py), or None
+        """Weights packed for the fused CUDA kernels (DESIGN.md §10, fused.py), or None
         when the fused path does not apply: CPU weights, training mode, `allow_fused = False`, or shapes the kernels do not take
         (`fused_supported`). Packed lazily once; `train()`/`eval()`, `load_state_dict` and `.to()`/`.cuda()`
         drop the pack (`drop_packed`), so changed weights are never served from stale copies. Weights

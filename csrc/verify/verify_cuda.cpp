@@ -1,0 +1,34 @@
+// verify — CUDA registration: validate (verify_glue.h), build VerifyParams, launch on the current stream
+// (verify_kernel.cu). No host sync, outputs allocated with at::empty only: CUDA-graph safe.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "verify/verify_glue.h"
+#include "verify/verify_launch.h"
+#include "flashmap.h"
+
+namespace flashmap {
+
+VerifyResult verify_cuda(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                         const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                         const at::Tensor& seed, const at::Tensor& position,
+                         const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
+                         const std::optional<at::Tensor>& uniforms) {
+  TORCH_CHECK_VALUE(target_logits.is_cuda(), "verify: target_logits must be a CUDA tensor here");
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  const VerifyTensors t = verify_prepare(target_logits, draft_tokens, temperature, top_k, top_p, seed,
+                                         position, draft_probs, uniforms);
+  const VerifyParams p = verify_params(t, valid_vocab);
+  TORCH_CHECK_VALUE(p.valid_vocab <= verify_cuda_max_vocab(), "verify: the CUDA kernel supports V <= ",
+                    verify_cuda_max_vocab(), ", got valid_vocab ", p.valid_vocab);
+  TORCH_CHECK_VALUE(p.valid_vocab < (int64_t{1} << 32), "verify: valid_vocab must be < 2^32");
+  verify_cuda_launch(p, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {t.tokens, t.num_accepted, t.status};
+}
+
+TORCH_LIBRARY_IMPL(flashmap, CUDA, m) { m.impl("verify", &verify_cuda); }
+
+}  // namespace flashmap

@@ -1,0 +1,112 @@
+// Torch glue shared by the CPU and CUDA verify registrations: validates the op's arguments (messages
+// name the argument and the expected shape/dtype) and builds VerifyParams. Knows nothing of the math.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#include <optional>
+#include <tuple>
+
+#include "verify/verify_params.h"
+#include "common/check.h"
+
+namespace flashmap {
+
+struct VerifyTensors {  // keeps possibly-copied inputs alive while the kernel runs
+  at::Tensor logits, drafts, temperature, top_k, top_p, seed, position, draft_probs, uniforms;
+  at::Tensor tokens, num_accepted, status;
+};
+
+inline LogitDType verify_logit_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return LogitDType::kF32;
+    case at::kHalf: return LogitDType::kF16;
+    case at::kBFloat16: return LogitDType::kBF16;
+    default:
+      TORCH_CHECK_TYPE(false, "verify: target_logits must be bfloat16, float16 or float32, got ",
+                       c10::toString(t.scalar_type()));
+  }
+}
+
+inline at::Tensor verify_per_row(const at::Tensor& t, const at::Tensor& ref, const char* name,
+                                 at::ScalarType dtype, int64_t B) {
+  check_shape(t, "verify", name, "[B]", {B});
+  check_dtype(t, "verify", name, dtype);
+  check_same_device(t, ref, "verify", name);
+  return t.contiguous();
+}
+
+inline VerifyTensors verify_prepare(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                    const at::Tensor& temperature, const at::Tensor& top_k,
+                                    const at::Tensor& top_p, const at::Tensor& seed,
+                                    const at::Tensor& position, const std::optional<at::Tensor>& draft_probs,
+                                    const std::optional<at::Tensor>& uniforms) {
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, "verify: target_logits must be [B, K+1, V], got ",
+                    shape_str(target_logits.sizes()));
+  verify_logit_dtype(target_logits);
+  const int64_t B = target_logits.size(0), K = target_logits.size(1) - 1, V = target_logits.size(2);
+  TORCH_CHECK_VALUE(B >= 1 && K >= 0 && V >= 1, "verify: target_logits [B, K+1, V] needs B >= 1, K+1 >= 1 "
+                    "and V >= 1, got ", shape_str(target_logits.sizes()));
+  VerifyTensors t;
+  t.logits = target_logits.stride(2) == 1 ? target_logits : target_logits.contiguous();
+  check_shape(draft_tokens, "verify", "draft_tokens", "[B, K]", {B, K});
+  check_dtype(draft_tokens, "verify", "draft_tokens", at::kLong);
+  check_same_device(draft_tokens, target_logits, "verify", "draft_tokens");
+  t.drafts = draft_tokens.contiguous();
+  t.temperature = verify_per_row(temperature, target_logits, "temperature", at::kFloat, B);
+  t.top_k = verify_per_row(top_k, target_logits, "top_k", at::kInt, B);
+  t.top_p = verify_per_row(top_p, target_logits, "top_p", at::kFloat, B);
+  t.seed = verify_per_row(seed, target_logits, "seed", at::kLong, B);
+  t.position = verify_per_row(position, target_logits, "position", at::kLong, B);
+  if (draft_probs.has_value()) {
+    check_shape(*draft_probs, "verify", "draft_probs", "[B, K, V]", {B, K, V});
+    check_dtype(*draft_probs, "verify", "draft_probs", at::kFloat);
+    check_same_device(*draft_probs, target_logits, "verify", "draft_probs");
+    t.draft_probs = draft_probs->stride(2) == 1 ? *draft_probs : draft_probs->contiguous();
+  }
+  if (uniforms.has_value()) {
+    check_shape(*uniforms, "verify", "uniforms", "[B, K+1]", {B, K + 1});
+    check_dtype(*uniforms, "verify", "uniforms", at::kDouble);
+    check_same_device(*uniforms, target_logits, "verify", "uniforms");
+    t.uniforms = uniforms->contiguous();
+  }
+  const auto opts = target_logits.options();
+  t.tokens = at::empty({B, K + 1}, opts.dtype(at::kLong));
+  t.num_accepted = at::empty({B}, opts.dtype(at::kInt));
+  t.status = at::empty({B}, opts.dtype(at::kInt));
+  return t;
+}
+
+inline VerifyParams verify_params(const VerifyTensors& t, int64_t valid_vocab) {
+  const int64_t B = t.logits.size(0), K = t.logits.size(1) - 1, V = t.logits.size(2);
+  TORCH_CHECK_VALUE(valid_vocab <= V, "verify: valid_vocab must be <= V = ", V, " (<= 0 means V), got ",
+                    valid_vocab);
+  VerifyParams p{};
+  p.logits = t.logits.data_ptr();
+  p.logits_dtype = verify_logit_dtype(t.logits);
+  p.logits_stride_b = t.logits.stride(0);
+  p.logits_stride_k = t.logits.stride(1);
+  p.draft_tokens = t.drafts.data_ptr<int64_t>();
+  p.temperature = t.temperature.data_ptr<float>();
+  p.top_k = t.top_k.data_ptr<int32_t>();
+  p.top_p = t.top_p.data_ptr<float>();
+  p.seed = t.seed.data_ptr<int64_t>();
+  p.position = t.position.data_ptr<int64_t>();
+  if (t.draft_probs.defined()) {
+    p.draft_probs = t.draft_probs.data_ptr<float>();
+    p.draft_probs_stride_b = t.draft_probs.stride(0);
+    p.draft_probs_stride_k = t.draft_probs.stride(1);
+  }
+  p.uniforms = t.uniforms.defined() ? t.uniforms.data_ptr<double>() : nullptr;
+  p.tokens = t.tokens.data_ptr<int64_t>();
+  p.num_accepted = t.num_accepted.data_ptr<int32_t>();
+  p.status = t.status.data_ptr<int32_t>();
+  p.B = B;
+  p.K = K;
+  p.V = V;
+  p.valid_vocab = valid_vocab <= 0 ? V : valid_vocab;
+  return p;
+}
+
+}  // namespace flashmap

@@ -1,0 +1,50 @@
+"""What the configs of drafters shaped like their target's layers (DFlash, EAGLE-3) share: the target's
+layer shapes (`target_shape`), their fields and checks (`TargetShaped`), the RoPE base of a config file."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class TargetShaped:
+    """The target's layer shapes, as a drafter of the same width copies them (`target_shape`). Subclasses
+    add `target_layer_ids` and `num_target_layers` and call `check_shapes` from `__post_init__`."""
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+
+    def check_shapes(self) -> None:
+        """Normalises target_layer_ids to a tuple of ints; ValueError for empty or out-of-range taps, or
+        query heads that are not a multiple of the key/value heads."""
+        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty")
+        n = self.num_target_layers  # None: unknown until a target is attached (DFlash)
+        bad = [i for i in self.target_layer_ids if i < 0 or (n is not None and i >= n)]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} outside [0, {self.num_target_layers}) target layers")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+
+def rope_theta(cfg: dict[str, Any]) -> float:
+    """RoPE base from `rope_theta` (transformers 4.x files) or `rope_parameters.rope_theta` (5.x)."""
+    params = cfg.get("rope_parameters") or {}
+    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+
+
+def target_shape(model_config: Any) -> dict[str, Any]:
+    """Layer shapes of an HF target config (Qwen3, Qwen2, Llama) for a drafter of the same width."""
+    c = getattr(model_config, "text_config", None) or model_config
+    heads = c.num_attention_heads
+    params = getattr(c, "rope_parameters", None) or {}
+    return dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=heads,
+                num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+                head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+                rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
+                rope_theta=params.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
+                max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers)

@@ -1,0 +1,108 @@
+"""The README's code runs: its Python snippet and its command-line block, on a tiny random target.
+
+The real target and the committed checkpoints are swapped for tiny ones by plain text substitution
+(`CLI_SWAPS`, and the snippet's target and drafter paths); each swapped string must occur in the README, so
+an edit there that this test no longer understands fails here instead of being skipped. `generate` and
+`--help` lines run; `bench`, `demo`, `data`, `eval` and `convert` lines (they need the downloaded prompt
+sets, corpora and minutes of CPU) are parsed by the real CLI parser.
+"""
+import contextlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+REAL_TARGET = "qwen2.5-coder-0.5b"
+CLI_SWAPS = {f"--target {REAL_TARGET}": "--target tiny-random",
+             "checkpoints/flashmap-qwen2.5-coder-0.5b": "random",
+             "checkpoints/eagle3-qwen2.5-coder-0.5b": "random-eagle3"}
+PARSE_ONLY = ("bench", "demo", "data", "eval", "convert")  # downloads, corpora or minutes of CPU; convert:
+# the committed weights (test_convert.py runs it on tiny checkpoints)
+
+
+def fenced_blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", README, flags=re.S | re.M)
+
+
+def section(title: str) -> str:
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def swapped(text: str, swaps: dict) -> str:
+    for old, new in swaps.items():
+        assert old in text, f"README no longer contains {old!r}: update test_readme.py's swaps"
+        text = text.replace(old, new)
+    return text
+
+
+def byte_level_tokenizer_dir(path: Path, vocab_size: int) -> None:
+    """A Hugging Face fast tokenizer over the 256 byte symbols plus an end-of-text token (id 256)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    assert len(fast) == vocab_size
+    fast.save_pretrained(path)
+
+
+def test_python_snippet_runs_and_prints(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "cache"))  # the cost table of AutoDrafter goes there
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.target import BYTE_EOS, tiny_random_model
+    model = tiny_random_model()
+    model.save_pretrained(tmp_path / "target")
+    byte_level_tokenizer_dir(tmp_path / "target", BYTE_EOS + 1)
+    torch.manual_seed(0)
+    FlashMapDrafter.for_target(model, n_layers=1, width=64, heads=2, block_size=8).save_pretrained(
+        tmp_path / "drafter")
+    (snippet,) = fenced_blocks("python")
+    code = swapped(snippet, {"qwen05_dir()": repr(str(tmp_path / "target")),
+                             '"checkpoints/flashmap-qwen2.5-coder-0.5b"': repr(str(tmp_path / "drafter"))})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})
+    printed = out.getvalue()
+    for promised in ("verify:", "sample:", "γ ", "tokens/s", "drafted block:", "auto:"):
+        assert promised in printed, printed
+    block = re.search(r"drafted block: \[\[([\d, ]+)\]\]", printed)
+    assert block and len(block.group(1).split(",")) == 8
+
+
+def cli_lines() -> list[str]:
+    (block,) = re.findall(r"^```\n(flashmap .*?)^```$", section("Command line"), flags=re.S | re.M)
+    commands = [cmd.split("#")[0].strip() for line in block.splitlines() for cmd in line.split(";")]
+    return [c for c in commands if c]
+
+
+def test_cli_block_uses_no_placeholders():
+    assert len(cli_lines()) >= 6
+    for cmd in cli_lines():
+        assert not re.search(r"\.\.\.|\b[A-Z][A-Z0-9_]{2,}\b|\{", cmd), f"placeholder in README command: {cmd}"
+
+
+@pytest.mark.parametrize("cmd", cli_lines())
+def test_cli_line_runs(cmd, capsys, tmp_path, monkeypatch):
+    from flashmap_ext import cli
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path))  # --auto caches its cost table there
+    argv = shlex.split(swapped(cmd, {k: v for k, v in CLI_SWAPS.items() if k in cmd}))[1:]
+    if "--help" in argv:
+        with pytest.raises(SystemExit) as done:
+            cli.main(argv)
+        assert done.value.code == 0 and "usage: flashmap" in capsys.readouterr().out
+        return
+    if argv[0] in PARSE_ONLY:
+        args = cli.build_parser().parse_args(argv)
+        assert args.command == argv[0]
+        return
+    assert REAL_TARGET not in " ".join(argv)
+    assert cli.main(argv + ["--max-new-tokens", "12"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "tokens in" in captured.err  # the streamed text, then the stats line

@@ -1,0 +1,112 @@
+"""`flashmap convert`: round trips checked against z-lab's reference code and the EAGLE-3 oracle chain."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_dflash_drafter import MASK, TAPS, write_released
+from test_dflash_reference import VARIANTS, assert_same_rounds, reference, write_variant
+from test_eagle3_drafter import TAPS as E3_TAPS
+from test_eagle3_drafter import _chain_after, _ctx, write_specforge
+from test_eagle3_formats import write_speculators
+
+from conftest import tiny_qwen3
+from flashmap_ext.cli import main
+from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_qwen3()
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, target):
+    path = tmp_path_factory.mktemp("target")
+    target.save_pretrained(path)
+    return path
+
+
+def _taps(target, ids):
+    with torch.no_grad():
+        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+    from dflash.model import extract_context_feature
+    return extract_context_feature(hs, TAPS)
+
+
+@pytest.mark.parametrize("name", ["full", "causal", "sliding", "rope-yarn", "gemma-scales"])
+def test_dflash_roundtrip_drafts_like_the_reference(name, target, tmp_path):
+    src = write_variant(tmp_path / name, VARIANTS[name])
+    assert main(["convert", str(src), str(tmp_path / "out"), "--to", "dflash"]) == 0
+    ids = torch.randint(0, MASK, (1, 40), generator=torch.Generator().manual_seed(7))
+    feats = _taps(target, ids)
+    # z-lab's code on the converted files == our drafter on the source files (and the reverse)
+    assert_same_rounds(reference(tmp_path / "out"), DFlashDrafter.from_pretrained(src, target), target, ids, feats)
+    assert_same_rounds(reference(src), DFlashDrafter.from_pretrained(tmp_path / "out", target), target, ids, feats)
+
+
+def test_dflash_from_vllm_numbering_to_zlab(target, target_dir, tmp_path):
+    """A file naming its taps only vLLM's way (+1) and without num_target_layers converts to z-lab's
+    format (ids −1, num_target_layers from --target), which z-lab's code loads and drafts with alike."""
+    src = write_released(tmp_path / "vllm", dflash_config={"mask_token_id": MASK},
+                         eagle_aux_hidden_state_layer_ids=[i + 1 for i in TAPS])
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["num_target_layers"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    dst = tmp_path / "zlab"
+    assert main(["convert", str(src), str(dst), "--to", "dflash", "--target", str(target_dir)]) == 0
+    out = json.loads((dst / "config.json").read_text())
+    assert out["dflash_config"]["target_layer_ids"] == TAPS and out["num_target_layers"] == 4
+    ids = torch.randint(0, MASK, (1, 40), generator=torch.Generator().manual_seed(8))
+    assert_same_rounds(reference(dst), DFlashDrafter.from_pretrained(src, target), target, ids, _taps(target, ids))
+
+
+def test_eagle3_frozen_head_to_engines(tmp_path, target_dir):
+    """Our frozen-head EAGLE-3 -> speculators and SpecForge formats: the head is stored, the drafts equal."""
+    e3_target = tiny_qwen3(hidden_size=64, num_layers=6)
+    e3_dir = tmp_path / "e3-target"
+    e3_target.save_pretrained(e3_dir)
+    ours = Eagle3Drafter.for_target(e3_target, draft_ids=torch.arange(3, 43), dtype=torch.float32,
+                                    intermediate_size=16, target_layer_ids=E3_TAPS, frozen_lm_head=True)
+    ours.save_pretrained(tmp_path / "ours")
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "x"), "--to", "speculators"]) == 2
+    ids, taps = _ctx(7)
+    want = _chain_after(ours, ids, taps, 6, 4)[0]
+    for fmt in ("speculators", "specforge"):
+        dst = tmp_path / fmt
+        assert main(["convert", str(tmp_path / "ours"), str(dst), "--to", fmt, "--target", str(e3_dir)]) == 0
+        assert "lm_head.weight" in load_file(dst / "model.safetensors")
+        again = Eagle3Drafter.from_pretrained(dst, e3_target)
+        assert torch.equal(_chain_after(again, ids, taps, 6, 4)[0], want)
+
+
+def test_eagle3_speculators_to_specforge(tmp_path):
+    """SpecForge-format files convert to speculators and back without change; speculators-only options
+    cannot go to SpecForge's format."""
+    e3_target = tiny_qwen3(hidden_size=64, num_layers=6)
+    src = write_specforge(tmp_path / "sf", num_draft_tokens=4)
+    assert main(["convert", str(src), str(tmp_path / "spec"), "--to", "speculators"]) == 0
+    assert main(["convert", str(tmp_path / "spec"), str(tmp_path / "back"), "--to", "specforge"]) == 0
+    assert "num_target_layers" not in json.loads((tmp_path / "back" / "config.json").read_text())  # not invented
+    ids, taps = _ctx(9)
+    a = _chain_after(Eagle3Drafter.from_pretrained(src, e3_target), ids, taps, 8, 4)[0]
+    b = _chain_after(Eagle3Drafter.from_pretrained(tmp_path / "back", e3_target), ids, taps, 8, 4)[0]
+    assert torch.equal(a, b)
+    flagged = write_speculators(tmp_path / "flagged")
+    assert main(["convert", str(flagged), str(tmp_path / "no"), "--to", "specforge"]) == 2
+
+
+def test_refusals_are_one_line_errors(tmp_path, capsys):
+    cases = [
+        (["checkpoints/flashmap-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "FlashMap"),
+        ([str(write_released(tmp_path / "d")), str(tmp_path / "b"), "--to", "speculators"], "--to dflash"),
+        ([str(write_specforge(tmp_path / "e")), str(tmp_path / "c"), "--to", "dflash"], "--to specforge"),
+        ([str(write_released(tmp_path / "d2", architectures=["DFlash2DraftModel"])), str(tmp_path / "f"),
+          "--to", "dflash"], "DFlash2"),
+        ([str(tmp_path / "d"), str(tmp_path / "d"), "--to", "dflash"], "already holds"),
+    ]
+    for argv, needle in cases:
+        assert main(["convert", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and "\n" not in err, (argv, err)
