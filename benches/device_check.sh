@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU validation (issue 11; DESIGN §10): build the CUDA extension, run the CUDA tests, then the
+# One-shot GPU validation (issue 11; DESIGN.md §10): build the CUDA extension, run the CUDA tests, then the
 # benchmarks, ordered by value, in at most BUDGET_S (default 520) seconds on one H200.
 #
 #   From a fresh clone, here (no GPU needed): `make cutlass-min` (the trimmed, git-ignored CUTLASS headers;

@@ -43,7 +43,7 @@ def verify_target_probs_margin(logits: torch.Tensor, temperature: float, top_k: 
                                valid_vocab: int) -> tuple[torch.Tensor, float]:
     """`verify_target_probs` and how fragile its top-p cut is: the distance of top_p to the nearest
     nucleus mass on either side of the cut (inf when top-p is off). An fp32 kernel may cut elsewhere
-    when this is within its rounding (DESIGN §3.1 identity caveat, docs/design-decisions.md)."""
+    when this is within its rounding (DESIGN.md §3.1, CPU vs CUDA)."""
     l = logits.double().clone()
     l[valid_vocab:] = -math.inf
     if 0 < top_k < valid_vocab:
