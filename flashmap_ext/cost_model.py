@@ -5,7 +5,7 @@
     E[γ](two chains)  = 1 + Σ_j [1 − (1 − P¹_j)(1 − P²_j)]                          (P_j = Π_{i≤j} a_i; branches independent)
     rate(shape)       = E[γ] / round_cost;  plain decoding: 1 / (verify_s(1) + overhead_s)
 
-`CostTable` holds measured seconds (cost_calibrate.py measures and caches them per machine); `Roofline`
+`CostTable` holds measured seconds (bench/calibrate.py measures and caches them per machine); `Roofline`
 gives the same table from bandwidth / FLOP constants, e.g. `H200_QWEN3_8B` for a **projected** H200
 speedup. `AcceptanceProfile` keeps per-slot counts with a Beta prior and is updated online from rounds.
 Units: seconds; γ = tokens committed per target forward (bonus included).
@@ -86,7 +86,7 @@ class Roofline:
 
 
 #: H200 (HBM3e 4.3 TB/s as in issue 15, ~989 TFLOP/s dense bf16) running Qwen3-8B (8.19 B parameters, bf16)
-#: with the FlashMap paper-size drafter (DESIGN §5.2: ≈0.5 B trainable + the frozen 151,936 × 4,096 LM head
+#: with the FlashMap paper-size drafter (DESIGN.md §5.2: ≈0.5 B trainable + the frozen 151,936 × 4,096 LM head
 #: it reads every step ≈ 0.62 B). A projection, never a measurement.
 H200_QWEN3_8B = Roofline(hbm_bytes_per_s=4.3e12, peak_flops=989e12, target_params=8.19e9,
                          drafter_params=0.5e9 + 0.62e9, label="projected H200 (roofline: Qwen3-8B bf16, 4.3 TB/s)")

@@ -6,7 +6,7 @@
 - FlashMap-1 multi-noise N=2 / N=4: N noise draws merged into a prefix tree of at most 16 nodes.
 - FlashMap-1 top-k 8 / 16, DFlash top-k 16: top-4-per-slot trees of 8 / 16 nodes.
 - auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape picked per round from the cost table
-  measured on this machine (cost_calibrate.py, cached).
+  measured on this machine (bench/calibrate.py, cached).
 """
 from __future__ import annotations
 

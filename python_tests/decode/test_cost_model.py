@@ -1,4 +1,4 @@
-"""The cost model (cost_model.py), its calibration cache (cost_calibrate.py) and `AutoDrafter`.
+"""The cost model (cost_model.py), its calibration cache (bench/calibrate.py) and `AutoDrafter`.
 
 Expected values are worked by hand from the formulas in cost_model's docstring (fake cost tables), or are
 plain greedy decoding / the target's exact joint law (loop_helpers) for the auto shapes.
