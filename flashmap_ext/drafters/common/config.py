@@ -48,3 +48,26 @@ def target_shape(model_config: Any) -> dict[str, Any]:
                 rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6),
                 rope_theta=params.get("rope_theta", getattr(c, "rope_theta", 10000.0)),
                 max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers)
+
+
+ENGINE_TAP_OFFSET = 1
+
+
+def to_engine_layer_ids(ids) -> list[int]:
+    """z-lab / SGLang / our tap ids (output of layer i = HF hidden_states[i+1]) -> the ids vLLM and
+    `speculators` store in `eagle_aux_hidden_state_layer_ids` (the layer whose *input* is captured): +1."""
+    return [int(i) + ENGINE_TAP_OFFSET for i in ids]
+
+
+def from_engine_layer_ids(ids) -> list[int]:
+    """Inverse of `to_engine_layer_ids`: vLLM / `speculators` ids -> ours (−1)."""
+    return [int(i) - ENGINE_TAP_OFFSET for i in ids]
+
+
+def rope_scaling(cfg: dict[str, Any]) -> dict | None:
+    """The RoPE scaling parameters (`rope_scaling` of 4.x files or `rope_parameters` of 5.x) without
+    `rope_theta`, `type` renamed `rope_type`; None for default RoPE."""
+    params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    params.pop("rope_theta", None)
+    kind = params.pop("rope_type", params.pop("type", "default"))
+    return None if kind == "default" else {"rope_type": kind, **params}

@@ -14,7 +14,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flashmap_ext.drafters.common.config import TargetShaped, rope_theta
+from flashmap_ext.drafters.common.config import (
+    TargetShaped,
+    from_engine_layer_ids,
+    rope_scaling,
+    rope_theta,
+)
 from flashmap_ext.drafters.common.layers import SEQUENCE_DEPENDENT_ROPE
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -164,29 +169,6 @@ def _sliding_window(cfg: dict[str, Any]) -> int | None:
     if not cfg.get("use_sliding_window", False):
         return None
     return None if window is None else int(window)
-
-
-ENGINE_TAP_OFFSET = 1
-
-
-def to_engine_layer_ids(ids) -> list[int]:
-    """z-lab / SGLang / our tap ids (output of layer i = HF hidden_states[i+1]) -> the ids vLLM and
-    `speculators` store in `eagle_aux_hidden_state_layer_ids` (the layer whose *input* is captured): +1."""
-    return [int(i) + ENGINE_TAP_OFFSET for i in ids]
-
-
-def from_engine_layer_ids(ids) -> list[int]:
-    """Inverse of `to_engine_layer_ids`: vLLM / `speculators` ids -> ours (−1)."""
-    return [int(i) - ENGINE_TAP_OFFSET for i in ids]
-
-
-def rope_scaling(cfg: dict[str, Any]) -> dict | None:
-    """The RoPE scaling parameters (`rope_scaling` of 4.x files or `rope_parameters` of 5.x) without
-    `rope_theta`, `type` renamed `rope_type`; None for default RoPE."""
-    params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
-    params.pop("rope_theta", None)
-    kind = params.pop("rope_type", params.pop("type", "default"))
-    return None if kind == "default" else {"rope_type": kind, **params}
 
 
 # (field, neutral value): a checkpoint setting any of these elsewhere is refused at load, naming the field.

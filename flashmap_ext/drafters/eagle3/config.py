@@ -14,8 +14,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from flashmap_ext.drafters.common.config import TargetShaped, rope_theta
-from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, rope_scaling, to_engine_layer_ids
+from flashmap_ext.drafters.common.config import (
+    TargetShaped,
+    from_engine_layer_ids,
+    rope_scaling,
+    rope_theta,
+    to_engine_layer_ids,
+)
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 

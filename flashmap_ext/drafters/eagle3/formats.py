@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from flashmap_ext.drafters.common.config import rope_theta
-from flashmap_ext.drafters.dflash.config import from_engine_layer_ids, to_engine_layer_ids
+from flashmap_ext.drafters.common.config import from_engine_layer_ids, rope_theta, to_engine_layer_ids
 from flashmap_ext.drafters.eagle3.config import Eagle3Config, eagle3_layer_ids, refuse_layers_and_scaling
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
