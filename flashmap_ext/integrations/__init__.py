@@ -1,0 +1,2 @@
+"""Integrations of FlashMap drafters into serving engines (optional extras; nothing here is imported by
+`flashmap_ext` itself)."""

@@ -1,0 +1,86 @@
+"""Checkpoint directories vLLM loads for our drafters (the minimal converter of issue 17; the general
+`flashmap convert` is issue 16's). Both are served with vLLM's native `dflash` method.
+
+DFlash: our released-format checkpoint already is what vLLM's `DFlashQwen3ForCausalLM` reads
+(`architectures: ["DFlashDraftModel"]`, `model_type: qwen3`, `dflash_config.{mask_token_id,
+target_layer_ids}`, unprefixed `layers.*`/`fc`/`hidden_norm`/`norm` weights, no embedding or LM head so
+the target's are shared); the export validates it through `DFlashConfig` and rewrites it canonically.
+
+FlashMap: vLLM reads configs through transformers, so the directory is a Qwen3-typed config whose
+attention shape is the DiT's cross-attention (hidden_size = width, heads = kv heads = FlashMap heads:
+vLLM sizes the drafter's paged KV cache from it), `architectures: [ARCHITECTURE]` (the plugin's model),
+`dflash_config` (taps, a mask id vLLM feeds to the query slots and the drafter ignores) and the full
+`flashmap_config`; the weights are the drafter's own state dict unchanged.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURE = "DFlashFlashMapDrafter"  # starts with "DFlash": vLLM's dflash method keeps the name as is
+
+
+def export_dflash(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Writes the vLLM-loadable form of our DFlash checkpoint `src` (config.json + model.safetensors)
+    into `dst` (created; files there are replaced). Raises what `DFlashConfig.from_hf_dict` raises for a
+    config vLLM would misread (not DFlash, RoPE scaling, sliding layers, ...). Returns `dst`."""
+    from flashmap_ext.drafters import hf_checkpoint as ckpt
+    from flashmap_ext.drafters.dflash_config import DFlashConfig
+
+    raw = ckpt.read_config(src)
+    config = DFlashConfig.from_hf_dict(raw)
+    out = {**config.to_hf_dict(), "torch_dtype": raw.get("torch_dtype", "float32")}
+    return _write(dst, out, Path(src))
+
+
+def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_position_embeddings: int = 40960,
+                    seed: int = 0) -> Path:
+    """Writes the plugin's form of our FlashMap checkpoint `src` (`FlashMapDrafter.save_pretrained`)
+    into `dst`. max_position_embeddings: the target's context (vLLM checks drafts against it);
+    seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
+    the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
+    the output). Returns `dst`."""
+    from flashmap_ext.drafters.flashmap_config import FlashMapConfig
+
+    config = FlashMapConfig.load(Path(src) / "config.json")
+    out = vllm_config_dict(config, max_position_embeddings=max_position_embeddings, seed=seed)
+    return _write(dst, out, Path(src))
+
+
+def vllm_config_dict(config: Any, *, max_position_embeddings: int, seed: int) -> dict[str, Any]:
+    """The Qwen3-typed `config.json` content vLLM reads for a FlashMapConfig (module docstring)."""
+    layers = config.n_layers
+    return {
+        "architectures": [ARCHITECTURE], "model_type": "qwen3", "torch_dtype": "float32",
+        "hidden_size": config.width, "num_attention_heads": config.heads, "num_key_value_heads": config.heads,
+        "head_dim": config.head_dim, "num_hidden_layers": layers, "intermediate_size": int(config.width * config.mlp_ratio),
+        "vocab_size": config.vocab_size, "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_theta,
+        "max_position_embeddings": max_position_embeddings, "tie_word_embeddings": False,
+        "layer_types": ["full_attention"] * layers, "block_size": config.block_size,
+        "dflash_config": {"target_layer_ids": list(config.target_layer_ids), "mask_token_id": 0},
+        "flashmap_config": config.to_dict(), "flashmap_seed": int(seed),
+    }
+
+
+def speculative_config(path: str | os.PathLike) -> dict[str, Any]:
+    """`{"method": "dflash", "model": path, "num_speculative_tokens": K}` for an exported directory:
+    K = block_size − 1 for DFlash (anchor + K masks), block_size for FlashMap (every slot drafts)."""
+    raw = json.loads((Path(path) / "config.json").read_text())
+    block = int(raw.get("block_size", 16))
+    k = block if ARCHITECTURE in (raw.get("architectures") or []) else block - 1
+    return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
+
+
+def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path) -> Path:
+    weights = src / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"src: no model.safetensors in {src}")
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if weights.resolve() != (out / "model.safetensors").resolve():
+        shutil.copyfile(weights, out / "model.safetensors")
+    return out

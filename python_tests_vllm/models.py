@@ -1,0 +1,52 @@
+"""Tiny random models on disk for the vLLM tests: a Qwen3 target (HF format, no tokenizer) and our DFlash
+and FlashMap drafters for it, exported for vLLM (flashmap_ext.integrations.vllm)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 256  # the target's rows; DFlash's mask token is the last one
+PROMPT_LENGTHS = (5, 9, 14, 21)
+
+
+def tiny_target(path: Path, seed: int = 0) -> torch.nn.Module:
+    """A random 4-layer Qwen3 (head_dim 32: vLLM's CPU attention needs >= 32), saved to `path`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # sharper distributions than the default init: greedy decoding is non-trivial
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(path)
+    return model
+
+
+def tiny_dflash(target: torch.nn.Module, path: Path, seed: int = 1):
+    """Our DFlash drafter (2 layers, block 4: K = 3 drafts), saved in our released format to `path`."""
+    from flashmap_ext import DFlashDrafter
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter.for_target(target, mask_token_id=VOCAB - 1, num_hidden_layers=2, block_size=4,
+                                       target_layer_ids=(1, 2), initializer_range=0.2)
+    drafter.save_pretrained(path)
+    return drafter
+
+
+def tiny_flashmap(target: torch.nn.Module, path: Path, draft_steps: int = 1, seed: int = 2):
+    """Our FlashMap drafter (2 DiT blocks, width 64, 2 heads, K = 3), random gates so every input
+    matters, saved by `save_pretrained` to `path`."""
+    from flashmap_ext import FlashMapDrafter
+    torch.manual_seed(seed)
+    drafter = FlashMapDrafter.for_target(target, n_layers=2, width=64, heads=2, mlp_ratio=2.0, block_size=3,
+                                         cond_dim=32, draft_steps=draft_steps,
+                                         target_layer_ids=(1, 2))
+    drafter.reset_parameters(zero_init=False)
+    drafter.save_pretrained(path)
+    return drafter
+
+
+def prompts(seed: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB - 1, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
