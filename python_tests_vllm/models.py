@@ -21,28 +21,55 @@ def tiny_target(path: Path, seed: int = 0) -> torch.nn.Module:
     with torch.no_grad():  # sharper distributions than the default init: greedy decoding is non-trivial
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(path)
+    save_tokenizer(path)
     return model
 
 
+def save_tokenizer(path: Path) -> None:
+    """A word-level tokenizer whose token i is the word `t{i}` (so vLLM can serve text prompts)."""
+    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(tokenizer_models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(path)
+
+
+def as_text(token_ids: list[int]) -> str:
+    return " ".join(f"t{i}" for i in token_ids)
+
+
+DRAFT_VOCAB = 96  # the draft vocabulary's size where one is used (as in the committed checkpoints)
+
+
+def draft_vocab(seed: int = 4) -> torch.Tensor:
+    return torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[:DRAFT_VOCAB]
+
+
 def tiny_dflash(target: torch.nn.Module, path: Path, seed: int = 1):
-    """Our DFlash drafter (2 layers, block 4: K = 3 drafts), saved in our released format to `path`."""
+    """Our DFlash drafter (2 layers, block 4: K = 3 drafts, a 96-token draft vocabulary), saved in our
+    released format to `path`."""
     from flashmap_ext import DFlashDrafter
     torch.manual_seed(seed)
     drafter = DFlashDrafter.for_target(target, mask_token_id=VOCAB - 1, num_hidden_layers=2, block_size=4,
-                                       target_layer_ids=(1, 2), initializer_range=0.2)
+                                       target_layer_ids=(1, 2), initializer_range=0.2,
+                                       draft_vocab_size=DRAFT_VOCAB)
+    drafter.set_draft_vocab(draft_vocab())
     drafter.save_pretrained(path)
     return drafter
 
 
-def tiny_flashmap(target: torch.nn.Module, path: Path, draft_steps: int = 1, seed: int = 2):
-    """Our FlashMap drafter (2 DiT blocks, width 64, 2 heads, K = 3), random gates so every input
-    matters, saved by `save_pretrained` to `path`."""
+def tiny_flashmap(target: torch.nn.Module, path: Path, draft_steps: int = 1, with_draft_vocab: bool = False,
+                  seed: int = 2):
+    """Our FlashMap drafter (2 DiT blocks, width 64, 2 heads, K = 3, optionally a 96-token draft
+    vocabulary), random gates so every input matters, saved by `save_pretrained` to `path`."""
     from flashmap_ext import FlashMapDrafter
     torch.manual_seed(seed)
     drafter = FlashMapDrafter.for_target(target, n_layers=2, width=64, heads=2, mlp_ratio=2.0, block_size=3,
-                                         cond_dim=32, draft_steps=draft_steps,
-                                         target_layer_ids=(1, 2))
+                                         cond_dim=32, draft_steps=draft_steps, target_layer_ids=(1, 2),
+                                         draft_vocab_size=DRAFT_VOCAB if with_draft_vocab else None)
     drafter.reset_parameters(zero_init=False)
+    if with_draft_vocab:
+        drafter.set_draft_vocab(draft_vocab(), target)
     drafter.save_pretrained(path)
     return drafter
 

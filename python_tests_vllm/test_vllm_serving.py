@@ -1,8 +1,8 @@
 """vLLM (CPU build, fp32, T = 0) serving our drafters through its native `dflash` method.
 
 Each configuration runs once in a subprocess (run_vllm.py: vLLM spawns and holds global state):
-vLLM autoregressive, our DFlash checkpoint (export_dflash), and the FlashMap plugin (export_flashmap)
-with 1 and 2 flow-map evaluations. Checks: vLLM AR == plain HF greedy; every speculative run ==
+vLLM autoregressive, our DFlash checkpoint with a draft vocabulary (export_dflash), and the FlashMap
+plugin (export_flashmap) with 1 flow-map evaluation, and with 2 and a draft vocabulary. Checks: vLLM AR == plain HF greedy; every speculative run ==
 vLLM AR token for token; each prompt's tokens in the batch of 4 == its solo run; and every draft vLLM
 proposed == what our own drafter drafts from the HF target on the same committed prefix.
 """
@@ -33,8 +33,9 @@ def assets(tmp_path_factory):
     target = models.tiny_target(root / "target")
     drafters = {"dflash": models.tiny_dflash(target, root / "dflash_ours"),
                 "flashmap": models.tiny_flashmap(target, root / "flashmap_ours", draft_steps=1),
-                "flashmap2": models.tiny_flashmap(target, root / "flashmap2_ours", draft_steps=2)}
-    export_dflash(root / "dflash_ours", root / "dflash")
+                "flashmap2": models.tiny_flashmap(target, root / "flashmap2_ours", draft_steps=2,
+                                                  with_draft_vocab=True)}
+    export_dflash(root / "dflash_ours", root / "dflash", target=target)
     export_flashmap(root / "flashmap_ours", root / "flashmap", max_position_embeddings=512)
     export_flashmap(root / "flashmap2_ours", root / "flashmap2", max_position_embeddings=512)
     prompts = models.prompts()
@@ -53,7 +54,7 @@ def run(assets, method: str) -> dict:
         cmd = [sys.executable, str(HERE / "run_vllm.py"), str(root / "target"), str(root / "prompts.json"), str(out)]
         if method != "ar":
             cmd.append(json.dumps(speculative_config(root / method)))
-        proc = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=1800)
         assert proc.returncode == 0, f"vLLM run {method} failed:\n{proc.stderr[-6000:]}"
         _RUNS[method] = json.loads(out.read_text())
     return _RUNS[method]
@@ -111,13 +112,20 @@ def test_speculative_config_counts_drafted_slots(assets):
     assert speculative_config(root / "flashmap")["num_speculative_tokens"] == 3  # block_size 3: all slots draft
 
 
-def test_export_dflash_keeps_the_weights_and_config(assets, tmp_path):
-    from flashmap_ext import DFlashDrafter
-    ours = assets["drafters"]["dflash"]
-    loaded = DFlashDrafter.from_pretrained(assets["root"] / "dflash", assets["target"])
-    assert loaded.config == ours.config
+def test_export_dflash_keeps_the_weights_and_adds_the_draft_head(assets, tmp_path):
+    from safetensors.torch import load_file
+
+    from flashmap_ext.drafters.dflash_config import DFlashConfig
+    ours, out = assets["drafters"]["dflash"], assets["root"] / "dflash"
+    assert DFlashConfig.from_hf_dict(json.loads((out / "config.json").read_text())) == ours.config
+    exported = load_file(out / "model.safetensors")
+    assert set(exported) == set(ours.state_dict()) | {"lm_head.weight"}
     for name, tensor in ours.state_dict().items():
-        assert torch.equal(loaded.state_dict()[name], tensor), name
+        assert torch.equal(exported[name], tensor), name
+    rows = models.draft_vocab().sort().values  # the draft vocabulary, ascending: draft id i -> rows[i]
+    assert torch.equal(exported["lm_head.weight"], assets["target"].lm_head.weight[rows])
+    with pytest.raises(ValueError, match="target"):
+        export_dflash(assets["root"] / "dflash_ours", tmp_path / "no_target")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
     with pytest.raises(ValueError, match="not a DFlash checkpoint"):
@@ -131,3 +139,32 @@ def test_export_flashmap_config_shapes_the_paged_cache(assets):
     assert (raw["hidden_size"], raw["num_key_value_heads"], raw["head_dim"]) == (c.width, c.heads, c.head_dim)
     assert raw["dflash_config"]["target_layer_ids"] == list(c.target_layer_ids)
     assert raw["flashmap_config"]["draft_steps"] == 1
+    assert json.loads((assets["root"] / "flashmap2" / "config.json").read_text())["flashmap_config"]["draft_steps"] == 2
+
+
+def readme_python_block() -> str:
+    """The Python block of README.md's "Serving with vLLM" section."""
+    text = (HERE.parent / "README.md").read_text()
+    section = text[text.index("## Serving with vLLM"):]
+    return section[section.index("```python\n") + 10:section.index("\n```", section.index("```python"))]
+
+
+def test_readme_python_api_runs_verbatim(assets, tmp_path):
+    """The README block, with only its inputs line pointed at the tiny target and FlashMap drafter,
+    generates vLLM's AR tokens (engine in-process, as the other runs: on this 2-core machine vLLM's
+    engine and worker processes did not finish starting within 15 minutes under a load of ~20)."""
+    lines = readme_python_block().splitlines()
+    inputs = [i for i, line in enumerate(lines) if "target_dir, drafter_dir, prompts =" in line]
+    assert len(inputs) == 1
+    root, prompt = assets["root"], assets["prompts"][0]
+    indent = lines[inputs[0]][:len(lines[inputs[0]]) - len(lines[inputs[0]].lstrip())]
+    lines[inputs[0]] = (f"{indent}target_dir, drafter_dir, prompts = {str(root / 'target')!r}, "
+                        f"{str(root / 'flashmap_ours')!r}, [{models.as_text(prompt)!r}]")
+    lines.append(f"{indent}open('tokens.json', 'w').write(str(list(outputs[0].outputs[0].token_ids)))")
+    (tmp_path / "readme.py").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "readme.py"], cwd=tmp_path, env={**os.environ, **ENV},
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    tokens = json.loads((tmp_path / "tokens.json").read_text())
+    ar = run(assets, "ar")["solo"][0]
+    assert len(tokens) == 64 and tokens[:len(ar)] == ar

@@ -5,6 +5,8 @@ DFlash: our released-format checkpoint already is what vLLM's `DFlashQwen3ForCau
 (`architectures: ["DFlashDraftModel"]`, `model_type: qwen3`, `dflash_config.{mask_token_id,
 target_layer_ids}`, unprefixed `layers.*`/`fc`/`hidden_norm`/`norm` weights, no embedding or LM head so
 the target's are shared); the export validates it through `DFlashConfig` and rewrites it canonically.
+One difference: with a draft vocabulary (`d2t`), vLLM's drafter owns an LM head of the draft rows only,
+so the export adds `lm_head.weight` = the target's LM head rows of the draft vocabulary.
 
 FlashMap: vLLM reads configs through transformers, so the directory is a Qwen3-typed config whose
 attention shape is the DiT's cross-attention (hidden_size = width, heads = kv heads = FlashMap heads:
@@ -23,17 +25,31 @@ from typing import Any
 ARCHITECTURE = "DFlashFlashMapDrafter"  # starts with "DFlash": vLLM's dflash method keeps the name as is
 
 
-def export_dflash(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any = None) -> Path:
     """Writes the vLLM-loadable form of our DFlash checkpoint `src` (config.json + model.safetensors)
-    into `dst` (created; files there are replaced). Raises what `DFlashConfig.from_hf_dict` raises for a
-    config vLLM would misread (not DFlash, RoPE scaling, sliding layers, ...). Returns `dst`."""
+    into `dst` (created; files there are replaced). target: the HF target (or our `Target`), needed only
+    for a draft vocabulary (its LM head rows are exported). Raises ValueError without it, and what
+    `DFlashConfig.from_hf_dict` raises for a config vLLM would misread (not DFlash, RoPE scaling,
+    sliding layers, ...). Returns `dst`."""
+    import torch
+
     from flashmap_ext.drafters import hf_checkpoint as ckpt
     from flashmap_ext.drafters.dflash_config import DFlashConfig
+    from flashmap_ext.drafters.target_parts import hf_model
 
     raw = ckpt.read_config(src)
     config = DFlashConfig.from_hf_dict(raw)
     out = {**config.to_hf_dict(), "torch_dtype": raw.get("torch_dtype", "float32")}
-    return _write(dst, out, Path(src))
+    if config.draft_vocab_size is None:
+        return _write(dst, out, Path(src))
+    if target is None:
+        raise ValueError(f"target: {src} drafts from a {config.draft_vocab_size}-token vocabulary; pass the "
+                         "target so that its LM head rows can be exported (vLLM's drafter owns them)")
+    weights = ckpt.read_weights(src)
+    head = hf_model(target).get_output_embeddings()
+    rows = torch.arange(config.draft_vocab_size) + weights["d2t"]
+    weights["lm_head.weight"] = head.weight.detach()[rows.to(head.weight.device)].to("cpu", weights["fc.weight"].dtype)
+    return _write(dst, out, None, weights)
 
 
 def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_position_embeddings: int = 40960,
@@ -74,13 +90,17 @@ def speculative_config(path: str | os.PathLike) -> dict[str, Any]:
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
 
 
-def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path) -> Path:
-    weights = src / "model.safetensors"
-    if not weights.is_file():
-        raise FileNotFoundError(f"src: no model.safetensors in {src}")
+def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path | None, tensors: dict | None = None) -> Path:
+    """config.json + model.safetensors: copied from `src`, or written from `tensors`."""
     out = Path(dst)
+    if src is not None and not (src / "model.safetensors").is_file():
+        raise FileNotFoundError(f"src: no model.safetensors in {src}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if weights.resolve() != (out / "model.safetensors").resolve():
-        shutil.copyfile(weights, out / "model.safetensors")
+    if tensors is not None:
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
+    elif (src / "model.safetensors").resolve() != (out / "model.safetensors").resolve():
+        shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
     return out

@@ -19,8 +19,16 @@ slots; vLLM's attention kernels attend the query block to the whole sequence, so
 gathered per request from the block table and attended in PyTorch (the reference path). A fused
 prefix-only paged attention is the upstream hook a GPU path would want.
 
-`propose` asserts the model is one of vLLM's Eagle3/DFlash classes, hence the subclass of
-`DFlashQwen3ForCausalLM` (whose own __init__ is not run).
+vLLM internals this works around, and the upstream hook each would need (vLLM 0.32):
+  1. `SpecDecodeBaseProposer.propose` asserts the draft model is one of vLLM's Eagle3/DFlash classes, hence
+     the subclass of `DFlashQwen3ForCausalLM` (its __init__ is not run). Hook: check an interface
+     (combine_hidden_states, precompute_and_store_context_kv, compute_logits) instead of a class list.
+  2. The drafter forward gets no request identity or seed, so the noise is keyed by the export's
+     `flashmap_seed` and the anchor position, not by the request seed (lossless either way; only the
+     drafts depend on it). Hook: pass the per-request seeds (SamplingMetadata) to the drafter forward.
+  3. No prefix-only attention: the query block's attention always covers its own positions. Hook: a
+     per-layer "attend to the context only" flag (seq_len − query length) in the DFlash metadata, which
+     would let the slots use the backend's paged kernel instead of the gather + PyTorch attention here.
 """
 from __future__ import annotations
 
