@@ -25,8 +25,8 @@ PARSE_ONLY = ("bench", "demo", "data", "eval", "convert")  # downloads, corpora 
 # the committed weights (test_convert.py runs it on tiny checkpoints)
 
 
-def fenced_blocks(lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```$", README, flags=re.S | re.M)
+def fenced_blocks(lang: str, text: str = README) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```$", text, flags=re.S | re.M)
 
 
 def section(title: str) -> str:
@@ -63,7 +63,7 @@ def test_python_snippet_runs_and_prints(tmp_path, monkeypatch):
     torch.manual_seed(0)
     FlashMapDrafter.for_target(model, n_layers=1, width=64, heads=2, block_size=8).save_pretrained(
         tmp_path / "drafter")
-    (snippet,) = fenced_blocks("python")
+    (snippet,) = fenced_blocks("python", section("Python API"))  # "Serving with vLLM": python_tests_vllm
     code = swapped(snippet, {"qwen05_dir()": repr(str(tmp_path / "target")),
                              '"checkpoints/flashmap-qwen2.5-coder-0.5b"': repr(str(tmp_path / "drafter"))})
     out = io.StringIO()
