@@ -117,7 +117,8 @@ def test_export_dflash_keeps_the_weights_and_adds_the_draft_head(assets, tmp_pat
 
     from flashmap_ext.drafters.dflash_config import DFlashConfig
     ours, out = assets["drafters"]["dflash"], assets["root"] / "dflash"
-    assert DFlashConfig.from_hf_dict(json.loads((out / "config.json").read_text())) == ours.config
+    source = json.loads((assets["root"] / "dflash_ours" / "config.json").read_text())
+    assert DFlashConfig.from_hf_dict(json.loads((out / "config.json").read_text())) == DFlashConfig.from_hf_dict(source)
     exported = load_file(out / "model.safetensors")
     assert set(exported) == set(ours.state_dict()) | {"lm_head.weight"}
     for name, tensor in ours.state_dict().items():
@@ -130,6 +131,11 @@ def test_export_dflash_keeps_the_weights_and_adds_the_draft_head(assets, tmp_pat
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
     with pytest.raises(ValueError, match="not a DFlash checkpoint"):
         export_dflash(tmp_path / "bad", tmp_path / "out")
+    (tmp_path / "capped").mkdir()
+    capped = {**source, "dflash_config": {**source["dflash_config"], "final_logit_softcapping": 30.0}}
+    (tmp_path / "capped" / "config.json").write_text(json.dumps(capped))
+    with pytest.raises(NotImplementedError, match="final_logit_softcapping"):
+        export_dflash(tmp_path / "capped", tmp_path / "out", target=assets["target"])
 
 
 def test_export_flashmap_config_shapes_the_paged_cache(assets):

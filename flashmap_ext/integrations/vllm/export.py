@@ -39,6 +39,9 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
 
     raw = ckpt.read_config(src)
     config = DFlashConfig.from_hf_dict(raw)
+    for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
+        if getattr(config, name) != neutral:  # vLLM 0.32's DFlashQwen3ForCausalLM reads none of these
+            raise NotImplementedError(f"{src}: DFlash option {name}={getattr(config, name)!r} is not served by vLLM")
     out = {**config.to_hf_dict(), "torch_dtype": raw.get("torch_dtype", "float32")}
     if config.draft_vocab_size is None:
         return _write(dst, out, Path(src))
