@@ -1,6 +1,6 @@
 """vLLM peer rows on the real target: vLLM AR, n-gram, our DFlash and FlashMap checkpoints (issue 17).
 
-    python -m flashmap_ext.integrations.vllm.bench --out docs/bench/vllm-cpu [--n 3] [--max-new-tokens 64]
+    python -m flashmap_ext.integrations.vllm.bench --out DIR [--n 3] [--max-new-tokens 64]   # DIR also gets the exports
 
 Prompts: the first `n` items of GSM8K, HumanEval and MT-Bench (first turns), chat-templated exactly as
 `flashmap bench` does (train.data.prompt_ids). Each method runs in its own process (one vLLM engine
