@@ -35,7 +35,7 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
 
     from flashmap_ext.drafters import hf_checkpoint as ckpt
     from flashmap_ext.drafters.dflash_config import DFlashConfig
-    from flashmap_ext.drafters.target_parts import hf_model
+    from flashmap_ext.target.model import hf_causal_lm
 
     raw = ckpt.read_config(src)
     config = DFlashConfig.from_hf_dict(raw)
@@ -49,7 +49,7 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
         raise ValueError(f"target: {src} drafts from a {config.draft_vocab_size}-token vocabulary; pass the "
                          "target so that its LM head rows can be exported (vLLM's drafter owns them)")
     weights = ckpt.read_weights(src)
-    head = hf_model(target).get_output_embeddings()
+    head = hf_causal_lm(target).get_output_embeddings()
     rows = torch.arange(config.draft_vocab_size) + weights["d2t"]
     weights["lm_head.weight"] = head.weight.detach()[rows.to(head.weight.device)].to("cpu", weights["fc.weight"].dtype)
     return _write(dst, out, None, weights)
