@@ -12,8 +12,7 @@ the target's tapped hidden states and runs the drafter once on [anchor, K query 
 """
 from __future__ import annotations
 
-from flashmap_ext.integrations.vllm.export import (ARCHITECTURE, export_dflash, export_flashmap,
-                                                   speculative_config)
+from flashmap_ext.integrations.vllm.export import ARCHITECTURE, export_dflash, export_flashmap, speculative_config
 
 __all__ = ["register", "export_dflash", "export_flashmap", "speculative_config", "ARCHITECTURE"]
 
