@@ -236,12 +236,13 @@ def qwen3_tokenizer():
     return AutoTokenizer.from_pretrained(qwen3_tokenizer_dir())
 
 
-def resolve_target(spec: str) -> str:
+def resolve_target(spec: str | os.PathLike) -> str:
     """Maps a `--target` value to what `target.load_target` takes: the built-in name becomes its local dir.
 
     `qwen2.5-coder-0.5b` (the offline real target) is fetched and converted on first use; anything else
-    (a hub name such as `Qwen/Qwen3-8B` or a local directory) is passed through unchanged.
+    (a hub name such as `Qwen/Qwen3-8B` or a local directory, as str or `os.PathLike`) is returned as a str.
     """
+    spec = os.fspath(spec)
     if spec.lower() in (QWEN05_NAME, QWEN05_DIR, "qwen/" + QWEN05_DIR):
         return str(qwen05_dir())
     return spec

@@ -1,6 +1,7 @@
 """Offline asset layer, prompt sets and ShareGPT parsing. Never downloads: packaged prompt sets are only
 checked when their wheels are already in the asset cache (else skipped)."""
 import json
+import pathlib
 import zipfile
 
 import pytest
@@ -66,6 +67,11 @@ def test_missing_python_package_error_says_how_to_install():
 def test_resolve_target_passes_user_targets_through():
     assert assets.resolve_target("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
     assert assets.resolve_target("/models/my-qwen") == "/models/my-qwen"
+
+
+def test_resolve_target_takes_a_path_like_the_readme_snippet_passes():
+    # README's API snippet passes qwen05_dir(), a pathlib.Path: it raised AttributeError ('lower')
+    assert assets.resolve_target(pathlib.Path("/models/my-qwen")) == "/models/my-qwen"
 
 
 @pytest.mark.parametrize("name", list(datasets.PACKAGED))
