@@ -13,8 +13,16 @@ from flashmap_ext.assets.models import AssetError  # missing/unknown offline ass
 COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval", "convert"]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (`flashmap generate: error: ... (see flashmap generate --help)`,
+    exit code 2) instead of the usage block; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flashmap", description=__doc__.splitlines()[0])
+    parser = Parser(prog="flashmap", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:

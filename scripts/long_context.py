@@ -7,7 +7,10 @@ the context). Each drafter decodes `--max-new-tokens` at T = 0 (greedy); the out
 token-identical to the autoregressive baseline's, which runs once per length (`--no-ar` skips it).
 
     taskset -c 0 python scripts/long_context.py --lengths 1024,4096,8192 [--drafters flashmap,dflash]
-        [--max-new-tokens 48] [--json out.json]
+        [--max-new-tokens 48] [--context-window W] [--json out.json]
+
+--context-window W: the drafters read the last W memory entries only (common/window.py); default: as
+the checkpoint says.
 """
 from __future__ import annotations
 
@@ -47,14 +50,13 @@ def main() -> int:
     p.add_argument("--drafters", default="flashmap,dflash")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--no-ar", action="store_true", help="skip the AR baseline (no identity check)")
+    p.add_argument("--context-window", type=int, default=None, help="drafter context window W (default: the checkpoint's)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
-    from transformers import AutoTokenizer
-
     from flashmap_ext.bench import machine
     from flashmap_ext.bench.assets import qwen05_dir
-    from flashmap_ext.commands.generate import load_drafter
+    from flashmap_ext.drafters.load import KEEP, load_drafter
     from flashmap_ext.speculate import generate
     from flashmap_ext.target import load_target, resolve_dtype
     from flashmap_ext.train.data import stop_token_ids
@@ -62,11 +64,12 @@ def main() -> int:
     threads = machine.set_threads(1)
     dtype = machine.auto_dtype()
     model_dir = str(qwen05_dir())
-    target = load_target(model_dir, dtype=resolve_dtype(dtype), device="cpu")
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    target, tok = load_target(model_dir, resolve_dtype(dtype), "cpu")
     stops = sorted(stop_token_ids(tok))
     code_ids = tok.encode(source_text(), add_special_tokens=False)
-    drafters = {name: load_drafter(CHECKPOINTS[name], target) for name in args.drafters.split(",")}
+    window = KEEP if args.context_window is None else args.context_window
+    drafters = {name: load_drafter(CHECKPOINTS[name], target, context_window=window)
+                for name in args.drafters.split(",")}
     rows = []
     print(f"# {machine.cpu_model()}, {dtype}, {threads} thread(s), target context {target.max_positions}",
           flush=True)
@@ -77,7 +80,8 @@ def main() -> int:
             t0 = time.time()
             out = generate(target, drafter, ids, args.max_new_tokens, stop_token_ids=stops)
             s = out.stats
-            row = {"prompt_tokens": len(ids), "drafter": name, "gamma": s.acceptance_length, "rounds": s.rounds,
+            row = {"prompt_tokens": len(ids), "drafter": name, "context_window": drafter.config.context_window,
+                   "gamma": s.acceptance_length, "rounds": s.rounds,
                    "new_tokens": s.new_tokens, "identical_to_ar": None if ar is None else out.tokens == ar,
                    "slot_acceptance": [a / d if d else None for a, d in zip(s.slot_accepted, s.slot_drafted)],
                    "wall_s": round(time.time() - t0, 1)}

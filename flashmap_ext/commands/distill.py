@@ -27,6 +27,7 @@ def run(args) -> int:
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     from flashmap_ext.train.distill import distill_loss, make_student
     run_settings, _ = runner.settings(args, "distill", "flashmap")
+    check_window_matches_teacher(args)
     target, _ = runner.load_target(args)
     teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
     student = make_student(teacher)
@@ -39,3 +40,16 @@ def run(args) -> int:
     print(f"distill: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
+
+
+def check_window_matches_teacher(args) -> None:
+    """The student keeps the teacher's context window (`make_student` copies its config): ValueError for
+    a --context-window that differs from it, before any model loads."""
+    if getattr(args, "context_window", None) is None:
+        return
+    from flashmap_ext.drafters.common.checkpoint import load_config
+    from flashmap_ext.drafters.flashmap import FlashMapConfig
+    window = load_config(args.teacher, "flashmap", FlashMapConfig.from_dict).context_window
+    if window != args.context_window:
+        raise ValueError(f"--context-window {args.context_window}: the student keeps the teacher's context window "
+                         f"({window}); train the flow stage (--teacher {args.teacher}) with the window instead")

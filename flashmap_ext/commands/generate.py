@@ -22,7 +22,7 @@ import sys
 
 from flashmap_ext.assets.models import QWEN05_NAME
 from flashmap_ext.bench import machine
-from flashmap_ext.drafters.load import load_drafter
+from flashmap_ext.drafters.load import check_drafter, load_drafter
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import TINY, Target, load_target, resolve_dtype
 from flashmap_ext.tree import TreeSpec
@@ -39,9 +39,7 @@ def add_parser(subparsers) -> None:
                    help="override the type read from the drafter's config.json")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    add_sampling_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=non_negative_int, default=128)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
@@ -55,6 +53,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    kind = check_drafter(args.drafter, args.drafter_type) if args.drafter else None  # before any model loads
+    check_shape_arguments(args, kind)
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target(args.target, dtype, args.device)
     drafter = load_drafter(args.drafter, target, args.drafter_type, steps=args.steps) if args.drafter else None
@@ -72,6 +72,14 @@ def run(args) -> int:
     return 0
 
 
+def add_sampling_arguments(p, temperatures: tuple | None = None) -> None:
+    """--temperature, --top-k, --top-p, checked by argparse (exit 2, before any model loads)."""
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, choices=temperatures,
+                   help="0 = greedy (default)")
+    p.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k likeliest tokens (0 = all)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus mass in (0, 1] (1 = all)")
+
+
 def add_shape_arguments(p) -> None:
     """--lookup, --block-tree, --auto: the draft shapes of issue 15 (shared by generate, bench and demo)."""
     p.add_argument("--lookup", action="store_true",
@@ -85,8 +93,21 @@ def add_shape_arguments(p) -> None:
                         "lookup, drafter chain of k, or both), calibrated once and cached")
 
 
+def check_shape_arguments(args, kind: str | None) -> None:
+    """ValueError for a draft-shape combination `shape_drafter` refuses, before any model loads
+    (`kind`: the drafter's, from `check_drafter`, or None without one)."""
+    if getattr(args, "auto", False):
+        return
+    if getattr(args, "block_tree", None) and (args.tree is None or kind is None):
+        raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
+    if (args.tree is not None and kind != "eagle3" and not getattr(args, "lookup", False)
+            and not getattr(args, "block_tree", None)):
+        raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got "
+                         f"{'no drafter' if kind is None else f'a {kind} drafter'})")
+
+
 def shape_drafter(args, target, drafter):
-    """(drafter, TreeSpec or None) after --auto / --lookup / --block-tree; SystemExit for a bad combination."""
+    """(drafter, TreeSpec or None) after --auto / --lookup / --block-tree; ValueError for a bad combination."""
     if getattr(args, "auto", False):
         from flashmap_ext.bench.calibrate import load_or_calibrate
         from flashmap_ext.drafters.auto import AutoDrafter
@@ -96,26 +117,41 @@ def shape_drafter(args, target, drafter):
     tree = args.tree
     if getattr(args, "block_tree", None):
         if tree is None or drafter is None:
-            raise SystemExit("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
+            raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
         from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter
         drafter = (TopKTreeDrafter if args.block_tree == "topk" else MultiNoiseDrafter)(drafter)
     if getattr(args, "lookup", False):
         from flashmap_ext.drafters.lookup import LookupDrafter
         drafter = LookupDrafter(drafter)
     if tree is not None and not hasattr(drafter, "draft_tree"):
-        raise SystemExit(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got {type(drafter).__name__})")
+        raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got {type(drafter).__name__})")
     return drafter, tree
+
+
+def _checked(text: str, cast, ok, expected: str):
+    """argparse type helper: cast(text) when ok(value), else ArgumentTypeError "expected {expected}, got ..."."""
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    return value
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _checked(text, float, lambda v: 0 <= v < float("inf"), "a number >= 0")
+
+
+def probability(text: str) -> float:
+    """argparse type: a number in (0, 1]."""
+    return _checked(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def tree_spec(text: str) -> TreeSpec:

@@ -6,23 +6,30 @@ from typing import Any
 
 import torch
 
-from flashmap_ext.drafters.common.checkpoint import CheckpointError, config_kind, read_config
+from flashmap_ext.drafters.common.checkpoint import CheckpointError, config_kind, load_config, read_config
+from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.dflash.config import DFlashConfig
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from flashmap_ext.drafters.flashmap import FlashMapDrafter
+from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter
 from flashmap_ext.target.model import hf_causal_lm
 
 CLASSES = {"flashmap": FlashMapDrafter, "dflash": DFlashDrafter, "eagle3": Eagle3Drafter}
 
 
+KEEP = "checkpoint"  # context_window: as the checkpoint's config says
+
+
 def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torch.dtype | None = None,
-                 steps: int | None = None) -> torch.nn.Module:
+                 steps: int | None = None, context_window: int | None | str = KEEP) -> torch.nn.Module:
     """A drafter for `target` (a Target or an HF causal LM) in eval mode and `dtype` (default: the target's).
 
     path: a checkpoint directory, 'random' (a small random FlashMap drafter: 2 layers, width 128, K = 8) or
     'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3' overrides the type read from config.json.
-    steps: FlashMap draft steps (1 or 2; default the checkpoint's). Raises CheckpointError (a ValueError)
-    for a missing directory, a bad config or an unknown checkpoint type.
+    steps: FlashMap draft steps (1 or 2; default the checkpoint's). context_window: W, the FlashMap or
+    DFlash drafter reads the last W memory entries only (common/window.py); None: all; default the
+    checkpoint's. Raises CheckpointError (a ValueError) for a missing directory, a bad config or an
+    unknown checkpoint type; ValueError for a window a drafter cannot take.
     """
     dtype = dtype or hf_causal_lm(target).get_input_embeddings().weight.dtype
     if path == "random":
@@ -36,6 +43,10 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
         drafter = CLASSES[kind or checkpoint_type(path)].from_pretrained(path, target, dtype=dtype)
     if steps is not None and hasattr(drafter.config, "draft_steps"):
         drafter.config.draft_steps = steps
+    if context_window != KEEP:
+        if not hasattr(drafter.config, "context_window"):
+            raise ValueError(f"context_window: the {type(drafter).__name__} has no context window")
+        drafter.config.context_window = check_window(context_window)
     return drafter.to(dtype=dtype).eval()
 
 
@@ -51,4 +62,21 @@ def checkpoint_type(path: str) -> str:
         raise CheckpointError(f"--drafter {path}: unknown drafter type (architectures="
                               f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); "
                               f"pass --drafter-type")
+    return kind
+
+
+RANDOM = ("random", "random-eagle3")
+
+
+def check_drafter(path: str, kind: str | None = None) -> str:
+    """Reads and parses a drafter checkpoint's config.json without loading weights or a target (commands
+    call it before any model loads). Returns its kind; CheckpointError (one line) as `load_drafter`."""
+    if path in RANDOM:
+        return "eagle3" if path == "random-eagle3" else "flashmap"
+    kind = kind or checkpoint_type(path)
+    parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
+    if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load
+        load_config(path, kind, parse)
+    else:
+        read_config(path, kind)
     return kind

@@ -88,10 +88,10 @@ def run(args) -> int:
     from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.evaluate.report import write_reports
     from flashmap_ext.target import load_target
+    specs = check_args(args)  # argument errors before any model loads
     set_threads(args.threads)
     dtype = args.dtype or auto_dtype()
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
-    specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
     drafters = {}
     for name, path, steps in specs:
         d = load_drafter(path, target)
@@ -112,6 +112,27 @@ def run(args) -> int:
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
     return 0
+
+
+def check_args(args) -> list[tuple[str, str, int | None]]:
+    """The parsed --drafter specs, after checking every argument without loading a model: ValueError
+    (one line, naming the option) for counts out of range, a missing --heldout path, a bad NAME=DIR:STEPS
+    or a drafter checkpoint whose config.json is missing or invalid (CheckpointError)."""
+    from flashmap_ext.drafters.load import check_drafter
+    for opt, value, low in (("--per-domain", args.per_domain, 1), ("--slots", args.slots, 1),
+                            ("--stride", args.stride, 1), ("--max-length", args.max_length, 2),
+                            ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{opt}: must be >= {low} (got {value})")
+    if not Path(args.heldout).exists():
+        raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
+                         f".jsonl(.gz); scripts/grow_corpus.sh or flashmap data generate --split heldout writes one)")
+    specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
+    for name, path, steps in specs:
+        if steps is not None and steps not in (1, 2):
+            raise ValueError(f"--drafter {name}={path}:{steps}: STEPS must be 1 or 2")
+        check_drafter(path)
+    return specs
 
 
 def add_arguments(p) -> None:

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from flashmap_ext import target as target_lib
+from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
@@ -52,6 +53,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--accum", type=int, help="micro-steps per optimizer step (gradient accumulation)")
     g.add_argument("--num-anchors", type=int, help="random anchors (blocks) per sequence per step")
     g.add_argument("--max-length", type=int, help="crop sequences to this many tokens")
+    g.add_argument("--context-window", type=int, metavar="W",
+                   help="FlashMap/DFlash: the drafter reads the last W committed positions only, in training and "
+                        "inference (recorded in its config.json; default: all)")
     g.add_argument("--save-every", type=int, help="steps between checkpoints")
     g.add_argument("--seed", type=int, default=0)
     r = p.add_argument_group("runtime")
@@ -81,7 +85,13 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
     for key in ("steps", "lr", "warmup", "batch_size", "accum", "num_anchors", "max_length", "save_every"):
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
-    return run, chosen[model_key]
+    shape = dict(chosen[model_key])
+    window = getattr(args, "context_window", None)
+    if window is not None:
+        if model_key not in ("flashmap", "dflash"):
+            raise ValueError(f"--context-window: FlashMap and DFlash drafters only (not {model_key})")
+        shape["context_window"] = check_window(window, "--context-window")
+    return run, shape
 
 
 def device_of(args) -> str:

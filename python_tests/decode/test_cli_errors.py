@@ -1,5 +1,8 @@
 """Error paths a user can reach from the CLI (issue 14, finding 3): each ends with exit code 2 and one
 line on stderr naming the argument, never a traceback."""
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -7,6 +10,7 @@ from transformers import AutoTokenizer
 from flashmap_ext import cli
 
 TINY = ["--target", "tiny-random"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_line_error(argv, capsys) -> str:
@@ -56,3 +60,86 @@ def test_bench_target_not_in_the_offline_cache(monkeypatch, capsys):
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
     err = one_line_error(["bench", "--target", "nobody/nomodel", "--n", "1", "--no-peers"], capsys)
     assert "--target nobody/nomodel" in err and "couldn't connect" in err
+
+
+# --- arguments are checked before any model loads (issue 14, newcomer pass) ---------------------------
+@pytest.fixture
+def no_loads(monkeypatch):
+    """Any target load fails the test: these errors must come first."""
+    def refuse(*a, **kw):
+        raise AssertionError("a model was loaded before the argument error")
+    import flashmap_ext.commands.generate as generate_cmd
+    import flashmap_ext.target as target_pkg
+    monkeypatch.setattr(generate_cmd, "load_target", refuse)
+    monkeypatch.setattr(target_pkg, "load_target", refuse)
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+
+
+def argparse_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--temperature", "-1", "expected a number >= 0, got -1.0"), ("--temperature", "nan", "expected a number >= 0"),
+    ("--top-p", "0", "expected a number in (0, 1], got 0.0"), ("--top-p", "1.5", "in (0, 1]"),
+    ("--top-k", "-2", "expected an integer >= 0, got -2"), ("--top-k", "x", "expected an integer >= 0, got 'x'")])
+def test_generate_sampling_flags_are_checked_by_the_parser(flag, value, message, capsys, no_loads):
+    err = argparse_error(["generate", *TINY, "--prompt", "x", flag, value], capsys)
+    assert err.startswith(f"flashmap generate: error: argument {flag}") and message in err
+
+
+def test_bench_temperature_is_checked_by_the_parser(capsys, no_loads):
+    err = argparse_error(["bench", "--temperature", "-1", "--n", "1"], capsys)
+    assert "argument --temperature" in err
+
+
+def write_config(folder, change):
+    cfg = json.loads((ROOT / "checkpoints" / "flashmap-qwen2.5-coder-0.5b" / "config.json").read_text())
+    change(cfg)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+def test_generate_bad_drafter_config_before_the_target_loads(tmp_path, capsys, no_loads):
+    path = write_config(tmp_path / "d", lambda cfg: cfg.update(n_layers="two"))
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path], capsys)
+    assert "field n_layers: expected an integer, got 'two'" in err and "config.json" in err
+    path = write_config(tmp_path / "e", lambda cfg: cfg.pop("block_size"))
+    assert "missing field block_size" in one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path], capsys)
+
+
+def test_generate_tree_needs_a_tree_drafter_before_the_target_loads(capsys, no_loads):
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", "random", "--tree", "7,10,16"], capsys)
+    assert "--tree needs an EAGLE-3 drafter" in err
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--block-tree", "topk"], capsys)
+    assert "--block-tree needs --drafter and --tree" in err
+
+
+def test_eval_missing_heldout_names_the_option(tmp_path, capsys, no_loads):
+    err = one_line_error(["eval", "--heldout", str(tmp_path / "nope"), "--drafter", "A=random"], capsys)
+    assert f"--heldout {tmp_path / 'nope'}: no such file or folder" in err and "Errno" not in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--slots", "0"], "--slots: must be >= 1"), (["--per-domain", "0"], "--per-domain: must be >= 1"),
+    (["--drafter", "nameless"], "expected NAME=DIR"), (["--drafter", "A=random:3"], "STEPS must be 1 or 2")])
+def test_eval_arguments_before_the_target_loads(tmp_path, capsys, no_loads, extra, message):
+    (tmp_path / "h.jsonl").write_text("")
+    argv = ["eval", "--heldout", str(tmp_path / "h.jsonl"), *extra]
+    if "--drafter" not in extra:
+        argv += ["--drafter", "A=random"]
+    assert message in one_line_error(argv, capsys)
+
+
+def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, no_loads):
+    (tmp_path / "h.jsonl").write_text("")
+    path = write_config(tmp_path / "d", lambda cfg: cfg.update(format_version=7))
+    err = one_line_error(["eval", "--heldout", str(tmp_path / "h.jsonl"), "--drafter", f"A={path}"], capsys)
+    assert "format_version 7 is newer" in err
+    err = one_line_error(["eval", "--heldout", str(tmp_path / "h.jsonl"), "--drafter", f"A={tmp_path}/none"], capsys)
+    assert "no such directory" in err

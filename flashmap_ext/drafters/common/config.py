@@ -71,3 +71,32 @@ def rope_scaling(cfg: dict[str, Any]) -> dict | None:
     params.pop("rope_theta", None)
     kind = params.pop("rope_type", params.pop("type", "default"))
     return None if kind == "default" else {"rope_type": kind, **params}
+
+
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "ints": "a list of integers"}
+
+
+def _is(kind: str, value: Any) -> bool:
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    return isinstance(value, (list, tuple)) and all(_is("int", v) for v in value)  # "ints"
+
+
+def check_field_types(cfg: dict[str, Any], schema: dict[str, str], prefix: str = "") -> None:
+    """ValueError naming the first field of `cfg` whose JSON value has the wrong type for `schema`
+    (name -> "int" | "float" | "bool" | "ints", with a trailing "?" when null is allowed). Fields absent
+    from `cfg` or `schema` are not checked here. Ints are never accepted for bools nor bools for ints, and
+    a float is not an int (JSON `2.5` layers); ints are accepted as floats."""
+    for name, kind in schema.items():
+        if name not in cfg:
+            continue
+        value, nullable = cfg[name], kind.endswith("?")
+        kind = kind.rstrip("?")
+        if value is None and nullable or _is(kind, value):
+            continue
+        expected = _KINDS[kind] + (" or null" if nullable else "")
+        raise ValueError(f"field {prefix}{name}: expected {expected}, got {value!r} ({type(value).__name__})")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from flashmap_ext.drafters.common.base import check_anchors
+from flashmap_ext.drafters.common.window import visible_context
 from flashmap_ext.drafters.dflash.config import DFlashConfig
 
 
@@ -48,11 +49,13 @@ def attention_rule(query_pos: torch.Tensor, key_pos: torch.Tensor, causal: bool,
     return visible
 
 
-def train_attention_mask(anchor_pos: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """Dense visibility mask [B, 1, A·bs, T + A·bs] bool (True = may attend) for the layout above."""
+def train_attention_mask(anchor_pos: torch.Tensor, length: int, block_size: int,
+                         window: int | None = None) -> torch.Tensor:
+    """Dense visibility mask [B, 1, A·bs, T + A·bs] bool (True = may attend) for the layout above; with a
+    context window W, rule 1 keeps only anchor_a − W <= j (common/window.py)."""
     b, a = anchor_pos.shape
     device = anchor_pos.device
-    context = torch.arange(length, device=device) < anchor_pos[:, :, None]            # [B, A, T]
+    context = visible_context(anchor_pos, length, window)                                 # [B, A, T]
     context = context.repeat_interleave(block_size, dim=1)                              # [B, A·bs, T]
     block_of = torch.arange(a * block_size, device=device) // block_size
     own = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)                    # [B, A·bs, A·bs]

@@ -6,7 +6,9 @@ DESIGN.md §11): HF Qwen3 fields plus `architectures: ["DFlashDraftModel"]`, `bl
 `layer_types` + `sliding_window` (sliding-window layers, causal unless `is_causal` says otherwise),
 `is_causal` (vLLM also reads `dflash_config.causal`), RoPE scaling, and `dflash_config.{input_embedding_scale,
 output_multiplier, final_logit_softcapping}` (Gemma-style targets). Semantics follow z-lab's `dflash==0.1.0`
-(`dflash/model.py`), which the differential tests run side by side with this implementation.
+(`dflash/model.py`), which the differential tests run side by side with this implementation. Ours:
+`dflash_config.context_window` (the drafter context window, common/window.py), written only when set;
+other readers ignore it, so the vLLM exporter refuses it.
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ from typing import Any
 
 from flashmap_ext.drafters.common.config import (
     TargetShaped,
+    check_field_types,
     from_engine_layer_ids,
     rope_scaling,
     rope_theta,
 )
 from flashmap_ext.drafters.common.layers import SEQUENCE_DEPENDENT_ROPE
+from flashmap_ext.drafters.common.window import check_window
 
 ARCHITECTURE = "DFlashDraftModel"
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -61,6 +65,7 @@ class DFlashConfig(TargetShaped):
     input_embedding_scale: float = 1.0  # block embeddings are multiplied by it
     output_multiplier: float = 1.0  # draft logits are multiplied by it ...
     final_logit_softcapping: float | None = None  # ... then softcapped: c·tanh(logits / c) when c > 0
+    context_window: int | None = None  # ours: read the last W memory entries only (common/window.py); None: all
 
     def __post_init__(self):
         if self.block_size < 2:
@@ -77,6 +82,7 @@ class DFlashConfig(TargetShaped):
                                  f"got {list(self.layer_types)}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        check_window(self.context_window)
 
     def layer_attention(self, i: int) -> tuple[bool, int | None]:
         """(causal, window) of layer i, z-lab's rule: `is_causal` if set, else causal iff the layer is
@@ -96,7 +102,7 @@ class DFlashConfig(TargetShaped):
         extra = {k: d.pop(k) for k in ("mask_token_id", "target_layer_ids")}
         extra["target_layer_ids"] = list(extra["target_layer_ids"])
         for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
-                              ("final_logit_softcapping", None)):
+                              ("final_logit_softcapping", None), ("context_window", None)):
             value = d.pop(name)
             if value != neutral:
                 extra[name] = value
@@ -123,13 +129,17 @@ class DFlashConfig(TargetShaped):
                 raise NotImplementedError("DFlash2 (architectures=['DFlash2DraftModel']: conv layers + candidate "
                                           "selector) is not supported")
             raise ValueError(f"not a DFlash checkpoint: architectures={cfg.get('architectures')}")
-        reject_unsupported(cfg)
         draft = cfg.get("dflash_config") or {}
+        check_field_types(cfg, _TOP_SCHEMA)
+        check_field_types(draft, _DRAFT_SCHEMA, "dflash_config.")
+        reject_unsupported(cfg)
 
         def field(name, default=None):
             return draft.get(name, cfg.get(name, default))
         if field("mask_token_id") is None:
             raise ValueError("config has no dflash_config.mask_token_id")
+        if field("block_size") is None:  # z-lab's reference has no default either
+            raise ValueError("missing field block_size (the draft block length, anchor included)")
         n_layers = int(cfg["num_hidden_layers"])
         num_target_layers = cfg.get("num_target_layers")
         ids = field("target_layer_ids")
@@ -148,7 +158,7 @@ class DFlashConfig(TargetShaped):
                    vocab_size=int(cfg["vocab_size"]), mask_token_id=int(field("mask_token_id")),
                    target_layer_ids=ids, num_hidden_layers=n_layers,
                    num_target_layers=None if num_target_layers is None else int(num_target_layers),
-                   block_size=int(field("block_size", 16)), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                   block_size=int(field("block_size")), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                    rope_theta=float(rope_theta(cfg)),
                    max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
                    attention_bias=bool(cfg.get("attention_bias", False)),
@@ -159,7 +169,20 @@ class DFlashConfig(TargetShaped):
                    is_causal=None if causal is None else bool(causal), rope_scaling=rope_scaling(cfg),
                    input_embedding_scale=float(field("input_embedding_scale", 1.0)),
                    output_multiplier=float(field("output_multiplier", 1.0)),
-                   final_logit_softcapping=None if softcap is None else float(softcap))
+                   final_logit_softcapping=None if softcap is None else float(softcap),
+                   context_window=draft.get("context_window"))
+
+
+# JSON types of the fields `from_hf_dict` reads (common.config.check_field_types; "?": null allowed).
+_SHARED = {"block_size": "int", "mask_token_id": "int", "target_layer_ids": "ints",
+           "input_embedding_scale": "float", "output_multiplier": "float", "final_logit_softcapping": "float?"}
+_TOP_SCHEMA = {**_SHARED, "hidden_size": "int", "intermediate_size": "int", "num_attention_heads": "int",
+               "num_key_value_heads": "int", "head_dim": "int?", "vocab_size": "int", "num_hidden_layers": "int",
+               "num_target_layers": "int?", "rms_norm_eps": "float", "rope_theta": "float",
+               "max_position_embeddings": "int", "attention_bias": "bool", "initializer_range": "float",
+               "draft_vocab_size": "int?", "sliding_window": "int?", "use_sliding_window": "bool?",
+               "is_causal": "bool?", "eagle_aux_hidden_state_layer_ids": "ints?"}
+_DRAFT_SCHEMA = {**_SHARED, "causal": "bool?", "context_window": "int?"}
 
 
 def _sliding_window(cfg: dict[str, Any]) -> int | None:

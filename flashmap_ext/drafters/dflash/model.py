@@ -22,6 +22,7 @@ from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
 from flashmap_ext.drafters.common.vocab import DraftVocab
+from flashmap_ext.drafters.common.window import window_start
 from flashmap_ext.drafters.dflash.blocks import attention_rule, train_attention_mask, train_block_inputs
 from flashmap_ext.drafters.dflash.config import DFlashConfig, build_target_layer_ids
 from flashmap_ext.target.model import hf_causal_lm
@@ -153,8 +154,9 @@ class DFlashDrafter(ReadsTarget, nn.Module):
 
     def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1. Full-attention
-        bidirectional layers see all of `memory` and the whole block; causal / sliding-window layers
-        (`DFlashConfig.layer_attention`) are masked by absolute position (memory index = position)."""
+        bidirectional layers see all of `memory` (its last `config.context_window` entries with a
+        window) and the whole block; causal / sliding-window layers (`DFlashConfig.layer_attention`)
+        are masked by absolute position (memory index = position)."""
         bs, b = self.config.block_size, anchor_tokens.shape[0]
         if anchor_tokens.dim() != 1 or position.shape != anchor_tokens.shape:
             raise ValueError(f"anchor_tokens and position must both be [B]; got {tuple(anchor_tokens.shape)} "
@@ -166,10 +168,11 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         x = self._embed(ids)
         block_pos = position[:, None] + torch.arange(bs, device=position.device)
         cos, sin = self.rotary(block_pos, x.dtype)
-        key_pos = torch.cat([torch.arange(memory.length, device=position.device).expand(b, -1), block_pos], 1)
-        masks = self._layer_masks(block_pos, key_pos, None)
+        start = window_start(memory.length, self.config.context_window)
+        ctx_pos = torch.arange(start, memory.length, device=position.device).expand(b, -1)
+        masks = self._layer_masks(block_pos, torch.cat([ctx_pos, block_pos], 1), None)
         for layer, k, v, mask in zip(self.layers, memory.keys, memory.values, masks):
-            x = layer(x, cos, sin, k, v, mask)
+            x = layer(x, cos, sin, k[:, :, start:], v[:, :, start:], mask)
         return self.norm(x)[:, 1:]
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -222,12 +225,13 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         taps [B, T, n_taps·d] (target taps at every position), input_ids [B, T] int64, anchor_pos [B, A]
         int64 in [0, T) or −1 for a padded block. Block a is [input_ids[anchor], MASK…] at positions
         anchor … anchor+block_size−1 and sees the context strictly before its anchor (as at inference,
-        where the anchor's own taps do not exist yet) and its own block; never another block.
+        where the anchor's own taps do not exist yet; the last `config.context_window` positions of it
+        with a window) and its own block; never another block.
         """
         b, t = input_ids.shape
         self._check_taps(taps, b, t)
         ids, block_pos = train_block_inputs(input_ids, anchor_pos, self.config)
-        structure = train_attention_mask(anchor_pos, t, self.config.block_size)
+        structure = train_attention_mask(anchor_pos, t, self.config.block_size, self.config.context_window)
         x = self._embed(ids)
         ctx_pos = torch.arange(t, device=taps.device).expand(b, -1)
         ctx_kv = self._context_kv(taps, ctx_pos)

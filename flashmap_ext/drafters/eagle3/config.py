@@ -16,6 +16,7 @@ from typing import Any
 
 from flashmap_ext.drafters.common.config import (
     TargetShaped,
+    check_field_types,
     from_engine_layer_ids,
     rope_scaling,
     rope_theta,
@@ -93,6 +94,8 @@ class Eagle3Config(TargetShaped):
         file is not EAGLE-3; NotImplementedError for RoPE scaling or more than one layer."""
         if ARCHITECTURE not in (cfg.get("architectures") or []):
             raise ValueError(f"not an EAGLE-3 checkpoint: architectures={cfg.get('architectures')}")
+        check_field_types(cfg, _SCHEMA)
+        check_field_types(cfg.get("eagle_config") or {}, {"eagle_aux_hidden_state_layer_ids": "ints?"}, "eagle_config.")
         refuse_layers_and_scaling(cfg, "")
         n_target = cfg.get("num_target_layers", num_target_layers)
         ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -114,3 +117,11 @@ class Eagle3Config(TargetShaped):
                    frozen_lm_head=bool(cfg.get("frozen_lm_head", False)),
                    **{k: bool(cfg.get(k, False)) for k in ("norm_before_residual", "norm_before_fc",
                                                             "norm_output", "qk_norm")})
+
+
+# JSON types of the fields `from_hf_dict` reads (common.config.check_field_types; "?": null allowed).
+_SCHEMA = {"num_hidden_layers": "int", "hidden_size": "int", "intermediate_size": "int", "num_attention_heads": "int", "num_key_value_heads": "int",
+           "head_dim": "int?", "vocab_size": "int", "draft_vocab_size": "int?", "num_target_layers": "int?",
+           "num_draft_tokens": "int", "rms_norm_eps": "float", "rope_theta": "float", "max_position_embeddings": "int",
+           "initializer_range": "float", "frozen_lm_head": "bool", "eagle_aux_hidden_state_layer_ids": "ints?",
+           **{k: "bool" for k in ("norm_before_residual", "norm_before_fc", "norm_output", "qk_norm")}}

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flashmap_ext.drafters.common.config import check_field_types
+from flashmap_ext.drafters.common.window import check_window
+
 MODEL_TYPE = "flashmap_drafter"
 FORMAT_VERSION = 1
 
@@ -28,6 +31,8 @@ class FlashMapConfig:
         (the flow stage and the distillation teacher): τ_t is ignored and there is no second embedder.
     time_scale: τ is multiplied by this before the sinusoidal embedding.
     rope_theta: RoPE base of the cross-attention (absolute positions of memory entries and slots).
+    context_window: W, the drafter reads at most the last W memory entries (committed positions) plus
+        its anchor, in training and at inference (common/window.py, DESIGN.md §5.6); None: all of them.
     """
     n_layers: int = 6
     width: int = 2048
@@ -45,9 +50,11 @@ class FlashMapConfig:
     time_scale: float = 1000.0
     rope_theta: float = 1_000_000.0
     norm_eps: float = 1e-6
+    context_window: int | None = None
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
+        check_window(self.context_window)
         checks = [
             ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1),
             ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0),
@@ -75,12 +82,27 @@ class FlashMapConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FlashMapConfig":
+        """A checkpoint's config (`to_dict` output). ValueError naming the field for another model_type,
+        unknown or missing fields (every field but the optional `context_window` must be there: nothing
+        is defaulted) or a value of the wrong JSON type; NotImplementedError for a `format_version`
+        other than FORMAT_VERSION."""
         if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
             raise ValueError(f"not a FlashMap drafter config: model_type={d.get('model_type')!r}")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+                raise NotImplementedError(f"format_version {version} is newer than this flashmap_ext reads "
+                                          f"({FORMAT_VERSION}): upgrade flashmap_ext")
+            raise ValueError(f"field format_version: expected {FORMAT_VERSION}, got {version!r}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names - {"model_type", "format_version"}
         if unknown:
             raise ValueError(f"unknown FlashMapConfig fields: {sorted(unknown)}")
+        missing = sorted(names - set(d) - OPTIONAL_FIELDS)
+        if missing:
+            raise ValueError(f"missing field{'s' * (len(missing) > 1)} {', '.join(missing)} (a FlashMap "
+                             f"config.json lists every field; none is defaulted)")
+        check_field_types(d, SCHEMA)
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def save(self, path: str | Path) -> None:
@@ -89,6 +111,13 @@ class FlashMapConfig:
     @classmethod
     def load(cls, path: str | Path) -> "FlashMapConfig":
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+#: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
+OPTIONAL_FIELDS = frozenset({"context_window"})
+_TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?"}
+#: JSON type of every field (common.config.check_field_types), from the annotations above.
+SCHEMA = {f.name: _TYPES[f.type] for f in dataclasses.fields(FlashMapConfig)}
 
 
 def default_tap_layers(num_layers: int, n_taps: int = 5) -> tuple[int, ...]:

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from flashmap_ext.drafters.common.window import window_start
 from flashmap_ext.drafters.flashmap.flow import flow_map_jump
 from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, per_row
 from flashmap_ext.ops import dit as ops
@@ -133,12 +134,14 @@ def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.T
 
 
 def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tensor, slot_inputs: torch.Tensor,
-                  tau_s: float, tau_t: float, *, return_logits: bool) -> ops.LmHeadOutput:
+                  tau_s: float, tau_t: float, *, return_logits: bool, start: int = 0) -> ops.LmHeadOutput:
     """One network evaluation (FlashMapDrafter.denoise after the anchor entry is written).
 
     lengths: [B] int32, committed entries per row (the anchor sits at index lengths[b]); a device tensor
     so that a captured graph replays for any length within the memory's capacity.
-    slot_inputs: [B, K, d_target] d-space states. Returns (tokens [B, K] flow-vocab ids, logits or None).
+    slot_inputs: [B, K, d_target] d-space states. start: the first memory entry read (the context
+    window, `window_start`); keys keep their absolute positions. Returns (tokens [B, K] flow-vocab ids,
+    logits or None).
     """
     d, c = p.drafter, p.drafter.config
     B, K, _ = slot_inputs.shape
@@ -148,9 +151,9 @@ def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tens
     cond = d._cond(tau(tau_s), tau(tau_t)).to(p.adaln_w.dtype)
     mods = ops.linear(cond, p.adaln_w, p.adaln_b).view(B, 9 * c.n_layers + 2, c.width)
     q_pos = lengths.long()[:, None] + 1 + torch.arange(K, device=x.device)
-    kv_len = lengths + 1
+    kv_len = lengths + (1 - start)
     for i, layer in enumerate(p.layers):
-        kv = (memory.k[i].transpose(1, 2), memory.v[i].transpose(1, 2))
+        kv = (memory.k[i, :, :, start:].transpose(1, 2), memory.v[i, :, :, start:].transpose(1, 2))
         x = _block(p, layer, mods[:, 9 * i:9 * i + 9], x, kv, q_pos, kv_len)
     h = ops.adaln(x, mods[:, -2], mods[:, -1], c.norm_eps)
     h = ops.linear(h, p.final_w, p.final_b)
@@ -158,19 +161,21 @@ def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tens
 
 
 def fused_draft_step(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: torch.Tensor,
-                     lengths: torch.Tensor, *, steps: int, return_logits: bool = False) -> ops.LmHeadOutput:
-    """Anchor entry + 1 or 2 evaluations (DESIGN.md §4). z [B, K, d_target] fp32 noise; lengths [B] int32.
-    Graph-safe when memory.capacity > max(lengths) (nothing here reads data on the host)."""
+                     lengths: torch.Tensor, *, steps: int, return_logits: bool = False,
+                     start: int = 0) -> ops.LmHeadOutput:
+    """Anchor entry + 1 or 2 evaluations (DESIGN.md §4). z [B, K, d_target] fp32 noise; lengths [B] int32;
+    start: first memory entry read (context window). Graph-safe when memory.capacity > max(lengths) and
+    start is 0 (nothing here reads data on the host)."""
     d = p.drafter
     entry = ops.linear(d.embed_tokens(anchor_tokens).to(p.anchor_w.dtype), p.anchor_w, p.anchor_b)
     entry = ops.rms_norm(entry.unsqueeze(-2), p.anchor_norm, eps=d.config.norm_eps)  # [B, 1, w]
     _write_entries(p, memory, entry, lengths)
     if steps == 1:
-        return fused_denoise(p, memory, lengths, z, 0.0, 1.0, return_logits=return_logits)
-    first = fused_denoise(p, memory, lengths, z, 0.0, 0.5, return_logits=True)
+        return fused_denoise(p, memory, lengths, z, 0.0, 1.0, return_logits=return_logits, start=start)
+    first = fused_denoise(p, memory, lengths, z, 0.0, 0.5, return_logits=True, start=start)
     mid = flow_map_jump(z, d.probs_to_state(torch.softmax(first.logits, dim=-1)), z.new_zeros(z.shape[:2]),
                         z.new_full(z.shape[:2], d.t_mid))
-    return fused_denoise(p, memory, lengths, mid, 0.5, 1.0, return_logits=return_logits)
+    return fused_denoise(p, memory, lengths, mid, 0.5, 1.0, return_logits=return_logits, start=start)
 
 
 def graphs_enabled(drafter: nn.Module) -> bool:
@@ -188,7 +193,8 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
     """`flashmap.draft_block` on the fused ops (same arguments, same result up to fp rounding).
 
     graph: on CUDA, without return_logits and outside another capture, replay the step (noise included)
-    from a CUDA graph cached on the memory (`draft_graph`); the tokens equal the eager ones.
+    from a CUDA graph cached on the memory (`draft_graph`); the tokens equal the eager ones. Once the
+    memory outgrows a context window the step runs eagerly (the captured kernels read from entry 0).
     """
     d = p.drafter
     steps = d.config.draft_steps if steps is None else steps
@@ -200,13 +206,16 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
             raise ValueError("seed, position: required when noise is None")
         seed, position = per_row(seed, B, device, "seed"), per_row(position, B, device, "position")
     memory.reserve(memory.length + 1)
-    if graph and not return_logits and anchor_tokens.is_cuda and not torch.cuda.is_current_stream_capturing():
+    start = window_start(memory.length, d.config.context_window)
+    if (graph and start == 0 and not return_logits and anchor_tokens.is_cuda
+            and not torch.cuda.is_current_stream_capturing()):
         g = draft_graph(p, memory, B, steps, seeded=noise is None)
         return DraftBlock(g(memory, anchor_tokens, noise, seed=seed, position=position).clone(), None)
     if noise is None:
         noise = d.sample_noise(seed, position)
     lengths = torch.full((B,), memory.length, dtype=torch.int32, device=device)
-    out = fused_draft_step(p, memory, anchor_tokens, noise.float(), lengths, steps=steps, return_logits=return_logits)
+    out = fused_draft_step(p, memory, anchor_tokens, noise.float(), lengths, steps=steps,
+                           return_logits=return_logits, start=start)
     return DraftBlock(d.to_target_ids(out.tokens), out.logits)
 
 
@@ -244,6 +253,8 @@ class FusedDraftGraph:
         c, d, dev = p.drafter.config, p.drafter, memory.k.device
         if memory.length >= memory.capacity:
             raise RuntimeError("FusedDraftGraph: reserve memory capacity beyond the current length first")
+        if window_start(memory.length, c.context_window):
+            raise RuntimeError("FusedDraftGraph: the memory outgrew the context window (run the step eagerly)")
         self.p, self.steps, self.seeded, self._layout = p, steps, seeded, _layout(memory)
         # Static buffers in the memory's inference mode, so that later calls may write them in place.
         with torch.inference_mode(memory.k.is_inference()), torch.no_grad():
@@ -271,14 +282,16 @@ class FusedDraftGraph:
 
     def valid_for(self, p: PackedFlashMap, memory: FlashMapMemory) -> bool:
         """True when a replay on `memory` is this capture's computation: same packed weights, same buffers
-        (address and capacity), and a free scratch slot for the anchor."""
-        return p is self.p and _layout(memory) == self._layout and memory.length < memory.capacity
+        (address and capacity), a free scratch slot for the anchor, and all entries within the context
+        window (the capture reads from entry 0)."""
+        return (p is self.p and _layout(memory) == self._layout and memory.length < memory.capacity
+                and window_start(memory.length, p.drafter.config.context_window) == 0)
 
     def __call__(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, z: Optional[torch.Tensor] = None, *,
                  seed: Optional[torch.Tensor] = None, position: Optional[torch.Tensor] = None) -> torch.Tensor:
         if not self.valid_for(self.p, memory):
-            raise RuntimeError("FusedDraftGraph: the memory buffers changed or are full since capture; "
-                               "reserve the capacity up front and capture again")
+            raise RuntimeError("FusedDraftGraph: the memory buffers changed or are full since capture, or it "
+                               "outgrew the context window; reserve the capacity up front and capture again")
         if (z is None) != self.seeded or self.seeded and (seed is None or position is None):
             raise ValueError("FusedDraftGraph: pass z to a graph captured with seeded=False, "
                              "seed and position to one captured with seeded=True")

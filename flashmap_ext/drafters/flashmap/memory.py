@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from flashmap_ext.drafters.common.window import visible_context
+
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -63,9 +65,9 @@ class FlashMapMemory:
             self.k[layer, :, :, start:start + n] = k
             self.v[layer, :, :, start:start + n] = v
 
-    def layer_kv(self, layer: int, n: int) -> KV:
-        """Views of the first `n` entries of one layer: [B, h, n, hd] each."""
-        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+    def layer_kv(self, layer: int, n: int, start: int = 0) -> KV:
+        """Views of entries start..n−1 of one layer: [B, h, n − start, hd] each."""
+        return self.k[layer, :, :, start:n], self.v[layer, :, :, start:n]
 
 
 @dataclass
@@ -91,12 +93,13 @@ class TrainMemory:
         (k, v), (ka, va) = self.kv[layer], self.anchor_kv[layer]
         return torch.cat([k, ka], dim=2), torch.cat([v, va], dim=2)
 
-    def mask(self, block_size: int) -> torch.Tensor:
-        """bool [B, 1, A·K, T + A]: query slot (a, k) may attend position j < anchor_pos[a], and anchor a."""
+    def mask(self, block_size: int, window: int | None = None) -> torch.Tensor:
+        """bool [B, 1, A·K, T + A]: query slot (a, k) may attend position j < anchor_pos[a] (and, with a
+        context window W, j >= anchor_pos[a] − W), and anchor a."""
         B, A = self.anchor_pos.shape
         T = self.kv[0][0].shape[2]
         device = self.anchor_pos.device
-        seq = torch.arange(T, device=device)[None, None, :] < self.anchor_pos[:, :, None]  # [B, A, T]
+        seq = visible_context(self.anchor_pos, T, window)  # [B, A, T]
         own = torch.eye(A, dtype=torch.bool, device=device)[None].expand(B, A, A)  # [B, A, A]
         mask = torch.cat([seq, own], dim=-1)  # [B, A, T + A]
         return mask[:, :, None, :].expand(B, A, block_size, T + A).reshape(B, 1, A * block_size, T + A)

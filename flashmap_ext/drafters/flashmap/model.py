@@ -21,6 +21,7 @@ from flashmap_ext.drafters.common import checkpoint as ckpt
 from flashmap_ext.drafters.common.base import ReadsTarget
 from flashmap_ext.drafters.common.layers import RMSNorm
 from flashmap_ext.drafters.common.vocab import DraftVocab
+from flashmap_ext.drafters.common.window import window_start
 from flashmap_ext.drafters.flashmap import fused
 from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, TimestepEmbedder
 from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers
@@ -260,14 +261,16 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
     def denoise(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, slot_inputs: torch.Tensor,
                 tau_s: torch.Tensor | float, tau_t: torch.Tensor | float) -> torch.Tensor:
         """One network evaluation at inference: logits [B, K, V_s] fp32 of δ_{s,t} for d-space slot
-        states slot_inputs [B, K, d_target]; the anchor [B] sits after the memory's committed entries."""
+        states slot_inputs [B, K, d_target]; the anchor [B] sits after the memory's committed entries,
+        of which the last `config.context_window` (all: None) are read."""
         B, K, n = anchor_tokens.shape[0], self.config.block_size, memory.length
         anchor = self._anchor_entries(anchor_tokens)[:, None]
         memory.write(n, self._layer_kvs(anchor, torch.full((B, 1), n, device=anchor.device)))
         tau_s, tau_t = (torch.as_tensor(x, dtype=torch.float32, device=anchor.device).expand(B) for x in (tau_s, tau_t))
         c = self._cond(tau_s, tau_t)[:, None]
         q_pos = (n + 1 + torch.arange(K, device=anchor.device)).expand(B, K)
-        hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1), q_pos, None)
+        start = window_start(n, self.config.context_window)
+        hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1, start), q_pos, None)
         return self.logits_from_hidden(hidden[:, 0])
 
     def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
@@ -303,7 +306,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         if tuple(tau_s.shape) != (B, A) or tuple(tau_t.shape) != (B, A):
             raise ValueError(f"tau_s/tau_t: expected [{B}, {A}], got {list(tau_s.shape)} / {list(tau_t.shape)}")
         q_pos = (memory.anchor_pos[:, :, None] + 1 + torch.arange(K, device=slot_inputs.device)).reshape(B, A * K)
-        return self._trunk(slot_inputs, self._cond(tau_s, tau_t), memory.layer_kv, q_pos, memory.mask(K))
+        mask = memory.mask(K, self.config.context_window)
+        return self._trunk(slot_inputs, self._cond(tau_s, tau_t), memory.layer_kv, q_pos, mask)
 
     def forward_train(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor,
                       slot_inputs: torch.Tensor, tau_s: torch.Tensor, tau_t: torch.Tensor, *,

@@ -39,7 +39,8 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
 
     raw = ckpt.read_config(src)
     config = DFlashConfig.from_hf_dict(raw)
-    for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
+    for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None),
+                          ("context_window", None)):
         if getattr(config, name) != neutral:  # vLLM 0.32's DFlashQwen3ForCausalLM reads none of these
             raise NotImplementedError(f"{src}: DFlash option {name}={getattr(config, name)!r} is not served by vLLM")
     out = {**config.to_hf_dict(), "torch_dtype": raw.get("torch_dtype", "float32")}
@@ -65,6 +66,9 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     from flashmap_ext.drafters.flashmap_config import FlashMapConfig
 
     config = FlashMapConfig.load(Path(src) / "config.json")
+    if config.context_window is not None:  # the plugin's paged memory attends to every committed entry
+        raise NotImplementedError(f"{src}: FlashMap option context_window={config.context_window} is not served "
+                                  f"by the vLLM plugin")
     out = vllm_config_dict(config, max_position_embeddings=max_position_embeddings, seed=seed)
     return _write(dst, out, Path(src))
 
