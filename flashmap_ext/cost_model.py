@@ -2,12 +2,15 @@
 
     round_cost(shape) = draft_s · draft_calls + verify_s(width) + overhead_s       (width = 1 + nodes)
     E[γ](chain of k)  = 1 + Σ_{j=1..k} Π_{i≤j} a_i                                  (a_i: P(slot i accepted | slot i−1 was))
-    E[γ](two chains)  = 1 + Σ_j [1 − (1 − P¹_j)(1 − P²_j)]                          (P_j = Π_{i≤j} a_i; branches independent)
+    E[γ](tree)        = 1 + Σ_j P_j,  P_j = Σ_{nodes at depth j} Π_{i≤j} c_i(rank_i)  (block-drafter trees: tree_plan.py)
+    E[γ](two branches) = 1 + Σ_j [1 − (1 − P¹_j)(1 − P²_j)]                         (lookup chain + drafter chain/tree, independent)
     rate(shape)       = E[γ] / round_cost;  plain decoding: 1 / (verify_s(1) + overhead_s)
 
 `CostTable` holds measured seconds (bench/calibrate.py measures and caches them per machine); `Roofline`
 gives the same table from bandwidth / FLOP constants, e.g. `H200_QWEN3_8B` for a **projected** H200
-speedup. `AcceptanceProfile` keeps per-slot counts with a Beta prior and is updated online from rounds.
+speedup. `AcceptanceProfile` keeps per-slot counts with a Beta prior and is updated online from rounds
+(`tree_plan.RankProfile` the same per rank, for trees). The shape picked is monotone in the costs: a dearer
+width never buys more nodes (for b₁ < b₂ the larger wins iff c₀ΔE ≥ c·(E₁b₂ − E₂b₁) under verify = c₀ + c·w).
 Units: seconds; γ = tokens committed per target forward (bonus included).
 """
 from __future__ import annotations
@@ -153,6 +156,11 @@ class AcceptanceProfile:
     def expected_gamma(self, k: int) -> float:
         return 1.0 + sum(self.reach(k))
 
+    def decay(self, keep: float) -> None:
+        """Multiplies every count by `keep` (0: back to the prior; 1: unchanged)."""
+        self.tried = [t * keep for t in self.tried]
+        self.accepted = [a * keep for a in self.accepted]
+
 
 def expected_gamma_two(first: AcceptanceProfile, k1: int, second: AcceptanceProfile, k2: int) -> float:
     """E[γ] of a two-branch tree (chains of k1 and k2 tokens, independent branches)."""
@@ -162,12 +170,14 @@ def expected_gamma_two(first: AcceptanceProfile, k1: int, second: AcceptanceProf
 
 @dataclass(frozen=True)
 class Shape:
-    """One round's plan: `lookup` n-gram tokens and/or `drafter` block-drafter tokens (0 = none), the
-    expected γ and seconds of the round under the table."""
+    """One round's plan: `lookup` n-gram tokens and/or `drafter` block-drafter nodes (0 = none; a chain
+    of that many tokens, or the tree `plan` of `tree_plan.PlanNode`s when one is given), the expected γ
+    and seconds of the round under the table."""
     lookup: int
     drafter: int
     gamma: float
     seconds: float
+    plan: tuple = ()
 
     @property
     def rate(self) -> float:
@@ -178,24 +188,47 @@ class Shape:
         return self.lookup + self.drafter
 
 
-def best_shape(table: CostTable, drafter: Optional[AcceptanceProfile], max_drafter: int,
-               lookup: Optional[AcceptanceProfile] = None, max_lookup: int = 0, two_branch: bool = True,
-               drafter_active: bool = True) -> Shape:
+def drafter_plans(drafter, max_depth: int, max_nodes: Optional[int] = None) -> list:
+    """[(nodes b, [P(reach depth j + 1) for j < max_depth], plan)] for b = 1, 2, …: chains of b ≤ max_depth
+    tokens for an `AcceptanceProfile`; a `RankProfile`'s best trees of b ≤ max_nodes (default max_depth)
+    nodes, at most max_depth deep (`tree_plan`)."""
+    if max_depth <= 0:
+        return []
+    if isinstance(drafter, AcceptanceProfile):
+        reach = drafter.reach(max_depth)
+        return [(k, reach[:k] + [0.0] * (max_depth - k), ()) for k in range(1, max_depth + 1)]
+    nodes = drafter.plan(max_depth, max_depth if max_nodes is None else max_nodes)
+    out, reach = [], [0.0] * max_depth
+    for b, node in enumerate(nodes, start=1):
+        reach[node.depth - 1] += node.prob
+        out.append((b, list(reach), tuple(nodes[:b])))
+    return out
+
+
+def best_shape(table: CostTable, drafter, max_drafter: int, lookup: Optional[AcceptanceProfile] = None,
+               max_lookup: int = 0, two_branch: bool = True, drafter_active: bool = True,
+               max_nodes: Optional[int] = None) -> Shape:
     """The shape of highest expected tokens/s: plain decoding (0, 0), a lookup chain (l, 0), a drafter
-    chain (0, k) or both as two branches (l, k); ties go to the smaller shape. `drafter_active`: the
-    drafter's memory is kept up to date anyway, so a round without drafting still pays `memory_s`."""
+    chain or tree (0, b) or both as two branches (l, b); ties go to the smaller shape. `drafter`: an
+    `AcceptanceProfile` (chains of ≤ max_drafter tokens) or a `tree_plan.RankProfile` (its best trees of
+    ≤ max_nodes nodes, ≤ max_drafter deep), or None. `drafter_active`: the drafter's memory is kept up to
+    date anyway, so a round without drafting still pays `memory_s`. Branches are independent:
+    P(reach depth j) = 1 − (1 − P_lookup(j)) · (1 − P_drafter(j))."""
     memory = table.memory_s if drafter_active else 0.0
     best = Shape(0, 0, 1.0, table.plain_s() + memory)
     lookups = range(1, max_lookup + 1) if lookup is not None else ()
-    drafts = range(1, max_drafter + 1) if drafter is not None and drafter_active else ()
+    plans = drafter_plans(drafter, max_drafter, max_nodes) if drafter is not None and drafter_active else []
     p1 = lookup.reach(max_lookup) if lookups else []
-    p2 = drafter.reach(max_drafter) if drafts else []
     cands = [Shape(l, 0, 1 + sum(p1[:l]), table.verify(1 + l) + table.overhead_s + memory) for l in lookups]
-    cands += [Shape(0, k, 1 + sum(p2[:k]), table.round_s(k)) for k in drafts]
+    cands += [Shape(0, b, 1 + sum(reach), table.round_s(b), plan) for b, reach, plan in plans]
     if two_branch:
-        cands += [Shape(l, k, 1 + sum(1 - (1 - (p1[j] if j < l else 0)) * (1 - (p2[j] if j < k else 0))
-                                      for j in range(max(l, k))), table.round_s(l + k))
-                  for l in lookups for k in drafts]
+        depth = max(max_lookup, max_drafter)
+        for l in lookups:
+            first = p1[:l] + [0.0] * (depth - l)
+            for b, reach, plan in plans:
+                second = reach + [0.0] * (depth - len(reach))
+                gamma = 1 + sum(1 - (1 - x) * (1 - y) for x, y in zip(first, second))
+                cands.append(Shape(l, b, gamma, table.round_s(l + b), plan))
     for cand in cands:
         if cand.rate > best.rate * (1 + 1e-9):
             best = cand

@@ -62,10 +62,10 @@ class PerSlotNoiseDrafter(StepsDrafter):
 
 def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str | None, eagle3: str | None,
                   peers: bool = True, eagle3_tree: TreeSpec | None = None, shapes: bool = False,
-                  auto: bool = False) -> list[Method]:
+                  auto: bool = False, recalibrate: bool = False) -> list[Method]:
     """AR first (speedups divide by it), then the drafters given (EAGLE-3 as a chain and, with
     `eagle3_tree`, as a tree), with `shapes` the issue-15 shapes (bench/shapes.py), with `auto` the
-    cost-model pick, then the HF peers."""
+    cost-model pick (`recalibrate`: its cost table measured again), then the HF peers."""
     methods = [Method("AR", None)]
     fm = dfl = None
     if flashmap:
@@ -77,7 +77,7 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
     if shapes:
         methods += shape_methods(fm and StepsDrafter(fm, 1), dfl)
     if auto:
-        methods += auto_methods(target, fm and StepsDrafter(fm, 1))
+        methods += auto_methods(target, fm and StepsDrafter(fm, 1), refresh=recalibrate)
     if eagle3:
         eagle = load_drafter(eagle3, target, "eagle3", dtype=dtype)
         methods.append(Method("EAGLE-3", eagle))

@@ -81,6 +81,21 @@ def projection_table(results: dict) -> list[str]:
     return out
 
 
+def summary_table(results: dict) -> list[str]:
+    """One row per (dataset, method) with γ, measured speedup, projected H200 speedup and the lossless
+    check: the shape of BENCHMARKS.md's tables, to paste under the caption (empty without projections)."""
+    proj = results.get("projected_h200") or {}
+    if not proj:
+        return []
+    out = ["| dataset | method | γ | speedup vs AR (measured) | projected H200 speedup | identical to AR |",
+           "|---|---|---|---|---|---|"]
+    for name, rows in results["datasets"].items():
+        for method, r in rows.items():
+            out.append(f"| {name} | {method} | {_num(r['gamma'])} | {_num(r.get('speedup'), '{:.2f}×')} | "
+                       f"{_num(proj.get(method, {}).get(name), '{:.2f}×')} | {r['identical']} |")
+    return out
+
+
 def divergence_lines(results: dict) -> list[str]:
     out = []
     for name, rows in results["datasets"].items():
@@ -94,6 +109,8 @@ def divergence_lines(results: dict) -> list[str]:
 
 def markdown(results: dict) -> str:
     lines = ["# FlashMap benchmark", ""] + caption(results) + [""]
+    if summary_table(results):
+        lines += ["## Summary (γ, measured and projected speedup, lossless check)", ""] + summary_table(results) + [""]
     for name, rows in results["datasets"].items():
         gens = next(iter(rows.values()))["generations"]
         lines += [f"## {name} ({gens} generations)", ""] + method_table(rows) + [""]

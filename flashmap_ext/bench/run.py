@@ -43,6 +43,7 @@ class BenchConfig:
     shuffle_n: int = 2                  # prompts per dataset for the shuffle test (0: skip it)
     shapes: bool = False                # issue-15 rows: lookup hybrids, multi-noise and top-k trees
     auto: bool = False                  # the --auto row (cost model picks the shape per round)
+    recalibrate: bool = False           # --auto: measure the cost table again (else the cached one)
     methods: tuple = ()                 # only these method names (AR always runs); () = all
     out: str = "runs/bench"
 
@@ -127,7 +128,7 @@ def run(cfg: BenchConfig) -> dict:
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target(cfg.target, dtype)
     methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers,
-                            cfg.eagle3_tree, cfg.shapes, cfg.auto)
+                            cfg.eagle3_tree, cfg.shapes, cfg.auto, cfg.recalibrate)
     methods = [m for m in methods if not cfg.methods or m.name == "AR" or m.name in cfg.methods]
     stop = stop_token_ids(tokenizer)
     warm_up(target, tokenizer, methods, cfg, stop)

@@ -5,8 +5,9 @@
   matches, the drafter's block otherwise).
 - FlashMap-1 multi-noise N=2 / N=4: N noise draws merged into a prefix tree of at most 16 nodes.
 - FlashMap-1 top-k 8 / 16, DFlash top-k 16: top-4-per-slot trees of 8 / 16 nodes.
-- auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape picked per round from the cost table
-  measured on this machine (bench/calibrate.py, cached).
+- auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape (lookup, chain, top-k tree and its node
+  budget, two branches) picked per round from the cost table measured on this machine (bench/calibrate.py,
+  cached; `--recalibrate` measures again).
 """
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
     return rows
 
 
-def auto_methods(target, flashmap1=None) -> list[Method]:
-    """The `auto` row: AutoDrafter around `flashmap1` (or prompt lookup alone) with this machine's costs."""
+def auto_methods(target, flashmap1=None, refresh: bool = False) -> list[Method]:
+    """The `auto` row: AutoDrafter around `flashmap1` (or prompt lookup alone) with this machine's costs
+    (the cached table, or measured again with `refresh`)."""
     from flashmap_ext.bench.calibrate import load_or_calibrate
     from flashmap_ext.drafters.auto import AutoDrafter
-    auto = AutoDrafter(flashmap1, load_or_calibrate(target, flashmap1))
+    auto = AutoDrafter(flashmap1, load_or_calibrate(target, flashmap1, refresh=refresh))
     print(f"[flashmap] {auto.explain()}")
     return [Method("auto", auto, auto.tree_spec())]
 

@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--methods", default="", help="comma list of row names to run (AR always runs; default all)")
     p.add_argument("--auto", action="store_true",
                    help="add the --auto row (shape picked per round from this machine's measured costs)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure this machine's costs for --auto again instead of using the cached table "
+                        "(run it on a quiet machine)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
                         "else torch's default)")
@@ -85,7 +88,7 @@ def run(args) -> int:
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
                       n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
-                      shapes=args.shapes, auto=args.auto,
+                      shapes=args.shapes, auto=args.auto, recalibrate=args.recalibrate,
                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
     results = run_bench(cfg)
     from flashmap_ext.bench.report import markdown

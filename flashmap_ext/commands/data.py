@@ -1,10 +1,9 @@
-"""`flashmap data regenerate`: answer a conversations file with the target itself.
+"""`flashmap data`: training data answered by the target itself.
 
-Input: jsonl, one conversation per line: {"id": ..., "messages": [{"role": "user", "content": ...}, ...]}.
-Each conversation is cut after its last user turn and answered by the target (greedy by default), so
-the drafter learns what the target would say. Output: the same ids with the new assistant turn, plus
-`enable_thinking` and `finish` ("stop" | "length"). Safe to interrupt: rerun the same command and it
-continues after the last conversation written.
+    flashmap data regenerate   answer a conversations file with the target (resumable)
+    flashmap data generate     grow the self-answered corpus under data/ (math/code/chat, jsonl.gz, resumable)
+
+`flashmap data ACTION --help` describes each.
 """
 from __future__ import annotations
 
@@ -13,12 +12,22 @@ import sys
 
 from flashmap_ext.commands import io_parser
 
+REGENERATE_DOC = """`flashmap data regenerate`: answer a conversations file with the target itself.
+
+Input: jsonl, one conversation per line: {"id": ..., "messages": [{"role": "user", "content": ...}, ...]}.
+Each conversation is cut after its last user turn and answered by the target (greedy by default), so
+the drafter learns what the target would say. Output: the same ids with the new assistant turn, plus
+`enable_thinking` and `finish` ("stop" | "length"). Safe to interrupt: rerun the same command and it
+continues after the last conversation written.
+"""
+
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("data", help="prepare training data (regenerate responses with the target)",
+    p = subparsers.add_parser("data", help="training data answered by the target (regenerate: a conversations file; "
+                              "generate: grow the corpus under data/)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    r = io_parser(actions, "regenerate", "answer every conversation with the target (resumable)", __doc__,
+    r = io_parser(actions, "regenerate", "answer every conversation with the target (resumable)", REGENERATE_DOC,
                   "flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl --out regen.jsonl "
                   "--max-new-tokens 2048", "input conversations (jsonl with 'messages')",
                   "output jsonl (appended to; existing ids are skipped)")

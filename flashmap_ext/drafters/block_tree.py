@@ -87,6 +87,12 @@ def topk_tree(logp: torch.Tensor, *, topk: int, num_nodes: int, depth: int) -> D
     return _subtree(list(range(len(tokens))), tokens, parents, depths, scores)
 
 
+def has_block_log_probs(drafter) -> bool:
+    """Whether `block_log_probs` can score `drafter`'s block (FlashMap, DFlash or `draft_log_probs`)."""
+    fm = drafter.inner if hasattr(drafter, "steps") else drafter
+    return callable(getattr(drafter, "draft_log_probs", None)) or isinstance(fm, (FlashMapDrafter, DFlashDrafter))
+
+
 def block_log_probs(drafter, memory, anchor: torch.Tensor, position: torch.Tensor, seed: torch.Tensor,
                     noise_draw: int = 0) -> torch.Tensor:
     """Per-slot draft log-probabilities [K, V_target] (−inf outside a draft vocabulary) of a FlashMap

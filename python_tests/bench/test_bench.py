@@ -236,3 +236,27 @@ def test_demo_explanation_names_costs_and_cpu_class():
                  "break-even γ 3.00, measured γ 2.50", "about 0.83×", "no bf16 hardware", "2.5 AR steps"):
         assert part in text, text
     assert "has bf16 hardware" in " ".join(" ".join(explain([fm, ar], "bf16", {"gpu": None, "bf16_hw": True})).split())
+
+
+def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch):
+    """--shapes --auto: every issue-15 row is lossless and results.md has one summary row per (dataset,
+    method) with γ, measured speedup, projected H200 speedup and the identity check."""
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, dataset = byte_bench
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp / "cache"))   # --auto calibrates into a fresh cache
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=2, max_new_tokens=8, dtype="fp32",
+                      peers=False, shuffle_n=0, shapes=True, auto=True, out=str(tmp / "bench"))
+    results = run(cfg)
+    shapes = ["lookup", "lookup + FlashMap-1", "FlashMap-1 multi-noise N=2", "FlashMap-1 multi-noise N=4",
+              "FlashMap-1 top-k 8", "FlashMap-1 top-k 16", "auto"]
+    assert results["methods"] == ["AR", "FlashMap-1", "FlashMap-2"] + shapes
+    rows = results["datasets"]["tiny"]
+    assert all(rows[m]["identical"] == "yes" for m in results["methods"][1:])
+    md = (tmp / "bench" / "results.md").read_text().splitlines()
+    start = md.index("## Summary (γ, measured and projected speedup, lossless check)") + 4
+    summary = md[start:md.index("", start)]
+    assert [x.split(" | ")[1] for x in summary] == results["methods"]
+    for method in results["methods"][1:]:
+        proj = results["projected_h200"][method]["tiny"]
+        line = next(x for x in summary if x.startswith(f"| tiny | {method} |"))
+        assert line.endswith(f"| {proj:.2f}× | yes |"), line

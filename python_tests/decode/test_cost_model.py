@@ -10,7 +10,7 @@ import torch
 from test_block_trees import SlotOracle
 
 from conftest import tiny_qwen3
-from drafter_doubles import greedy_continuation
+from drafter_doubles import OracleDrafter, greedy_continuation
 from flashmap_ext import Target, generate
 from flashmap_ext.cost_model import (
     H200_QWEN3_8B,
@@ -21,6 +21,7 @@ from flashmap_ext.cost_model import (
     projected_speedup,
 )
 from flashmap_ext.drafters.auto import AutoDrafter
+from flashmap_ext.tree_plan import RankProfile, chain_plan, plan_tokens, reach_by_depth
 from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
 
 
@@ -121,16 +122,17 @@ def test_auto_is_greedy_and_follows_the_costs(model, inner, per_token):
     drafter = {None: None, "oracle": SlotOracle(model), "wrong": SlotOracle(model, rank=None)}[inner]
     auto = AutoDrafter(drafter, table(per_token, draft=0.01), explore_every=4)
     prompt = prompt_of(17) * 2  # repeats: the n-gram lookup has matches
-    for _ in range(2):  # the profile learns across calls
+    for _ in range(2):  # two requests (the profiles restart from the prior for the second)
         out = generate(model, auto, prompt, 20, tree=auto.tree_spec())
         assert out.tokens == greedy_continuation(model, prompt, 20).tolist()
+    prof = auto.drafter_profile
     if per_token == 1.0:   # width costs a forward per token: no drafting at all
         assert set(auto.choices) == {(0, 0)} and not auto.drafter_enabled
-    if per_token == 0.0 and inner == "oracle":
-        assert max(k for _, k in auto.choices) == SlotOracle(model).num_draft_tokens
-        assert auto.drafter_profile.tried == auto.drafter_profile.accepted != []
+    if per_token == 0.0 and inner == "oracle":  # width free: the widest tree the budget allows
+        assert max(k for _, k in auto.choices) == auto.tree_nodes == 16
+        assert prof.tried == [row[0] for row in prof.hits] != []  # the oracle's argmax is always the target's
     if inner == "wrong" and per_token == 0.05:
-        assert auto.drafter_profile.accepted[0] == 0 and auto.drafter_profile.tried[0] > 0
+        assert all(h == 0 for row in prof.hits for h in row) and prof.tried[0] > 0
 
 
 def test_auto_sampling_matches_target_joint_distribution():
@@ -146,6 +148,7 @@ def test_auto_sampling_matches_target_joint_distribution():
         return out.tokens, sum(out.stats.accepted)
     assert_matches_joint(small, prompt, run, 800, filters)
     assert any(l and k for l, k in auto.choices)  # two-branch rounds were taken
+    assert any(k > 3 for _, k in auto.choices)    # and drafter trees (more nodes than the 3 slots)
 
 
 def test_auto_explains_itself():
@@ -153,3 +156,123 @@ def test_auto_explains_itself():
     assert "no drafter shape can pay" in auto.explain() and "verify 1/2/9/17 tokens 1000/2000/9000/17000 ms" in auto.explain()
     assert math.isfinite(auto.table.plain_s())
 
+
+
+# --- trees in the cost model (tree_plan.py) -------------------------------------------------------------
+def test_rank_profile_rates_by_hand():
+    prof = RankProfile(0.6, topk=3, weight=2.0, rank_decay=0.25)
+    assert prof.rates(1)[0] == pytest.approx([0.6, 0.4 * 0.25, 0.4 * 0.0625])
+    prof.record([1, None])      # depth 1: the target took rank 1; depth 2: none of the top 3
+    first = [(0 + 0.6 * 2) / 3, (1 + 0.1 * 2) / 3, (0 + 0.025 * 2) / 3]
+    assert prof.rates(2)[0] == pytest.approx(first)
+    assert prof.rates(3)[1] == pytest.approx([p * 2 / 3 for p in first])   # slot 1: prior = slot 0's estimate
+    assert prof.rates(3)[2] == pytest.approx(prof.rates(3)[1])             # unexplored: slot 1's estimate
+    prof.decay(0.0)
+    assert prof.rates(1) == RankProfile(0.6, topk=3, weight=2.0).rates(1)
+    with pytest.raises(ValueError, match="topk"):
+        RankProfile(0.5, topk=0)
+
+
+def brute_force_best(rates, depth, b):
+    """Every rank path of length <= depth with its probability; the b most likely (the reference)."""
+    paths = {(): 1.0}
+    for d in range(depth):
+        paths |= {p + (r,): q * rates[d][r] for p, q in paths.items() if len(p) == d for r in range(len(rates[d]))}
+    del paths[()]
+    return sorted(paths.values(), reverse=True)[:b]
+
+
+@pytest.mark.parametrize("b", [1, 3, 7, 12])
+def test_plan_is_the_most_likely_prefix_closed_tree(b):
+    prof = RankProfile(0.5, topk=3, weight=1.0)
+    for ranks in ([0, 0, 1], [1, 0], [0, 2, 0, 0], [None], [0, 1, 0]):
+        prof.record(ranks)
+    nodes = prof.plan(4, b)
+    assert [n.prob for n in nodes] == pytest.approx(brute_force_best(prof.rates(4), 4, b))
+    assert all(n.parent < i and (n.parent < 0 or nodes[n.parent].depth == n.depth - 1) for i, n in enumerate(nodes))
+    assert sum(reach_by_depth(nodes, 4)) == pytest.approx(sum(n.prob for n in nodes))
+
+
+def test_plan_tokens_maps_ranks_and_drops_missing_tokens():
+    nodes = chain_plan(2) + [chain_plan(1)[0]._replace(rank=1), chain_plan(3)[2]]
+    ranked = [[10, 11], [20, -1], [30]]
+    # nodes: (d1 r0), (d2 r0 under 0), (d1 r1), (d3 r0 under node 1)
+    assert plan_tokens(nodes, ranked) == [[10], [10, 20], [11], [10, 20, 30]]
+    assert plan_tokens([nodes[0], nodes[1]._replace(rank=1), chain_plan(3)[2]], ranked) == [[10]]
+
+
+def tree_profile(rank0=0.6, rank1=0.25):
+    """Slot 0 measured (a million rounds): c(0) ≈ rank0, c(1) ≈ rank1; later slots inherit it."""
+    prof = RankProfile(rank0, topk=4, weight=1e6, rank_decay=0.5)
+    prof.hits, prof.tried = [[rank0 * 1e6, rank1 * 1e6, 0.05e6, 0.0]], [1e6]   # slot 0 (later slots inherit)
+    return prof
+
+
+def test_free_width_picks_the_widest_tree_and_expensive_width_a_chain():
+    prof = tree_profile()
+    free = best_shape(table(0.0), prof, 8, max_nodes=24)
+    assert free.drafter == 24 and len({n.depth for n in free.plan}) > 1 and any(n.rank for n in free.plan)
+    costly = best_shape(table(0.12, draft=0.02), tree_profile(0.8, 0.05), 8, max_nodes=24)
+    assert 0 < costly.drafter < 8 and all(n.rank == 0 for n in costly.plan)  # a chain
+    assert (best_shape(table(1.0), prof, 8, max_nodes=24).drafter, best_shape(table(1.0), prof, 8).lookup) == (0, 0)
+
+
+@pytest.mark.parametrize("rank1", [0.05, 0.25, 0.35])
+def test_tree_budget_is_monotone_in_the_width_cost(rank1):
+    prof, lookup = tree_profile(0.6, rank1), AcceptanceProfile(0.5)
+    for lookups in (0, 4):
+        shapes = [best_shape(table(c, draft=0.02), prof, 8, lookup, lookups, max_nodes=24)
+                  for c in (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 1.0)]
+        nodes = [s.nodes for s in shapes]
+        assert nodes == sorted(nodes, reverse=True) and nodes[0] == 24 + lookups and nodes[-1] == 0, nodes
+
+
+def test_two_branch_gamma_with_a_tree_by_hand():
+    prof = RankProfile(0.5, topk=2, weight=1e9, rank_decay=0.5)   # c(0) = 0.5, c(1) = 0.25 everywhere
+    lookup = AcceptanceProfile(0.4, weight=1e9)
+    shape = best_shape(table(0.0), prof, 2, lookup, 1, max_nodes=3)
+    # tree: r0 (.5), r1 (.25), r0→r0 (.25); lookup: depth 1 .4 → γ = 1 + [1 − .6·.25] + .25
+    assert (shape.lookup, shape.drafter) == (1, 3) and shape.gamma == pytest.approx(1 + (1 - 0.6 * 0.25) + 0.25)
+
+
+# --- AutoDrafter: per-request profiles, trees, chain-only drafters -----------------------------------------
+def test_one_request_does_not_steer_the_next(model):
+    costs, second = table(0.05, draft=0.01), prompt_of(23) * 2
+    used = AutoDrafter(SlotOracle(model), costs)
+    generate(model, used, prompt_of(17) * 2, 20, tree=used.tree_spec())  # learns: the oracle is always right
+    fresh = AutoDrafter(SlotOracle(model), costs)
+    for auto in (used, fresh):
+        auto.choices.clear()
+        out = generate(model, auto, second, 12, tree=auto.tree_spec())
+        assert out.tokens == greedy_continuation(model, second, 12).tolist()
+    assert used.choices == fresh.choices and used.drafter_profile.hits == fresh.drafter_profile.hits
+    carried = AutoDrafter(SlotOracle(model), costs, carry=1.0)
+    generate(model, carried, prompt_of(17) * 2, 20, tree=carried.tree_spec())
+    before = carried.drafter_profile.tried[0]
+    generate(model, carried, second, 12, tree=carried.tree_spec())
+    assert carried.drafter_profile.tried[0] > before > 0   # carry = 1: counts accumulate across requests
+    with pytest.raises(ValueError, match="carry"):
+        AutoDrafter(None, costs, carry=1.5)
+
+
+def test_auto_learns_ranks_and_drafts_trees(model):
+    """The truth always at rank 1: a chain (rank 0) never gets a token, the learned tree takes whole blocks."""
+    auto = AutoDrafter(SlotOracle(model, rank=1), table(0.05, draft=0.01), lookup_prior=0.0, explore_every=2)
+    prompt = prompt_of(17)
+    out = generate(model, auto, prompt, 30, tree=auto.tree_spec())
+    assert out.tokens == greedy_continuation(model, prompt, 30).tolist()
+    assert out.stats.accepted[-2] == SlotOracle(model).num_draft_tokens  # the rank-1 path, whole block
+    first = auto.drafter_profile.rates(1)[0]
+    assert first[1] > 0.5 > first[0]   # learned: rank 1 (prior 0.125) is right, rank 0 (prior 0.5) never is
+
+
+def test_chain_only_drafters_get_chains(model):
+    auto = AutoDrafter(OracleDrafter(model, K_CHAIN), table(0.0, draft=0.01), lookup_prior=0.0)
+    assert not auto.ranked and auto.tree_nodes == K_CHAIN and auto.drafter_profile.topk == 1
+    prompt = prompt_of(17)
+    out = generate(model, auto, prompt, 20, tree=auto.tree_spec())
+    assert out.tokens == greedy_continuation(model, prompt, 20).tolist()
+    assert max(k for _, k in auto.choices) == K_CHAIN and max(out.stats.accepted) == K_CHAIN
+
+
+K_CHAIN = 5

@@ -171,3 +171,27 @@ def test_auto_dtype_is_the_bench_rule(monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             cli.main(["generate", "--target", "tiny-random", "--prompt", "hi"])
     assert seen == [torch.bfloat16, torch.float32]
+
+
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit):
+        cli.main(argv + ["--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_data_help_names_every_action(capsys):
+    """`flashmap data --help` lists each subcommand the parser really has (not only `regenerate`)."""
+    data = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["data"]._actions
+                if a.dest == "action")
+    text = _help(["data"], capsys)
+    assert set(data.choices) == {"regenerate", "generate"}
+    for action in data.choices:
+        assert f"flashmap data {action}" in text
+
+
+def test_generate_help_says_which_drafters_draw_trees(capsys):
+    """--tree works for block drafters too (--block-tree, --lookup): the help must not say EAGLE-3 only."""
+    text = _help(["generate"], capsys)
+    start = text.rindex("--tree DEPTH,TOPK,NODES")   # the option's entry, not the usage line
+    tree_help = text[start:text.index("--steps", start)]
+    assert "--block-tree" in tree_help and "--lookup" in tree_help and "EAGLE-3 drafters)" not in tree_help
