@@ -129,6 +129,10 @@ def run(cfg: BenchConfig) -> dict:
     target, tokenizer = load_target(cfg.target, dtype)
     methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers,
                             cfg.eagle3_tree, cfg.shapes, cfg.auto, cfg.recalibrate)
+    unknown = sorted(set(cfg.methods) - {m.name for m in methods})
+    if unknown:  # a typo would silently drop a row from a long run
+        raise ValueError(f"--methods: no row named {', '.join(map(repr, unknown))} with these options; rows: "
+                         f"{', '.join(m.name for m in methods)}")
     methods = [m for m in methods if not cfg.methods or m.name == "AR" or m.name in cfg.methods]
     stop = stop_token_ids(tokenizer)
     warm_up(target, tokenizer, methods, cfg, stop)

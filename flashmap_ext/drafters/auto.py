@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 
 from flashmap_ext.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
-from flashmap_ext.drafters.block_tree import block_log_probs, has_block_log_probs, merge_chains
+from flashmap_ext.drafters.block_tree import block_top_k, has_block_log_probs, merge_chains
 from flashmap_ext.drafters.common.base import TreeSpec
 from flashmap_ext.drafters.eagle3.tree import DraftTree
 from flashmap_ext.drafters.lookup import LookupDrafter, LookupMemory
@@ -137,10 +137,8 @@ class AutoDrafter(LookupDrafter):
         the top `topk` per slot from its log-probabilities, or its chain (one rank) without them."""
         if not self.ranked:
             return [[tok] for tok in self.inner_chain(memory, anchor_token, depth, seed, position)]
-        logp = block_log_probs(self.inner, memory.inner, anchor_token, position, seed)[:depth]
-        top = logp.topk(min(self.drafter_profile.topk, logp.shape[-1]), dim=-1)
-        return [[t if v > float("-inf") else -1 for t, v in zip(toks, vals)]
-                for toks, vals in zip(top.indices.tolist(), top.values.tolist())]
+        _, ids = block_top_k(self.inner, memory.inner, anchor_token, position, seed, self.drafter_profile.topk)
+        return ids[:depth].tolist()
 
     @torch.no_grad()
     def draft_tree(self, memory: LookupMemory, anchor_token: torch.Tensor, position: torch.Tensor, *, depth: int,

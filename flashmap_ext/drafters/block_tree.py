@@ -98,13 +98,11 @@ def block_log_probs(drafter, memory, anchor: torch.Tensor, position: torch.Tenso
     """Per-slot draft log-probabilities [K, V_target] (−inf outside a draft vocabulary) of a FlashMap
     (steps as configured; a bench `StepsDrafter` keeps its steps) or DFlash block, batch 1; any other
     drafter may offer them as `draft_log_probs(memory, anchor, position, seed, noise_draw)`."""
-    if hasattr(drafter, "draft_log_probs"):
+    if callable(getattr(drafter, "draft_log_probs", None)):
         return drafter.draft_log_probs(memory, anchor, position, seed, noise_draw)
     fm, steps = (drafter.inner, drafter.steps) if hasattr(drafter, "steps") else (drafter, None)
     if isinstance(fm, FlashMapDrafter):
-        block = draft_block(fm, memory, anchor, steps=steps, seed=seed + noise_draw * NOISE_SEED_STRIDE,
-                            position=position, return_logits=True)
-        small = torch.log_softmax(block.logits[0].float(), dim=-1)
+        small = _flashmap_log_probs(fm, steps, memory, anchor, position, seed, noise_draw)
         if fm.config.draft_vocab_size is None:
             return small
         rows = fm.to_target_ids(torch.arange(small.shape[-1], device=small.device))
@@ -115,6 +113,29 @@ def block_log_probs(drafter, memory, anchor: torch.Tensor, position: torch.Tenso
             raise ValueError("DFlash drafts deterministically: multi-noise trees need a FlashMap drafter")
         return torch.log_softmax(fm.draft_logits(memory, anchor, position)[0].float(), dim=-1)
     raise ValueError(f"block trees need a FlashMapDrafter or DFlashDrafter, got {type(fm).__name__}")
+
+
+def block_top_k(drafter, memory, anchor: torch.Tensor, position: torch.Tensor, seed: torch.Tensor,
+                topk: int) -> tuple:
+    """Each slot's `topk` most likely draft tokens of `block_log_probs`: (log-probs [K, topk] fp32, target
+    ids [K, topk] int64, −1 where the log-probability is −inf), ranked within the FlashMap draft vocabulary
+    when there is one (no [K, V_target] matrix)."""
+    fm, steps = (drafter.inner, drafter.steps) if hasattr(drafter, "steps") else (drafter, None)
+    if (not callable(getattr(drafter, "draft_log_probs", None)) and isinstance(fm, FlashMapDrafter)
+            and fm.config.draft_vocab_size is not None):
+        small = _flashmap_log_probs(fm, steps, memory, anchor, position, seed, 0)
+        top = small.topk(min(topk, small.shape[-1]), dim=-1)
+        return top.values, fm.to_target_ids(top.indices)
+    logp = block_log_probs(drafter, memory, anchor, position, seed)
+    top = logp.topk(min(topk, logp.shape[-1]), dim=-1)
+    return top.values, torch.where(torch.isinf(top.values), -1, top.indices)
+
+
+def _flashmap_log_probs(fm, steps, memory, anchor, position, seed, noise_draw: int) -> torch.Tensor:
+    """[K, V_draft] log-probabilities of one FlashMap block from noise draw `noise_draw`."""
+    block = draft_block(fm, memory, anchor, steps=steps, seed=seed + noise_draw * NOISE_SEED_STRIDE,
+                        position=position, return_logits=True)
+    return torch.log_softmax(block.logits[0].float(), dim=-1)
 
 
 class _BlockTreeBase:

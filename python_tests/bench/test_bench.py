@@ -260,3 +260,12 @@ def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch):
         proj = results["projected_h200"][method]["tiny"]
         line = next(x for x in summary if x.startswith(f"| tiny | {method} |"))
         assert line.endswith(f"| {proj:.2f}× | yes |"), line
+
+
+def test_bench_refuses_an_unknown_method_name(byte_bench):
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, dataset = byte_bench
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=1, max_new_tokens=4, dtype="fp32",
+                      peers=False, shuffle_n=0, methods=("FlashMap-1", "FlashMap 2"), out=str(tmp / "bench"))
+    with pytest.raises(ValueError, match="--methods: no row named 'FlashMap 2'.*rows: AR, FlashMap-1, FlashMap-2"):
+        run(cfg)

@@ -155,6 +155,28 @@ def test_multinoise_draws_use_distinct_noise(model):
     assert one.tokens.tolist() == chain[0].tolist()  # draw 0 is the chain's own noise
 
 
+@pytest.mark.parametrize("draft_vocab", [None, 20])
+def test_block_top_k_is_the_top_of_the_full_log_probs(model, draft_vocab):
+    from flashmap_ext.drafters.block_tree import block_log_probs, block_top_k
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    torch.manual_seed(1)
+    fm = FlashMapDrafter.for_target(model, n_layers=2, width=64, heads=4, block_size=K, target_layer_ids=TAPS,
+                                    draft_vocab_size=draft_vocab)
+    fm.reset_parameters(zero_init=False)
+    if draft_vocab:
+        fm.set_draft_vocab(torch.arange(5, 105, 5), model)
+    ids = torch.tensor([prompt_of(17)])
+    target = Target(model)
+    taps = target.forward(ids, target.new_cache(), tap_layer_ids=TAPS).taps
+    memory = fm.new_memory(1, "cpu")
+    fm.extend_memory(memory, ids[:, :-1], taps[:, :-1])
+    args = (memory, ids[:, -1], torch.tensor([16]), torch.tensor([3]))
+    ref = block_log_probs(fm, *args).topk(3, dim=-1)
+    values, tokens = block_top_k(fm, *args, 3)
+    assert torch.allclose(values, ref.values) and torch.equal(tokens, ref.indices)
+    assert not draft_vocab or torch.isin(tokens, torch.arange(5, 105, 5)).all()
+
+
 @pytest.mark.parametrize("kind", ["multinoise-oracle", "topk-oracle-rank1", "hybrid-wrong"])
 @pytest.mark.parametrize("index", range(6))
 def test_stop_token_inside_the_accepted_branch(model, kind, index):
