@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     flow.add_argument("--no-head-recompute", action="store_true",
                       help="keep the draft-vocab logits for backward instead of recomputing the head under "
                            "activation checkpointing (less compute, more memory: for CPU runs)")
+    shape.add_argument("--tap-input-norm", action="store_true",
+                       help="RMS-normalise each tapped layer before the tap projection (recorded in the "
+                            "checkpoint's config as tap_input_norm; default off)")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary: the N most frequent supervised ids of --features, or a JSON file "
                             "with 'ids' (target ids); the flow lives on these rows only (default: full vocab)")
@@ -94,7 +97,7 @@ def run_flow(args) -> int:
         shape["draft_vocab_size"] = len(vocab)
     layers = runner.tap_layers(args, cache.meta["target_layer_ids"])
     drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(layers),
-                                         two_time=False)
+                                         two_time=False, tap_input_norm=args.tap_input_norm)
     if vocab is not None:
         drafter.set_draft_vocab(vocab, target)
     if not 0.0 <= args.tau0_frac <= 1.0:

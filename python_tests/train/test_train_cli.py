@@ -67,10 +67,12 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
                  "--draft-vocab", "64"]) == 0
     flow_cfg = json.loads((tmp_path / "flow" / "drafter" / "config.json").read_text())
     assert flow_cfg["two_time"] is False and flow_cfg["draft_vocab_size"] == 64
+    assert flow_cfg["tap_input_norm"] is False
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
-                 "--draft-vocab", str(tmp_path / "vocab.json")]) == 0
-    assert json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())["draft_vocab_size"] == 129
+                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm"]) == 0
+    flow2_cfg = json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())
+    assert flow2_cfg["draft_vocab_size"] == 129 and flow2_cfg["tap_input_norm"] is True
     with pytest.raises(ValueError, match="--draft-vocab"):
         main(["train", "flow", *train_args, "--out", str(tmp_path / "flow3"), "--draft-vocab", "many"])
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),

@@ -33,6 +33,10 @@ class FlashMapConfig:
     rope_theta: RoPE base of the cross-attention (absolute positions of memory entries and slots).
     context_window: W, the drafter reads at most the last W memory entries (committed positions) plus
         its anchor, in training and at inference (common/window.py, DESIGN.md §5.6); None: all of them.
+    tap_input_norm: divide each tapped layer's d_target vector by its RMS before the tap projection
+        (x / sqrt(mean(x²) + norm_eps), no gain: the projection right after it holds any per-channel
+        scale). The target's tap norms grow ~10x from the first to the last taps (issue 13); without this
+        the projection sees mostly the late layers. False (the default) for checkpoints made before it.
     """
     n_layers: int = 6
     width: int = 2048
@@ -51,6 +55,7 @@ class FlashMapConfig:
     rope_theta: float = 1_000_000.0
     norm_eps: float = 1e-6
     context_window: int | None = None
+    tap_input_norm: bool = False
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -83,8 +88,8 @@ class FlashMapConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FlashMapConfig":
         """A checkpoint's config (`to_dict` output). ValueError naming the field for another model_type,
-        unknown or missing fields (every field but the optional `context_window` must be there: nothing
-        is defaulted) or a value of the wrong JSON type; NotImplementedError for a `format_version`
+        unknown or missing fields (every field but the optional ones, `OPTIONAL_FIELDS`, must be there:
+        nothing else is defaulted) or a value of the wrong JSON type; NotImplementedError for a `format_version`
         other than FORMAT_VERSION."""
         if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
             raise ValueError(f"not a FlashMap drafter config: model_type={d.get('model_type')!r}")
@@ -114,7 +119,7 @@ class FlashMapConfig:
 
 
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
-OPTIONAL_FIELDS = frozenset({"context_window"})
+OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm"})
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.
 SCHEMA = {f.name: _TYPES[f.type] for f in dataclasses.fields(FlashMapConfig)}

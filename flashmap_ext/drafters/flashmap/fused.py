@@ -45,6 +45,7 @@ class PackedFlashMap:
     mem_kv_w: torch.Tensor    # [n_layers·2w, w]: per layer k_proj then v_proj
     mem_kv_b: torch.Tensor
     tap_w: torch.Tensor; tap_b: torch.Tensor; tap_norm: torch.Tensor
+    tap_in_norm: Optional[torch.Tensor]  # [d_target] ones: the per-tap RMSNorm (config.tap_input_norm), or None
     anchor_w: torch.Tensor; anchor_b: torch.Tensor; anchor_norm: torch.Tensor
     slot_w: torch.Tensor; slot_b: torch.Tensor; slot_norm: torch.Tensor; slot_pos: torch.Tensor
     final_w: torch.Tensor; final_b: torch.Tensor
@@ -79,6 +80,7 @@ def pack_weights(drafter: nn.Module) -> PackedFlashMap:
         pk(*[w for b in blocks for w in (b.cross_attn.k_proj.weight, b.cross_attn.v_proj.weight)]),
         pk(*[w for b in blocks for w in (b.cross_attn.k_proj.bias, b.cross_attn.v_proj.bias)]),
         pk(drafter.tap_proj.weight), pk(drafter.tap_proj.bias), pk(drafter.tap_norm.weight),
+        drafter.tap_proj.weight.new_ones(drafter.config.d_target) if drafter.config.tap_input_norm else None,
         pk(drafter.anchor_proj.weight), pk(drafter.anchor_proj.bias), pk(drafter.anchor_norm.weight),
         pk(drafter.slot_proj.weight), pk(drafter.slot_proj.bias), pk(drafter.slot_norm.weight), pk(drafter.slot_pos),
         pk(fin.out.weight), pk(fin.out.bias),
@@ -107,7 +109,10 @@ def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: to
     c = p.drafter.config
     B, T = token_ids.shape
     memory.reserve(memory.length + T)
-    entries = ops.linear(taps.to(p.tap_w.dtype), p.tap_w, p.tap_b)
+    taps = taps.to(p.tap_w.dtype)
+    if p.tap_in_norm is not None:  # per-tap RMSNorm: [B, T, n_taps, d_target] rows, unit weight
+        taps = ops.rms_norm(taps.reshape(B, T, -1, c.d_target), p.tap_in_norm, eps=c.norm_eps).view(B, T, -1)
+    entries = ops.linear(taps, p.tap_w, p.tap_b)
     entries = ops.rms_norm(entries.unsqueeze(-2), p.tap_norm, eps=c.norm_eps).squeeze(-2)
     start = torch.full((B,), memory.length, dtype=torch.int32, device=entries.device)
     _write_entries(p, memory, entries, start)

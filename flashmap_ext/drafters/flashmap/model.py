@@ -38,10 +38,18 @@ def _drop_packed_after_load(module: "FlashMapDrafter", _incompatible_keys) -> No
     module.drop_packed()
 
 
+def per_tap_rms_norm(taps: torch.Tensor, n_taps: int, eps: float) -> torch.Tensor:
+    """taps [..., n_taps·d] (any float dtype) -> [..., n_taps·d] fp32: each tap's d-vector x divided by its
+    RMS, x / sqrt(mean(x²) + eps), computed in fp32 (`FlashMapConfig.tap_input_norm`; no gain)."""
+    x = taps.float().unflatten(-1, (n_taps, -1))
+    return (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)).flatten(-2)
+
+
 class FlashMapDrafter(ReadsTarget, nn.Module):
     """FlashMap DiT drafter; implements the BlockDrafter protocol (drafters/common/base.py).
 
-    Trainable: tap projection + RMSNorm, anchor projection + RMSNorm, slot input projection + RMSNorm +
+    Trainable: tap projection + RMSNorm (with `config.tap_input_norm`, each tap is RMS-normalised first,
+    no weights), anchor projection + RMSNorm, slot input projection + RMSNorm +
     slot-position embedding, one or two time embedders, n_layers adaLN-Zero blocks, the final adaLN and
     Linear(w -> d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
     """
@@ -180,6 +188,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         n = len(self.config.target_layer_ids) * self.config.d_target
         if taps.dim() != 3 or taps.shape[-1] != n:
             raise ValueError(f"taps: expected [B, T, {n}] (n_taps·d_target), got {list(taps.shape)}")
+        if self.config.tap_input_norm:
+            taps = per_tap_rms_norm(taps, len(self.config.target_layer_ids), self.config.norm_eps)
         return self.tap_norm(self.tap_proj(taps.to(self.dtype)))
 
     def _anchor_entries(self, token_ids: torch.Tensor) -> torch.Tensor:
