@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.drafters.flashmap import fused
+from flashmap_ext.drafters.flashmap import FlashMapDrafter, fused
 from flashmap_ext.drafters.flashmap.model import per_tap_rms_norm
 
 TINY = dict(n_layers=2, width=128, heads=2, block_size=4, cond_dim=64, target_layer_ids=(0, 1, 2))
