@@ -14,6 +14,9 @@
 #   flow-auto-tau1  flow + --slot-decay auto (3.73 at K = 8) + --tau0-frac 1.0 (every block at τ = 0)
 #   flow-tapnorm    flow + --tap-input-norm (RMSNorm of each tap before the projection)
 #   flow-k5         flow at block size 5
+#   flow-auto, flow-tau1   one of flow-auto-tau1's two changes each
+#   flow-v16k       flow with a 16,384-row draft vocabulary (stage vocab16k)
+#   flow-tapnorm-auto-tau1 the three changes together
 # Knobs (env): RUN, N_CONV (first N_CONV train conversations by id), STEPS, THREADS, MAX_LEN, VOCAB, CORPUS,
 #   HELDOUT_PER_DOMAIN, ARMS.
 set -euo pipefail
@@ -46,7 +49,7 @@ main() {
         local t0; t0=$(date +%s)
         echo "=== $stage ($(date -u +%H:%M:%S))"
         case $stage in
-            subset|features|vocab) "stage_$stage" ;;
+            subset|features|vocab|vocab16k) "stage_$stage" ;;
             *) run_arm "$stage" || echo "=== $stage FAILED (next arm)" ;;
         esac
         echo "=== $stage done in $(( $(date +%s) - t0 )) s" | tee -a "$RUN/times.log"
@@ -82,14 +85,15 @@ stage_features() {
 # The VOCAB most frequent supervised ids of the whole committed train corpus (text only: training side,
 # never the held-out split), ties by id.
 stage_vocab() {
-    [ -s "$RUN/draft_vocab.json" ] && { echo "skip: $RUN/draft_vocab.json exists"; return; }
-    $PY - "$CORPUS" "$TARGET" "$VOCAB" "$MAX_LEN" "$RUN" <<'EOF'
+    local file=${RUN_VOCAB_FILE:-draft_vocab.json}
+    [ -s "$RUN/$file" ] && { echo "skip: $RUN/$file exists"; return; }
+    $PY - "$CORPUS" "$TARGET" "$VOCAB" "$MAX_LEN" "$RUN/$file" <<'EOF'
 import json, sys
 import torch
 from transformers import AutoTokenizer
 from flashmap_ext.train.data import load_samples
 from flashmap_ext.train.eagle3 import build_draft_vocab
-corpus, target, size, max_len, run = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+corpus, target, size, max_len, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 tok = AutoTokenizer.from_pretrained(target)
 V = json.load(open(f"{target}/config.json"))["vocab_size"]
 counts = torch.zeros(V, dtype=torch.float64)
@@ -99,10 +103,12 @@ for s in load_samples(corpus, tok, max_length=max_len):
 ids = build_draft_vocab(counts, size)
 cov = float(counts[ids].sum() / counts.sum())
 json.dump({"size": size, "ids": ids.tolist(), "source": corpus, "train_tokens": int(counts.sum()),
-           "coverage_train": cov}, open(f"{run}/draft_vocab.json", "w"))
+           "coverage_train": cov}, open(out, "w"))
 print(f"draft vocab {size}: {int(counts.sum())} supervised tokens of {corpus}, coverage {cov:.4f}")
 EOF
 }
+
+stage_vocab16k() { [ -s "$RUN/draft_vocab16k.json" ] || VOCAB=16384 RUN_VOCAB_FILE=draft_vocab16k.json stage_vocab; }
 
 resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && echo --resume || true; }
 
@@ -125,6 +131,10 @@ arm_flags() {
         flow-auto-tau1) echo "flow --slot-decay auto --tau0-frac 1.0" ;;
         flow-tapnorm) echo "flow --tap-input-norm" ;;
         flow-k5) echo "flow --block-size 5" ;;
+        flow-auto) echo "flow --slot-decay auto" ;;
+        flow-tau1) echo "flow --tau0-frac 1.0" ;;
+        flow-v16k) echo "flow --draft-vocab $RUN/draft_vocab16k.json" ;;
+        flow-tapnorm-auto-tau1) echo "flow --tap-input-norm --slot-decay auto --tau0-frac 1.0" ;;
         *) echo "unknown arm: $1" >&2; return 1 ;;
     esac
 }
