@@ -1,14 +1,17 @@
 """`flashmap convert SRC DST --to FORMAT`: rewrite a drafter checkpoint in the format an engine loads.
 
   --to dflash       z-lab's DFlash format (`DFlashDraftModel`; loaded by z-lab's code, SGLang and vLLM, which
-                    add 1 to the tap ids itself). From a DFlash checkpoint in any format we read.
+                    add 1 to the tap ids itself). From a DFlash checkpoint in any format we read; a draft
+                    vocabulary also stores the target's LM-head rows (vLLM's drafter owns them: pass --target).
+                    The same writer as vLLM's `export_dflash` (drafters/dflash/release.py).
   --to specforge    SpecForge's EAGLE-3 format (`LlamaForCausalLMEagle3`, SGLang; vLLM reads it too) with the
                     LM head stored (a frozen-head drafter's head is taken from --target) and the tap ids
                     both in `eagle_config` (SGLang numbering) and top level (vLLM numbering, +1).
   --to speculators  vLLM's `speculators` EAGLE-3 format (`Eagle3Speculator`, tap ids +1).
 
 Any supported source format is read (z-lab / SpecForge / speculators / ours). FlashMap drafters have no
-engine format (no engine runs a flow-map drafter) and are refused, as is a DFlash <-> EAGLE-3 conversion.
+engine format of their own and are refused, pointing to `export_flashmap` (vLLM through our plugin, README
+"Serving with vLLM"), as is a DFlash <-> EAGLE-3 conversion.
 """
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("src", help="drafter checkpoint directory (config.json + safetensors)")
     p.add_argument("dst", help="output directory (must not hold a checkpoint yet)")
     p.add_argument("--to", required=True, choices=FORMATS, help="output format")
-    p.add_argument("--target", help="the target (as for `flashmap generate`): needed for a frozen-head EAGLE-3 "
-                                    "drafter's LM head; gives DFlash its num_target_layers; named as verifier")
+    p.add_argument("--target", help="the target (as for `flashmap generate`): needed for the LM head of a "
+                                    "frozen-head EAGLE-3 drafter and of a DFlash draft vocabulary; gives DFlash "
+                                    "its num_target_layers; named as verifier")
     p.set_defaults(func=run)
 
 
@@ -41,8 +45,9 @@ def run(args) -> int:
         raise ValueError(f"{args.src}: not a drafter checkpoint this tool reads (architectures="
                          f"{cfg.get('architectures')}, model_type={cfg.get('model_type')!r})")
     if kind == "flashmap":
-        raise ValueError(f"{args.src} is a FlashMap drafter: no engine (SGLang, vLLM) runs flow-map drafters, "
-                         "so there is no format to convert it to")
+        raise ValueError(f"{args.src} is a FlashMap drafter: no engine format to convert it to; for vLLM "
+                         "(our plugin) use flashmap_ext.integrations.vllm.export_flashmap(src, dst), README "
+                         "'Serving with vLLM'")
     wanted = "dflash" if kind == "dflash" else "eagle3"
     if (args.to == "dflash") != (wanted == "dflash"):
         raise ValueError(f"{args.src} is a {kind} drafter: it converts to "
@@ -58,13 +63,13 @@ def run(args) -> int:
 
 
 def convert_dflash(src: str, dst: str, target=None) -> None:
-    import dataclasses
-
-    from flashmap_ext.drafters.dflash import DFlashDrafter
-    drafter = DFlashDrafter.from_pretrained(src)
-    if drafter.config.num_target_layers is None and target is not None:
-        drafter.config = dataclasses.replace(drafter.config, num_target_layers=target.num_layers)
-    drafter.save_pretrained(dst)
+    from flashmap_ext.drafters.dflash.release import export_released
+    try:
+        export_released(src, dst, target)
+    except ValueError as err:
+        if str(err).startswith("target:"):
+            raise ValueError(f"{src} has a draft vocabulary: pass --target to store its LM-head rows") from err
+        raise
 
 
 def convert_eagle3(src: str, dst: str, to: str, target=None, verifier: str | None = None) -> None:

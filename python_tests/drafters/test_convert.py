@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_dflash_drafter import MASK, TAPS, write_released
 from test_dflash_reference import VARIANTS, assert_same_rounds, reference, write_variant
 from test_eagle3_drafter import TAPS as E3_TAPS
@@ -62,6 +62,31 @@ def test_dflash_from_vllm_numbering_to_zlab(target, target_dir, tmp_path):
     assert_same_rounds(reference(dst), DFlashDrafter.from_pretrained(src, target), target, ids, _taps(target, ids))
 
 
+def test_dflash_draft_vocab_stores_the_target_head_rows(target, target_dir, tmp_path):
+    """With a draft vocabulary, --to dflash writes the target's LM-head rows of it as `lm_head.weight`
+    (vLLM's DFlash drafter owns them; vLLM's export_dflash is the same writer), keeps every weight, and
+    our loader reads the file back, refusing a head that is not the target's rows."""
+    torch.manual_seed(3)
+    ours = DFlashDrafter.for_target(target, mask_token_id=MASK, num_hidden_layers=1, block_size=4,
+                                    target_layer_ids=TAPS, draft_vocab_size=20, dtype=torch.float32)
+    vocab = torch.randperm(MASK, generator=torch.Generator().manual_seed(5))[:20]
+    ours.set_draft_vocab(vocab)
+    ours.save_pretrained(tmp_path / "ours")
+    assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "no"), "--to", "dflash"]) == 2
+    dst = tmp_path / "engine"
+    assert main(["convert", str(tmp_path / "ours"), str(dst), "--to", "dflash", "--target", str(target_dir)]) == 0
+    out = load_file(dst / "model.safetensors")
+    assert set(out) == set(ours.state_dict()) | {"lm_head.weight"}
+    assert all(torch.equal(out[k], v) for k, v in ours.state_dict().items())
+    assert torch.equal(out["lm_head.weight"], target.lm_head.weight[vocab.sort().values])
+    again = DFlashDrafter.from_pretrained(dst, target)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in ours.state_dict().items())
+    out["lm_head.weight"] = out["lm_head.weight"].flip(0)
+    save_file(out, str(dst / "model.safetensors"))
+    with pytest.raises(NotImplementedError, match="lm_head.weight is not the target's"):
+        DFlashDrafter.from_pretrained(dst, target)
+
+
 def test_eagle3_frozen_head_to_engines(tmp_path, target_dir):
     """Our frozen-head EAGLE-3 -> speculators and SpecForge formats: the head is stored, the drafts equal."""
     e3_target = tiny_qwen3(hidden_size=64, num_layers=6)
@@ -99,12 +124,15 @@ def test_eagle3_speculators_to_specforge(tmp_path):
 
 def test_refusals_are_one_line_errors(tmp_path, capsys):
     cases = [
-        (["checkpoints/flashmap-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "FlashMap"),
+        (["checkpoints/flashmap-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "export_flashmap"),
         ([str(write_released(tmp_path / "d")), str(tmp_path / "b"), "--to", "speculators"], "--to dflash"),
         ([str(write_specforge(tmp_path / "e")), str(tmp_path / "c"), "--to", "dflash"], "--to specforge"),
         ([str(write_released(tmp_path / "d2", architectures=["DFlash2DraftModel"])), str(tmp_path / "f"),
           "--to", "dflash"], "DFlash2"),
         ([str(tmp_path / "d"), str(tmp_path / "d"), "--to", "dflash"], "already holds"),
+        ([str(write_released(tmp_path / "w", dflash_config={"mask_token_id": MASK, "target_layer_ids": TAPS,
+                                                            "context_window": 8})), str(tmp_path / "g"),
+          "--to", "dflash"], "context_window=8 is ours"),
     ]
     for argv, needle in cases:
         assert main(["convert", *argv]) == 2

@@ -282,11 +282,21 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
                         device: torch.device | str | None = None) -> "DFlashDrafter":
         """Loads a released-format DFlash checkpoint (config.json + safetensors). Weights keep their
-        stored dtype unless `dtype` is given; device defaults to the target's embedding device."""
+        stored dtype unless `dtype` is given; device defaults to the target's embedding device. A stored
+        `lm_head.weight` (the draft vocabulary's head in vLLM's layout, release.py) is not loaded: the head
+        is the target's; with `target` given, UnsupportedCheckpoint unless it equals the target's rows."""
         config = ckpt.load_config(path, "dflash", DFlashConfig.from_hf_dict)
         weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path, "dflash").items()
                    if not k.endswith("rotary_emb.inv_freq")}
-        return ckpt.build_loaded(cls, config, weights, f"{path} (DFlash drafter)", target, device, dtype)
+        head = weights.pop("lm_head.weight", None) if config.draft_vocab_size is not None else None
+        drafter = ckpt.build_loaded(cls, config, weights, f"{path} (DFlash drafter)", target, device, dtype)
+        if head is not None and target is not None:
+            own = drafter._tables.head_weight
+            if head.shape != own.shape or not torch.equal(head, own.to("cpu", head.dtype)):
+                raise ckpt.UnsupportedCheckpoint(f"{path} (DFlash drafter): its lm_head.weight is not the "
+                                                 "target's LM-head rows of the draft vocabulary (a trained "
+                                                 "draft head is not supported)")
+        return drafter
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes the released DFlash format: config.json + model.safetensors (no embedding/LM head)."""

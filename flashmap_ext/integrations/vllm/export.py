@@ -1,12 +1,10 @@
-"""Checkpoint directories vLLM loads for our drafters (the minimal converter of issue 17; the general
-`flashmap convert` is issue 16's). Both are served with vLLM's native `dflash` method.
+"""Checkpoint directories vLLM loads for our drafters. Both are served with vLLM's native `dflash` method.
 
-DFlash: our released-format checkpoint already is what vLLM's `DFlashQwen3ForCausalLM` reads
-(`architectures: ["DFlashDraftModel"]`, `model_type: qwen3`, `dflash_config.{mask_token_id,
-target_layer_ids}`, unprefixed `layers.*`/`fc`/`hidden_norm`/`norm` weights, no embedding or LM head so
-the target's are shared); the export validates it through `DFlashConfig` and rewrites it canonically.
-One difference: with a draft vocabulary (`d2t`), vLLM's drafter owns an LM head of the draft rows only,
-so the export adds `lm_head.weight` = the target's LM head rows of the draft vocabulary.
+DFlash: the released format is what vLLM's `DFlashQwen3ForCausalLM` reads (`architectures:
+["DFlashDraftModel"]`, `model_type: qwen3`, `dflash_config.{mask_token_id, target_layer_ids}`, unprefixed
+`layers.*`/`fc`/`hidden_norm`/`norm` weights, no embedding so the target's is shared; with a draft
+vocabulary `lm_head.weight` = the target's rows of it); `export_dflash` is `flashmap convert --to dflash`
+(drafters/dflash/release.py) plus a refusal of the options vLLM does not read.
 
 FlashMap: vLLM reads configs through transformers, so the directory is a Qwen3-typed config whose
 attention shape is the DiT's cross-attention (hidden_size = width, heads = kv heads = FlashMap heads:
@@ -26,34 +24,21 @@ ARCHITECTURE = "DFlashFlashMapDrafter"  # starts with "DFlash": vLLM's dflash me
 
 
 def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any = None) -> Path:
-    """Writes the vLLM-loadable form of our DFlash checkpoint `src` (config.json + model.safetensors)
-    into `dst` (created; files there are replaced). target: the HF target (or our `Target`), needed only
-    for a draft vocabulary (its LM head rows are exported). Raises ValueError without it, and what
-    `DFlashConfig.from_hf_dict` raises for a config vLLM would misread (not DFlash, RoPE scaling,
-    sliding layers, ...). Returns `dst`."""
-    import torch
+    """Writes the vLLM-loadable form of our DFlash checkpoint `src` into `dst`: the released format of
+    `flashmap convert --to dflash` (drafters/dflash/release.py, the one writer; with a draft vocabulary
+    it stores the target's LM-head rows, so `target`, the HF target or our `Target`, is needed: ValueError
+    naming it otherwise). NotImplementedError for the options vLLM 0.32's `DFlashQwen3ForCausalLM` does
+    not read (embedding scale, output multiplier, softcap); other errors: what loading `src` raises.
+    Returns `dst`."""
+    from flashmap_ext.drafters.common import checkpoint as ckpt
+    from flashmap_ext.drafters.dflash.config import DFlashConfig
+    from flashmap_ext.drafters.dflash.release import export_released
 
-    from flashmap_ext.drafters import hf_checkpoint as ckpt
-    from flashmap_ext.drafters.dflash_config import DFlashConfig
-    from flashmap_ext.target.model import hf_causal_lm
-
-    raw = ckpt.read_config(src)
-    config = DFlashConfig.from_hf_dict(raw)
-    for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None),
-                          ("context_window", None)):
-        if getattr(config, name) != neutral:  # vLLM 0.32's DFlashQwen3ForCausalLM reads none of these
+    config = ckpt.load_config(src, "dflash", DFlashConfig.from_hf_dict)
+    for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
+        if getattr(config, name) != neutral:
             raise NotImplementedError(f"{src}: DFlash option {name}={getattr(config, name)!r} is not served by vLLM")
-    out = {**config.to_hf_dict(), "torch_dtype": raw.get("torch_dtype", "float32")}
-    if config.draft_vocab_size is None:
-        return _write(dst, out, Path(src))
-    if target is None:
-        raise ValueError(f"target: {src} drafts from a {config.draft_vocab_size}-token vocabulary; pass the "
-                         "target so that its LM head rows can be exported (vLLM's drafter owns them)")
-    weights = ckpt.read_weights(src)
-    head = hf_causal_lm(target).get_output_embeddings()
-    rows = torch.arange(config.draft_vocab_size) + weights["d2t"]
-    weights["lm_head.weight"] = head.weight.detach()[rows.to(head.weight.device)].to("cpu", weights["fc.weight"].dtype)
-    return _write(dst, out, None, weights)
+    return export_released(src, dst, target)
 
 
 def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_position_embeddings: int = 40960,
@@ -63,7 +48,7 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
     the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
     the output). Returns `dst`."""
-    from flashmap_ext.drafters.flashmap_config import FlashMapConfig
+    from flashmap_ext.drafters.flashmap.config import FlashMapConfig
 
     config = FlashMapConfig.load(Path(src) / "config.json")
     if config.context_window is not None:  # the plugin's paged memory attends to every committed entry
@@ -97,17 +82,13 @@ def speculative_config(path: str | os.PathLike) -> dict[str, Any]:
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
 
 
-def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path | None, tensors: dict | None = None) -> Path:
-    """config.json + model.safetensors: copied from `src`, or written from `tensors`."""
+def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path) -> Path:
+    """config.json written, model.safetensors copied from `src`."""
     out = Path(dst)
-    if src is not None and not (src / "model.safetensors").is_file():
+    if not (src / "model.safetensors").is_file():
         raise FileNotFoundError(f"src: no model.safetensors in {src}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if tensors is not None:
-        from safetensors.torch import save_file
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
-                  metadata={"format": "pt"})
-    elif (src / "model.safetensors").resolve() != (out / "model.safetensors").resolve():
+    if (src / "model.safetensors").resolve() != (out / "model.safetensors").resolve():
         shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
     return out
