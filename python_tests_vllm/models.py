@@ -59,12 +59,12 @@ def tiny_dflash(target: torch.nn.Module, path: Path, seed: int = 1):
 
 
 def tiny_flashmap(target: torch.nn.Module, path: Path, draft_steps: int = 1, with_draft_vocab: bool = False,
-                  seed: int = 2):
-    """Our FlashMap drafter (2 DiT blocks, width 64, 2 heads, K = 3, optionally a 96-token draft
+                  seed: int = 2, block_size: int = 3):
+    """Our FlashMap drafter (2 DiT blocks, width 64, 2 heads, K = block_size, optionally a 96-token draft
     vocabulary), random gates so every input matters, saved by `save_pretrained` to `path`."""
     from flashmap_ext import FlashMapDrafter
     torch.manual_seed(seed)
-    drafter = FlashMapDrafter.for_target(target, n_layers=2, width=64, heads=2, mlp_ratio=2.0, block_size=3,
+    drafter = FlashMapDrafter.for_target(target, n_layers=2, width=64, heads=2, mlp_ratio=2.0, block_size=block_size,
                                          cond_dim=32, draft_steps=draft_steps, target_layer_ids=(1, 2),
                                          draft_vocab_size=DRAFT_VOCAB if with_draft_vocab else None)
     drafter.reset_parameters(zero_init=False)

@@ -1,63 +1,23 @@
 """vLLM (CPU build, fp32, T = 0) serving our drafters through its native `dflash` method.
 
-Each configuration runs once in a subprocess (run_vllm.py: vLLM spawns and holds global state):
-vLLM autoregressive, our DFlash checkpoint with a draft vocabulary (export_dflash), and the FlashMap
-plugin (export_flashmap) with 1 flow-map evaluation, and with 2 and a draft vocabulary. Checks: vLLM AR == plain HF greedy; every speculative run ==
-vLLM AR token for token; each prompt's tokens in the batch of 4 == its solo run; and every draft vLLM
-proposed == what our own drafter drafts from the HF target on the same committed prefix.
+Each configuration runs once in a subprocess (conftest.run_vllm): vLLM autoregressive, our DFlash
+checkpoint with a draft vocabulary (export_dflash), and the FlashMap plugin (export_flashmap) with 1
+flow-map evaluation, and with 2 and a draft vocabulary. Checks: vLLM AR == plain HF greedy; every
+speculative run == vLLM AR token for token; each prompt's tokens in the batch of 4 == its solo run; and
+every draft vLLM proposed == what our own drafter drafts from the HF target on the same committed prefix.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import models
 import reference
-from flashmap_ext.integrations.vllm import ARCHITECTURE, export_dflash, export_flashmap, speculative_config
-
-HERE = Path(__file__).parent
-SPEC_METHODS = ["dflash", "flashmap", "flashmap2"]
-ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-       "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
-
-
-@pytest.fixture(scope="session")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vllm_models")
-    target = models.tiny_target(root / "target")
-    drafters = {"dflash": models.tiny_dflash(target, root / "dflash_ours"),
-                "flashmap": models.tiny_flashmap(target, root / "flashmap_ours", draft_steps=1),
-                "flashmap2": models.tiny_flashmap(target, root / "flashmap2_ours", draft_steps=2,
-                                                  with_draft_vocab=True)}
-    export_dflash(root / "dflash_ours", root / "dflash", target=target)
-    export_flashmap(root / "flashmap_ours", root / "flashmap", max_position_embeddings=512)
-    export_flashmap(root / "flashmap2_ours", root / "flashmap2", max_position_embeddings=512)
-    prompts = models.prompts()
-    (root / "prompts.json").write_text(json.dumps(prompts))
-    return {"root": root, "target": target, "drafters": drafters, "prompts": prompts}
-
-
-_RUNS: dict[str, dict] = {}
-
-
-def run(assets, method: str) -> dict:
-    """vLLM's results for `method` ("ar" or one of SPEC_METHODS), computed once per session."""
-    if method not in _RUNS:
-        root = assets["root"]
-        out = root / f"{method}.json"
-        cmd = [sys.executable, str(HERE / "run_vllm.py"), str(root / "target"), str(root / "prompts.json"), str(out)]
-        if method != "ar":
-            cmd.append(json.dumps(speculative_config(root / method)))
-        proc = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, f"vLLM run {method} failed:\n{proc.stderr[-6000:]}"
-        _RUNS[method] = json.loads(out.read_text())
-    return _RUNS[method]
+from conftest import SPEC_METHODS
+from conftest import run_vllm as run
+from flashmap_ext.integrations.vllm import ARCHITECTURE, export_dflash, speculative_config
 
 
 def test_vllm_ar_is_plain_greedy(assets):
@@ -146,31 +106,3 @@ def test_export_flashmap_config_shapes_the_paged_cache(assets):
     assert raw["dflash_config"]["target_layer_ids"] == list(c.target_layer_ids)
     assert raw["flashmap_config"]["draft_steps"] == 1
     assert json.loads((assets["root"] / "flashmap2" / "config.json").read_text())["flashmap_config"]["draft_steps"] == 2
-
-
-def readme_python_block() -> str:
-    """The Python block of README.md's "Serving with vLLM" section."""
-    text = (HERE.parent / "README.md").read_text()
-    section = text[text.index("## Serving with vLLM"):]
-    return section[section.index("```python\n") + 10:section.index("\n```", section.index("```python"))]
-
-
-def test_readme_python_api_runs_verbatim(assets, tmp_path):
-    """The README block, with only its inputs line pointed at the tiny target and FlashMap drafter,
-    generates vLLM's AR tokens (engine in-process, as the other runs: on this 2-core machine vLLM's
-    engine and worker processes did not finish starting within 15 minutes under a load of ~20)."""
-    lines = readme_python_block().splitlines()
-    inputs = [i for i, line in enumerate(lines) if "target_dir, drafter_dir, prompts =" in line]
-    assert len(inputs) == 1
-    root, prompt = assets["root"], assets["prompts"][0]
-    indent = lines[inputs[0]][:len(lines[inputs[0]]) - len(lines[inputs[0]].lstrip())]
-    lines[inputs[0]] = (f"{indent}target_dir, drafter_dir, prompts = {str(root / 'target')!r}, "
-                        f"{str(root / 'flashmap_ours')!r}, [{models.as_text(prompt)!r}]")
-    lines.append(f"{indent}open('tokens.json', 'w').write(str(list(outputs[0].outputs[0].token_ids)))")
-    (tmp_path / "readme.py").write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([sys.executable, "readme.py"], cwd=tmp_path, env={**os.environ, **ENV},
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    tokens = json.loads((tmp_path / "tokens.json").read_text())
-    ar = run(assets, "ar")["solo"][0]
-    assert len(tokens) == 64 and tokens[:len(ar)] == ar

@@ -106,3 +106,19 @@ def test_cli_line_runs(cmd, capsys, tmp_path, monkeypatch):
     assert cli.main(argv + ["--max-new-tokens", "12"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and "tokens in" in captured.err  # the streamed text, then the stats line
+
+
+def test_readme_code_imports_no_old_module_path():
+    """The README's code (every fenced block) names modules by their current paths, never an old path kept
+    as an alias (flashmap_ext/_aliases.py): the "Serving with vLLM" block once imported `bench.assets`."""
+    from flashmap_ext._aliases import ALIASES
+    lines, inside = [], False
+    for line in README.splitlines():  # every fenced block, whatever its language
+        if line.startswith("```"):
+            inside = not inside
+        elif inside:
+            lines.append(line)
+    code = "\n".join(lines)
+    named = set(re.findall(r"\bflashmap_ext\.([\w.]+)", code))
+    assert "integrations.vllm" in named and "assets.models" in named  # both blocks are seen
+    assert not {n for n in named for old in ALIASES if n == old or n.startswith(old + ".")}, named

@@ -44,7 +44,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 from vllm.model_executor.models.utils import maybe_prefix
 
 from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, FlashMapMemory, draft_block
-from flashmap_ext.drafters.flashmap_target import TargetTables
+from flashmap_ext.target.tables import TargetTables
 
 
 class _PagedMemory(nn.Module):
