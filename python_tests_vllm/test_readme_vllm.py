@@ -114,7 +114,7 @@ def test_serve_config_is_speculative_config(workspace):
     argv = shlex.split(serve)[3:]
     assert argv == shlex.split(module)[5:]  # after `vllm serve TARGET` / `python -m ... --model TARGET`
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert "export_flashmap('checkpoints/flashmap-qwen2.5-coder-0.5b', 'vllm-flashmap')" in export
+    assert "export_flashmap('checkpoints/flashmap-qwen2.5-coder-0.5b', 'vllm-flashmap', unwindowed=True)" in export
     committed = json.loads((README.parent / DRAFTER / "config.json").read_text())
     assert committed["block_size"] == 8
     out = export_flashmap(workspace["root"] / DRAFTER, workspace["root"] / "spec-check")

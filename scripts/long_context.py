@@ -9,8 +9,8 @@ token-identical to the autoregressive baseline's, which runs once per length (`-
     taskset -c 0 python scripts/long_context.py --lengths 1024,4096,8192 [--drafters flashmap,dflash]
         [--max-new-tokens 48] [--context-window W] [--json out.json]
 
---context-window W: the drafters read the last W memory entries only (common/window.py); default: as
-the checkpoint says.
+--context-window W | none: the drafters read the last W memory entries only (common/window.py), or all
+of them; default: as the checkpoint says (the committed checkpoints: 384, their training length).
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def main() -> int:
     p.add_argument("--drafters", default="flashmap,dflash")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--no-ar", action="store_true", help="skip the AR baseline (no identity check)")
-    p.add_argument("--context-window", type=int, default=None, help="drafter context window W (default: the checkpoint's)")
+    p.add_argument("--context-window", default=None,
+                   help="drafter context window W, or 'none' (unlimited); default: the checkpoint's")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -67,7 +68,8 @@ def main() -> int:
     target, tok = load_target(model_dir, resolve_dtype(dtype), "cpu")
     stops = sorted(stop_token_ids(tok))
     code_ids = tok.encode(source_text(), add_special_tokens=False)
-    window = KEEP if args.context_window is None else args.context_window
+    window = (KEEP if args.context_window is None else None if args.context_window == "none"
+              else int(args.context_window))
     drafters = {name: load_drafter(CHECKPOINTS[name], target, context_window=window)
                 for name in args.drafters.split(",")}
     rows = []

@@ -47,9 +47,10 @@ def check_window_matches_teacher(args) -> None:
     a --context-window that differs from it, before any model loads."""
     if getattr(args, "context_window", None) is None:
         return
+    requested = args.context_window or None  # 0: --context-window none
     from flashmap_ext.drafters.common.checkpoint import load_config
     from flashmap_ext.drafters.flashmap import FlashMapConfig
     window = load_config(args.teacher, "flashmap", FlashMapConfig.from_dict).context_window
-    if window != args.context_window:
-        raise ValueError(f"--context-window {args.context_window}: the student keeps the teacher's context window "
+    if window != requested:
+        raise ValueError(f"--context-window {requested}: the student keeps the teacher's context window "
                          f"({window}); train the flow stage (--teacher {args.teacher}) with the window instead")

@@ -53,9 +53,10 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--accum", type=int, help="micro-steps per optimizer step (gradient accumulation)")
     g.add_argument("--num-anchors", type=int, help="random anchors (blocks) per sequence per step")
     g.add_argument("--max-length", type=int, help="crop sequences to this many tokens")
-    g.add_argument("--context-window", type=int, metavar="W",
+    g.add_argument("--context-window", type=window_arg, metavar="W",
                    help="FlashMap/DFlash: the drafter reads the last W committed positions only, in training and "
-                        "inference (recorded in its config.json; default: all)")
+                        "inference (recorded in its config.json); 'none': all of them; default: --max-length, "
+                        "the longest context training shows it")
     g.add_argument("--save-every", type=int, help="steps between checkpoints")
     g.add_argument("--seed", type=int, default=0)
     r = p.add_argument_group("runtime")
@@ -87,11 +88,21 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
             run[key] = getattr(args, key)
     shape = dict(chosen[model_key])
     window = getattr(args, "context_window", None)
-    if window is not None:
-        if model_key not in ("flashmap", "dflash"):
-            raise ValueError(f"--context-window: FlashMap and DFlash drafters only (not {model_key})")
-        shape["context_window"] = check_window(window, "--context-window")
+    if model_key in ("flashmap", "dflash"):
+        shape["context_window"] = run.get("max_length") if window is None else window or None
+    elif window is not None:
+        raise ValueError(f"--context-window: FlashMap and DFlash drafters only (not {model_key})")
     return run, shape
+
+
+def window_arg(text: str) -> int:
+    """argparse type of --context-window: an integer >= 1, or 'none' (0: unlimited)."""
+    if text.strip().lower() == "none":
+        return 0
+    try:
+        return check_window(int(text), "--context-window")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'none', got {text!r}") from err
 
 
 def device_of(args) -> str:

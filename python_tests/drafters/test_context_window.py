@@ -152,9 +152,16 @@ def test_flashmap_config_records_the_window(target, tmp_path):
     assert FlashMapDrafter.from_pretrained(tmp_path / "w", target).config.context_window == 6
     assert load_drafter(str(tmp_path / "w"), target, context_window=None).config.context_window is None
     assert load_drafter(str(tmp_path / "w"), target, context_window=9).config.context_window == 9
+    from flashmap_ext.integrations.vllm.export import export_flashmap
+    with pytest.raises(NotImplementedError, match="context_window=6 is not served by vLLM"):
+        export_flashmap(tmp_path / "w", tmp_path / "vllm")
+    export_flashmap(tmp_path / "w", tmp_path / "vllm", unwindowed=True)
+    assert json.loads((tmp_path / "vllm" / "config.json").read_text())["flashmap_config"]["context_window"] is None
     committed = json.loads((Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-qwen2.5-coder-0.5b"
                            / "config.json").read_text())
-    assert "context_window" not in committed and FlashMapConfig.from_dict(committed).context_window is None
+    assert FlashMapConfig.from_dict(committed).context_window == 384  # its training crop (checkpoints/README.md)
+    del committed["context_window"]  # a config written before the window: unlimited, as then
+    assert FlashMapConfig.from_dict(committed).context_window is None
     with pytest.raises(ValueError, match="context_window"):
         FlashMapConfig(**TINY, context_window=0)
 
@@ -222,8 +229,10 @@ def test_dflash_config_records_the_window(dflash, target, tmp_path):
     assert json.loads((tmp_path / "w" / "config.json").read_text())["dflash_config"]["context_window"] == 8
     assert DFlashDrafter.from_pretrained(tmp_path / "w", target).config.context_window == 8
     from flashmap_ext.integrations.vllm.export import export_dflash
-    with pytest.raises(NotImplementedError, match="context_window"):
+    with pytest.raises(NotImplementedError, match="context_window=8 is not served by vLLM"):
         export_dflash(tmp_path / "w", tmp_path / "vllm")
+    export_dflash(tmp_path / "w", tmp_path / "vllm", unwindowed=True)
+    assert "context_window" not in json.loads((tmp_path / "vllm" / "config.json").read_text())["dflash_config"]
 
 
 # --- the loop ----------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 from flashmap_ext.cli import build_parser, main
 from flashmap_ext.commands.features import tap_layers
 from flashmap_ext.train.checkpoint import latest
-from flashmap_ext.train.runner import settings
+from flashmap_ext.train.runner import settings, window_arg
 
 COMMANDS = [["train", "flow"], ["train", "dflash"], ["train", "eagle3"], ["distill"], ["data", "regenerate"],
             ["features"]]
@@ -34,11 +34,24 @@ def test_qwen3_8b_preset_is_the_paper_and_options_override_it():
                               num_anchors=None, max_length=None, save_every=None)
     flow, shape = settings(args, "flow", "flashmap")
     assert (flow["steps"], flow["lr"], flow["num_anchors"]) == (39_000, 6e-4, 512)
-    assert shape == dict(n_layers=6, width=2048, heads=16, block_size=16)
+    assert shape == dict(n_layers=6, width=2048, heads=16, block_size=16, context_window=3072)  # = max_length
     distill, _ = settings(args, "distill", "flashmap")
     assert (distill["steps"], distill["lr"]) == (23_000, 5e-5)
     args.steps, args.lr = 7, 1e-3
     assert settings(args, "flow", "flashmap")[0]["steps"] == 7
+    args.max_length, args.context_window = 512, None
+    assert settings(args, "train-dflash", "dflash")[1]["context_window"] == 512
+    args.context_window = 0  # --context-window none
+    assert settings(args, "flow", "flashmap")[1]["context_window"] is None
+    args.context_window = 100
+    assert settings(args, "flow", "flashmap")[1]["context_window"] == 100
+    assert "context_window" not in settings(argparse.Namespace(**{**vars(args), "context_window": None}),
+                                            "train-eagle3", "eagle3")[1]
+    with pytest.raises(ValueError, match="--context-window: FlashMap and DFlash drafters only"):
+        settings(args, "train-eagle3", "eagle3")
+    assert window_arg("none") == 0 and window_arg("384") == 384
+    with pytest.raises(argparse.ArgumentTypeError, match="'none'"):
+        window_arg("0")
     args.preset = "nope"
     with pytest.raises(ValueError, match="cpu-tiny"):
         settings(args, "flow", "flashmap")
@@ -68,6 +81,7 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     flow_cfg = json.loads((tmp_path / "flow" / "drafter" / "config.json").read_text())
     assert flow_cfg["two_time"] is False and flow_cfg["draft_vocab_size"] == 64
     assert flow_cfg["tap_input_norm"] is False
+    assert flow_cfg["context_window"] == 256  # cpu-tiny's max_length: the longest context training showed
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
                  "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm"]) == 0
@@ -78,6 +92,9 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
                  "--out", str(tmp_path / "map"), "--steps", "2", "--frac-01", "1/8"]) == 0
     assert json.loads((tmp_path / "map" / "drafter" / "config.json").read_text())["two_time"] is True
+    with pytest.raises(ValueError, match="keeps the teacher's context window"):
+        main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"), "--out",
+              str(tmp_path / "map2"), "--context-window", "none"])
     dflash = [*train_args, "--out", str(tmp_path / "dflash"), "--mask-token-id", "0", "--save-every", "1",
               "--log-every", "1"]
     assert main(["train", "dflash", *dflash, "--steps", "2"]) == 0

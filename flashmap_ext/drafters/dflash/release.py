@@ -22,21 +22,24 @@ from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
 
 
-def export_released(src: str | os.PathLike, dst: str | os.PathLike, target: Any = None) -> Path:
+def export_released(src: str | os.PathLike, dst: str | os.PathLike, target: Any = None, *,
+                    unwindowed: bool = False) -> Path:
     """Reads the DFlash checkpoint `src` (any format we load) and writes the released format into `dst`
     (created; config.json and model.safetensors there are replaced). target: an HF causal LM or our
     `Target`; with it, `num_target_layers` is filled in when the source lacks it and the taps and hidden
     size are checked against it. A draft vocabulary needs it (its LM-head rows are written): ValueError
-    naming `target` otherwise. NotImplementedError for our `context_window` (engines ignore it). Other
+    naming `target` otherwise. NotImplementedError for our `context_window` (engines ignore it) unless
+    `unwindowed`: then it is left out (the engines' drafts past the window differ from ours). Other
     errors: what `DFlashDrafter.from_pretrained` raises (one line naming the field). Weights keep their stored dtype (config `torch_dtype`). Returns `dst`."""
     config = ckpt.load_config(src, "dflash", DFlashConfig.from_hf_dict)
-    if config.context_window is not None:  # ours (common/window.py): the engines would read all of the context
+    if config.context_window is not None and not unwindowed:  # ours (common/window.py): engines read all the context
         raise NotImplementedError(f"{src}: DFlash option context_window={config.context_window} is ours; z-lab, "
-                                  "SGLang and vLLM ignore it")
+                                  "SGLang and vLLM ignore it (unwindowed=True exports it without)")
     if config.draft_vocab_size is not None and target is None:
         raise ValueError(f"target: {src} drafts from a {config.draft_vocab_size}-token vocabulary; pass the "
                          "target so that its LM-head rows can be written (vLLM's DFlash drafter owns them)")
     drafter = DFlashDrafter.from_pretrained(src, target, device="cpu")
+    drafter.config = dataclasses.replace(drafter.config, context_window=None)  # refused above unless unwindowed
     if drafter.config.num_target_layers is None and target is not None:
         layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
         drafter.config = dataclasses.replace(drafter.config, num_target_layers=layers)

@@ -105,11 +105,12 @@ def prepare(work: Path, n: int, methods: list[str]) -> tuple[str, list[dict]]:
     items = [p for name in DATASETS for p in datasets.load(name, n)]
     meta = [{"dataset": p.dataset, "id": p.id} for p in items]
     (work / "prompts.json").write_text(json.dumps([prompt_ids(tokenizer, p.messages) for p in items]))
+    # as the README: vLLM serves them without their 384-token context window (DESIGN.md §5.6)
     if "dflash" in methods:  # its draft vocabulary's LM-head rows come from the target
         hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype="float32")
-        export_dflash("checkpoints/dflash-qwen2.5-coder-0.5b", work / "dflash", target=hf)
+        export_dflash("checkpoints/dflash-qwen2.5-coder-0.5b", work / "dflash", target=hf, unwindowed=True)
     if "flashmap" in methods:
-        export_flashmap("checkpoints/flashmap-qwen2.5-coder-0.5b", work / "flashmap")  # as the README
+        export_flashmap("checkpoints/flashmap-qwen2.5-coder-0.5b", work / "flashmap", unwindowed=True)
     return target, meta
 
 

@@ -23,13 +23,14 @@ from typing import Any
 ARCHITECTURE = "DFlashFlashMapDrafter"  # starts with "DFlash": vLLM's dflash method keeps the name as is
 
 
-def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any = None) -> Path:
+def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any = None,
+                  unwindowed: bool = False) -> Path:
     """Writes the vLLM-loadable form of our DFlash checkpoint `src` into `dst`: the released format of
     `flashmap convert --to dflash` (drafters/dflash/release.py, the one writer; with a draft vocabulary
     it stores the target's LM-head rows, so `target`, the HF target or our `Target`, is needed: ValueError
     naming it otherwise). NotImplementedError for the options vLLM 0.32's `DFlashQwen3ForCausalLM` does
-    not read (embedding scale, output multiplier, softcap); other errors: what loading `src` raises.
-    Returns `dst`."""
+    not read (embedding scale, output multiplier, softcap) and for a context window unless `unwindowed`
+    (`check_window_export`); other errors: what loading `src` raises. Returns `dst`."""
     from flashmap_ext.drafters.common import checkpoint as ckpt
     from flashmap_ext.drafters.dflash.config import DFlashConfig
     from flashmap_ext.drafters.dflash.release import export_released
@@ -38,24 +39,34 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
     for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
         if getattr(config, name) != neutral:
             raise NotImplementedError(f"{src}: DFlash option {name}={getattr(config, name)!r} is not served by vLLM")
-    return export_released(src, dst, target)
+    check_window_export(src, config, unwindowed)
+    return export_released(src, dst, target, unwindowed=unwindowed)
 
 
 def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_position_embeddings: int = 40960,
-                    seed: int = 0) -> Path:
+                    seed: int = 0, unwindowed: bool = False) -> Path:
     """Writes the plugin's form of our FlashMap checkpoint `src` (`FlashMapDrafter.save_pretrained`)
     into `dst`. max_position_embeddings: the target's context (vLLM checks drafts against it);
     seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
     the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
-    the output). Returns `dst`."""
+    the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export`).
+    Returns `dst`."""
     from flashmap_ext.drafters.flashmap.config import FlashMapConfig
 
     config = FlashMapConfig.load(Path(src) / "config.json")
-    if config.context_window is not None:  # the plugin's paged memory attends to every committed entry
-        raise NotImplementedError(f"{src}: FlashMap option context_window={config.context_window} is not served "
-                                  f"by the vLLM plugin")
+    check_window_export(src, config, unwindowed)
+    config.context_window = None
     out = vllm_config_dict(config, max_position_embeddings=max_position_embeddings, seed=seed)
     return _write(dst, out, Path(src))
+
+
+def check_window_export(src, config: Any, unwindowed: bool) -> None:
+    """NotImplementedError for a checkpoint with a context window (DESIGN.md §5.6) unless `unwindowed`:
+    vLLM's DFlash model and our plugin's paged memory attend to every committed position, so served
+    drafts past the window differ from ours (still lossless: the target verifies every draft)."""
+    if config.context_window is not None and not unwindowed:
+        raise NotImplementedError(f"{src}: context_window={config.context_window} is not served by vLLM (its drafter "
+                                  f"attends to the whole context); pass unwindowed=True to export it without")
 
 
 def vllm_config_dict(config: Any, *, max_position_embeddings: int, seed: int) -> dict[str, Any]:
