@@ -130,7 +130,8 @@ def main() -> None:
     from flashmap_ext.bench import machine
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
-    info = machine.describe() | {"dtype": args.dtype, "vllm": _vllm_version(),
+    info = machine.describe() | {"command": " ".join(["python -m flashmap_ext.integrations.vllm.bench"] + sys.argv[1:]),
+                                 "dtype": args.dtype, "vllm": _vllm_version(),
                                  "cpus_allowed": len(os.sched_getaffinity(0)), "max_new_tokens": args.max_new_tokens}
     target, meta = prepare(work, args.n, methods)
     results = {}
