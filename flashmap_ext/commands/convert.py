@@ -32,6 +32,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", help="the target (as for `flashmap generate`): needed for the LM head of a "
                                     "frozen-head EAGLE-3 drafter and of a DFlash draft vocabulary; gives DFlash "
                                     "its num_target_layers; named as verifier")
+    p.add_argument("--unwindowed", action="store_true",
+                   help="DFlash: drop our context_window (z-lab, SGLang and vLLM read the whole context, so "
+                        "their drafts past the window differ from ours; lossless either way)")
     p.set_defaults(func=run)
 
 
@@ -55,17 +58,21 @@ def run(args) -> int:
                          f"not --to {args.to}")
     target = _target(args.target) if args.target else None
     if kind == "dflash":
-        convert_dflash(args.src, args.dst, target)
+        convert_dflash(args.src, args.dst, target, args.unwindowed)
     else:
         convert_eagle3(args.src, args.dst, args.to, target, args.target)
     print(f"wrote {args.to} checkpoint to {args.dst}")
     return 0
 
 
-def convert_dflash(src: str, dst: str, target=None) -> None:
+def convert_dflash(src: str, dst: str, target=None, unwindowed: bool = False) -> None:
     from flashmap_ext.drafters.dflash.release import export_released
     try:
-        export_released(src, dst, target)
+        export_released(src, dst, target, unwindowed=unwindowed)
+    except NotImplementedError as err:
+        if "context_window" in str(err):
+            raise NotImplementedError(f"{err}; pass --unwindowed to convert without it") from err
+        raise
     except ValueError as err:
         if str(err).startswith("target:"):
             raise ValueError(f"{src} has a draft vocabulary: pass --target to store its LM-head rows") from err

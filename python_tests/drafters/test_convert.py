@@ -132,9 +132,24 @@ def test_refusals_are_one_line_errors(tmp_path, capsys):
         ([str(tmp_path / "d"), str(tmp_path / "d"), "--to", "dflash"], "already holds"),
         ([str(write_released(tmp_path / "w", dflash_config={"mask_token_id": MASK, "target_layer_ids": TAPS,
                                                             "context_window": 8})), str(tmp_path / "g"),
-          "--to", "dflash"], "context_window=8 is ours"),
+          "--to", "dflash"], "pass --unwindowed"),
     ]
     for argv, needle in cases:
         assert main(["convert", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert needle in err and "\n" not in err, (argv, err)
+
+
+def test_dflash_unwindowed_drops_our_window_and_drafts_like_the_reference(target, tmp_path):
+    """--unwindowed: the released file has no context_window, and z-lab's code on it drafts as our drafter
+    with the window lifted (load_drafter(context_window=None)) on a context longer than the window."""
+    from flashmap_ext.drafters.load import load_drafter
+    src = write_released(tmp_path / "w", dflash_config={"mask_token_id": MASK, "target_layer_ids": TAPS,
+                                                        "context_window": 8})
+    out = tmp_path / "out"
+    assert main(["convert", str(src), str(out), "--to", "dflash", "--unwindowed"]) == 0
+    assert "context_window" not in json.loads((out / "config.json").read_text())["dflash_config"]
+    ids = torch.randint(0, MASK, (1, 40), generator=torch.Generator().manual_seed(7))
+    ours = load_drafter(str(src), target, context_window=None)
+    assert ours.config.context_window is None
+    assert_same_rounds(reference(out), ours, target, ids, _taps(target, ids))
