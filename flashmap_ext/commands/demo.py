@@ -14,6 +14,18 @@ from pathlib import Path
 
 from flashmap_ext.bench.metrics import NEAR_TIE
 
+
+def positive_int(text: str) -> int:
+    """argparse type of --max-new-tokens: an integer >= 1 (checked before any model loads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 DEMO_DRAFTER = "checkpoints/flashmap-qwen2.5-coder-0.5b"
 DEMO_SETS = (("gsm8k", 3), ("humaneval", 3), ("mtbench", 2))
 
@@ -22,7 +34,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help="speculative decoding on a real model and real prompts (CPU ok)",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", default=None, help=f"FlashMap checkpoint (default: {DEMO_DRAFTER}/)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--steps", type=int, choices=(1, 2), default=1, help="flow-map steps per draft")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
                    help="auto: bf16 where the CPU has avx512_bf16 (or on a GPU), else fp32")

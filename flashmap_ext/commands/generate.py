@@ -24,9 +24,10 @@ import sys
 
 from flashmap_ext.assets.models import QWEN05_NAME
 from flashmap_ext.bench import machine
-from flashmap_ext.drafters.load import check_drafter, load_drafter
+from flashmap_ext.drafters.load import KEEP, check_drafter, load_drafter
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import TINY, Target, load_target, resolve_dtype
+from flashmap_ext.train.runner import window_arg
 from flashmap_ext.tree import TreeSpec
 
 
@@ -50,6 +51,9 @@ def add_parser(subparsers) -> None:
                    help="tree drafting, e.g. 7,10,16: EAGLE-3 drafters, FlashMap/DFlash with --block-tree, "
                         "the hybrid's two branches with --lookup; default: chain drafting")
     p.add_argument("--steps", type=int, choices=[1, 2], help="FlashMap draft steps (default: checkpoint's)")
+    p.add_argument("--context-window", type=window_arg, metavar="W|none",
+                   help="FlashMap/DFlash: read at most the last W context positions (default: the "
+                        "checkpoint's; 'none': all of them)")
     add_shape_arguments(p)
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.set_defaults(func=run)
@@ -58,11 +62,17 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     kind = check_drafter(args.drafter, args.drafter_type) if args.drafter else None  # before any model loads
     check_shape_arguments(args, kind)
+    check_drafter_options(args, kind)
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target(args.target, dtype, args.device)
-    drafter = load_drafter(args.drafter, target, args.drafter_type, steps=args.steps) if args.drafter else None
+    window = KEEP if args.context_window is None else (args.context_window or None)
+    drafter = (load_drafter(args.drafter, target, args.drafter_type, steps=args.steps, context_window=window)
+               if args.drafter else None)
     drafter, tree = shape_drafter(args, target, drafter)
     ids = encode_prompt(tokenizer, args.prompt, args.chat)
+    if len(ids) >= target.max_positions:
+        raise ValueError(f"--prompt: {len(ids)} tokens, the target's context is {target.max_positions} "
+                         "positions: no room for a new token")
     budget = min(args.max_new_tokens, target.max_positions - len(ids))
     if budget < args.max_new_tokens:
         print(f"[max-new-tokens cut to {max(budget, 0)}: the target's context is {target.max_positions}]",
@@ -97,10 +107,24 @@ def add_shape_arguments(p) -> None:
                         "branches), calibrated once and cached")
 
 
+def check_drafter_options(args, kind: str | None) -> None:
+    """ValueError for --steps / --context-window on a drafter that has no such option (or none at all)."""
+    if args.steps is not None and kind != "flashmap":
+        raise ValueError(f"--steps: FlashMap drafters only (got {'no drafter' if kind is None else kind})")
+    if args.context_window is not None and kind not in ("flashmap", "dflash"):
+        raise ValueError(f"--context-window: FlashMap and DFlash drafters only "
+                         f"(got {'no drafter' if kind is None else kind})")
+
+
 def check_shape_arguments(args, kind: str | None) -> None:
     """ValueError for a draft-shape combination `shape_drafter` refuses, before any model loads
     (`kind`: the drafter's, from `check_drafter`, or None without one)."""
     if getattr(args, "auto", False):
+        given = [flag for flag, on in (("--tree", getattr(args, "tree", None) is not None),
+                                       ("--lookup", getattr(args, "lookup", False)),
+                                       ("--block-tree", getattr(args, "block_tree", None))) if on]
+        if given:
+            raise ValueError(f"--auto picks the draft shape itself: drop {', '.join(given)}")
         return
     if getattr(args, "block_tree", None) and (args.tree is None or kind is None):
         raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")

@@ -72,7 +72,11 @@ def check_drafter(path: str, kind: str | None = None) -> str:
     """Reads and parses a drafter checkpoint's config.json without loading weights or a target (commands
     call it before any model loads). Returns its kind; CheckpointError (one line) as `load_drafter`."""
     if path in RANDOM:
-        return "eagle3" if path == "random-eagle3" else "flashmap"
+        made = "eagle3" if path == "random-eagle3" else "flashmap"
+        if kind not in (None, made):
+            raise CheckpointError(f"--drafter-type {kind}: --drafter {path} is a random {made} drafter "
+                                  f"(random drafters: 'random' = FlashMap, 'random-eagle3' = EAGLE-3)")
+        return made
     kind = kind or checkpoint_type(path)
     parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
     if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load

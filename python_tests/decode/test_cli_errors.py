@@ -143,3 +143,49 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     assert "format_version 7 is newer" in err
     err = one_line_error(["eval", "--heldout", str(tmp_path / "h.jsonl"), "--drafter", f"A={tmp_path}/none"], capsys)
     assert "no such directory" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--drafter", "random", "--auto", "--tree", "8,2,16"], "--auto picks the draft shape itself: drop --tree"),
+    (["--drafter", "random", "--auto", "--lookup"], "drop --lookup"),
+    (["--drafter", "random", "--drafter-type", "eagle3"], "--drafter-type eagle3"),
+    (["--drafter", "random-eagle3", "--steps", "2"], "--steps: FlashMap drafters only (got eagle3)"),
+    (["--steps", "2"], "--steps: FlashMap drafters only (got no drafter)"),
+    (["--drafter", "random-eagle3", "--context-window", "64"], "--context-window: FlashMap and DFlash"),
+])
+def test_conflicting_or_ignored_flags_are_refused_before_any_load(argv, needle, monkeypatch, capsys):
+    """Newcomer pass: --auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
+    without draft steps used to run silently, the flags ignored."""
+    from flashmap_ext.commands import generate as gen
+
+    def no_load(*a, **kw):
+        raise AssertionError("a model was loaded before the arguments were checked")
+    monkeypatch.setattr(gen, "load_target", no_load)
+    err = one_line_error(["generate", *TINY, "--prompt", "x", *argv], capsys)
+    assert needle in err, err
+
+
+def test_prompt_longer_than_the_context_is_one_line(capsys):
+    """It printed '[max-new-tokens cut to 0 ...]' and then a second error line."""
+    from flashmap_ext.target import TINY as NAME
+    from flashmap_ext.target import load_target
+    context = load_target(NAME, "fp32", "cpu")[0].max_positions
+    err = one_line_error(["generate", *TINY, "--prompt", "hello " * context, "--max-new-tokens", "4"], capsys)
+    assert "--prompt:" in err and f"context is {context}" in err and "cut to" not in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["demo", "--max-new-tokens", "-1"], "--max-new-tokens: expected an integer >= 1"),
+    (["generate", *TINY, "--prompt", "x", "--context-window", "0"], "expected an integer >= 1 or 'none'"),
+])
+def test_checked_at_parse(argv, needle, capsys):
+    """demo --max-new-tokens -1 used to load the model and fail inside the first prompt."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and needle in err and err.count("\n") == 1, err
+
+
+def test_generate_context_window_none_runs(capsys):
+    assert cli.main(["generate", *TINY, "--drafter", "random", "--prompt", "hi", "--max-new-tokens", "3",
+                     "--context-window", "none"]) == 0
