@@ -15,7 +15,14 @@ Public API:
 """
 import torch  # noqa: F401  (must precede _C: it links against libtorch)
 
-from flashmap_ext import _C, _aliases  # noqa: F401  (_C loads the op library: registers torch.ops.flashmap.*)
+try:
+    from flashmap_ext import _C  # noqa: F401  (loads the op library: registers torch.ops.flashmap.*)
+except ImportError as _err:  # not built yet (a fresh clone, or `make` still compiling): say so in one line
+    if "_C" not in str(_err):
+        raise
+    raise ImportError("flashmap_ext._C, the compiled op library, is not built in this checkout: run `make build` "
+                      "(or `pip install --no-build-isolation .`) and wait for it to finish") from _err
+from flashmap_ext import _aliases  # noqa: F401,E402
 from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter

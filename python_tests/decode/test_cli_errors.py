@@ -189,3 +189,19 @@ def test_checked_at_parse(argv, needle, capsys):
 def test_generate_context_window_none_runs(capsys):
     assert cli.main(["generate", *TINY, "--drafter", "random", "--prompt", "hi", "--max-new-tokens", "3",
                      "--context-window", "none"]) == 0
+
+
+def test_unbuilt_extension_says_make_build():
+    """Newcomer pass: `flashmap --help` while `make` was still compiling said 'cannot import name _C ...
+    (most likely due to a circular import)'."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "class NotBuilt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'flashmap_ext._C':\n"
+            "            raise ImportError(\"cannot import name '_C' from 'flashmap_ext'\")\n"
+            "sys.meta_path.insert(0, NotBuilt())\n"
+            "import flashmap_ext\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 1 and "is not built in this checkout: run `make build`" in run.stderr, run.stderr
