@@ -14,7 +14,7 @@
 #   flow-auto-tau1  flow + --slot-decay auto (3.73 at K = 8) + --tau0-frac 1.0 (every block at τ = 0)
 #   flow-tapnorm    flow + --tap-input-norm (RMSNorm of each tap before the projection)
 #   flow-k5         flow at block size 5
-#   flow-auto, flow-tau1   one of flow-auto-tau1's two changes each
+#   flow-auto, flow-tau1   one of flow-auto-tau1's two changes each; flow-tau0: no block at τ = 0 (FLM)
 #   flow-v16k       flow with a 16,384-row draft vocabulary (stage vocab16k)
 #   flow-tapnorm-auto-tau1 the three changes together
 # Knobs (env): RUN, N_CONV (first N_CONV train conversations by id), STEPS, THREADS, MAX_LEN, VOCAB, CORPUS,
@@ -133,6 +133,7 @@ arm_flags() {
         flow-k5) echo "flow --block-size 5" ;;
         flow-auto) echo "flow --slot-decay auto" ;;
         flow-tau1) echo "flow --tau0-frac 1.0" ;;
+        flow-tau0) echo "flow --tau0-frac 0" ;;
         flow-v16k) echo "flow --draft-vocab $RUN/draft_vocab16k.json" ;;
         flow-tapnorm-auto-tau1) echo "flow --tap-input-norm --slot-decay auto --tau0-frac 1.0" ;;
         *) echo "unknown arm: $1" >&2; return 1 ;;
