@@ -25,7 +25,7 @@ main() {
     cd "$(dirname "$0")/.."
     RUN=${RUN:-runs/ablate}
     N_CONV=${N_CONV:-600}
-    STEPS=${STEPS:-600}
+    STEPS=${STEPS:-1000}
     THREADS=${THREADS:-1}
     MAX_LEN=${MAX_LEN:-384}
     VOCAB=${VOCAB:-8192}
