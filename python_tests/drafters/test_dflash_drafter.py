@@ -180,6 +180,14 @@ def test_dflash_batch_rows_are_independent(drafter):
 
 
 # --- training forward ---------------------------------------------------------------------------------
+def inference_logits(drafter, ids, taps, a: int):
+    """The block logits at anchor position `a` the inference path gives: memory of ids[:a] / taps[:a]
+    ([T] / [T, taps·d]), then one draft — what a training forward's row for that anchor must equal."""
+    memory = drafter.new_memory(1)
+    drafter.extend_memory(memory, ids[None, :a], taps[None, :a])
+    return drafter.draft_logits(memory, ids[a:a + 1], torch.tensor([a]))[0]
+
+
 def test_dflash_forward_train_matches_inference(drafter, target):
     ids, taps = _ctx(12, batch=2)
     anchors = torch.tensor([[0, 3, 4, 11], [2, -1, 9, 5]])
@@ -189,9 +197,7 @@ def test_dflash_forward_train_matches_inference(drafter, target):
         for j, a in enumerate(anchors[b].tolist()):
             if a < 0:
                 continue
-            memory = drafter.new_memory(1)
-            drafter.extend_memory(memory, ids[b:b + 1, :a], taps[b:b + 1, :a])
-            want = drafter.draft_logits(memory, ids[b, a:a + 1], torch.tensor([a]))[0]
+            want = inference_logits(drafter, ids[b], taps[b], a)
             torch.testing.assert_close(logits[b, j], want, atol=1e-5, rtol=1e-5)
             oracle = oracle_logits(released_weights(), target, taps[b, :a], ids[b, a].item(), a)
             torch.testing.assert_close(logits[b, j].double(), oracle, atol=2e-4, rtol=1e-4)
