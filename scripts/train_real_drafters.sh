@@ -10,7 +10,8 @@
 # Knobs (env): N_REGEN, N_ORIG (training conversations), MAX_LEN, N_HELDOUT, MAX_NEW (tokens per regenerated answer),
 #   STEPS (flow = dflash steps), DISTILL_STEPS, THREADS, RUN (work dir), DTYPE (target dtype; default
 #   bench.machine.auto_dtype: bf16 only with avx512_bf16/amx or a GPU, else fp32, 4-8x faster on AVX2),
-#   CORPUS (the committed self-answered corpus that regen grows and features read; data/README.md).
+#   CORPUS (the committed self-answered corpus that regen grows and features read; data/README.md),
+#   FEATURE_JOBS (features: this many target processes at once, one per core, one per corpus part; merged).
 #
 # Recipe (fair comparison: same data, same steps, same batch/anchors, ~same trainable parameters):
 #   FlashMap: DiT 2 layers, width 384, 6 heads, cond 256, K = 8 slots, draft vocabulary 8,192 rows
@@ -100,59 +101,59 @@ stage_regen() {
         --max-new-tokens "$MAX_NEW" --limit "$REGEN_LIMIT" --dtype "$DTYPE" --no-progress
 }
 
-# 3. Target taps (5 layers spread over 1..L-3 = 1,6,11,16,21), DTYPE target forward, bf16 shards; the
-#    corpus and the original-answer set go into one cache (ids are disjoint; a rerun skips what is cached).
+# 3. Target taps (5 layers spread over 1..L-3 = 1,6,11,16,21, plus EAGLE-3's 20), DTYPE target forward, bf16
+#    shards, one cache for every drafter. FEATURE_JOBS > 1: one `flashmap features` per corpus part, run
+#    FEATURE_JOBS at a time pinned to cores 0,1,... (one thread each), into $RUN/feature-parts/, then merged
+#    (flashmap_ext.train.feature_merge). A rerun skips what is cached or merged.
 stage_features() {
-    for data in "$CORPUS" "$RUN/orig.jsonl"; do
-        [ -s "$data" ] || [ -d "$data" ] || { echo "skip: $data is empty"; continue; }
-        $FM features --target "$TARGET" --data "$data" --out "$RUN/features" --max-length "$MAX_LEN" \
-            --dtype bf16 --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)"
-    done
+    [ -e "$RUN/features.done" ] && { echo "skip: $RUN/features done"; return; }
+    if [ "${FEATURE_JOBS:-1}" -le 1 ]; then
+        features_of "$CORPUS" "$RUN/features"
+    else
+        local dirs=() i=0 part
+        for part in "$CORPUS"/part-*.jsonl.gz; do
+            local dir; dir="$RUN/feature-parts/$(basename "$part" .jsonl.gz)"; dirs+=("$dir")
+            mkdir -p "$RUN/feature-parts"
+            ( taskset -cp $(( i % FEATURE_JOBS )) $BASHPID > /dev/null
+              OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 features_of "$part" "$dir" ) > "$dir.log" 2>&1 &
+            i=$(( i + 1 ))
+            [ $(( i % FEATURE_JOBS )) -eq 0 ] && wait
+        done
+        wait
+        $PY -m flashmap_ext.train.feature_merge --out "$RUN/features" "${dirs[@]}"
+    fi
+    [ -s "$RUN/orig.jsonl" ] && features_of "$RUN/orig.jsonl" "$RUN/features"  # original-answer set (N_ORIG)
+    touch "$RUN/features.done"
 }
-stage_features_orig() {
-    $FM features --target "$TARGET" --data "$RUN/orig.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
-        --dtype bf16 --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)"
+features_of() {  # corpus part or folder -> cache dir
+    mkdir -p "$(dirname "$2")"
+    $FM features --target "$TARGET" --data "$1" --out "$2" --max-length "$MAX_LEN" --dtype bf16 \
+        --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)"
 }
 
 # one cache serves every drafter: the union of the FlashMap/DFlash and EAGLE-3 taps
 taps_union() { echo "$FM_TAPS,$E3_TAPS" | tr , '\n' | sort -n | uniq | paste -sd, -; }
 
-# 4. Draft vocabulary (both drafters: drafts and loss on these LM-head rows only): the VOCAB most frequent
-#    response ids of the feature cache, then of the ShareGPT assistant text (training side only), ties by id.
+# 4. Draft vocabulary (every drafter drafts and trains on these LM-head rows only): the VOCAB most frequent
+#    supervised (answer) ids of the feature cache, i.e. of the training corpus as cropped, ties by id.
 stage_vocab() {
     [ -s "$RUN/draft_vocab.json" ] && { echo "skip: $RUN/draft_vocab.json exists"; return; }
-    VOCAB=$VOCAB $PY - "$RUN" "$TARGET" <<'EOF'
-import json, os, sys
+    $PY - "$RUN" "$TARGET" "$VOCAB" <<'EOF'
+import json, sys
 import torch
-from transformers import AutoTokenizer
-from flashmap_ext.train.features import FeatureCache
 from flashmap_ext.train.eagle3 import build_draft_vocab
-run, target = sys.argv[1], sys.argv[2]
-tok = AutoTokenizer.from_pretrained(target)
+from flashmap_ext.train.features import FeatureCache
+run, target, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 V = json.load(open(f"{target}/config.json"))["vocab_size"]
 cache = FeatureCache(f"{run}/features")
-own = torch.zeros(V, dtype=torch.float64)
-n_tok = 0
+counts = torch.zeros(V, dtype=torch.float64)
 for i in range(len(cache)):
-    it = cache[i]
-    ids = torch.as_tensor(it["input_ids"]).long()[torch.as_tensor(it["loss_mask"]).bool()]
-    own += torch.bincount(ids, minlength=V)[:V].double(); n_tok += ids.numel()
-from flashmap_ext.data.prompts import split
-heldout = {json.loads(l)["id"] for l in open(f"{run}/heldout.jsonl")}
-extra = torch.zeros(V, dtype=torch.float64)
-for line in open(f"{run}/sharegpt.jsonl"):
-    r = json.loads(line)
-    if r["id"] in heldout or split(r["messages"][0]["content"]) == "heldout":  # neither held-out set leaks
-        continue
-    ids = tok.encode(r["messages"][-1]["content"], add_special_tokens=False)
-    extra += torch.bincount(torch.tensor(ids), minlength=V)[:V].double()
-counts = own * 1e6 + extra          # own responses first, ShareGPT text breaks the ties
-size = int(os.environ["VOCAB"])
+    counts += torch.bincount(cache.supervised_tokens(i), minlength=V)[:V].double()
 ids = build_draft_vocab(counts, size)
-cov = float(own[ids].sum() / own.sum())
-json.dump({"size": size, "ids": ids.tolist(), "train_tokens": n_tok, "coverage_train": cov},
-          open(f"{run}/draft_vocab.json", "w"))
-print(f"draft vocab {size}: {n_tok} supervised tokens, coverage {cov:.4f}")
+cov = float(counts[ids].sum() / counts.sum())
+json.dump({"size": size, "ids": ids.tolist(), "source": f"{run}/features", "train_tokens": int(counts.sum()),
+           "coverage_train": cov}, open(f"{run}/draft_vocab.json", "w"))
+print(f"draft vocab {size}: {int(counts.sum())} supervised tokens, coverage {cov:.4f}")
 EOF
 }
 
@@ -163,7 +164,7 @@ stage_flow() {
     [ -s "$RUN/flow/drafter/model.safetensors" ] && { echo "skip: flow drafter exists"; return; }
     $FM train flow "${COMMON[@]}" --out "$RUN/flow" $(resume_flag "$RUN/flow") --steps "$STEPS" --lr 1e-3 \
         --warmup 0.05 --layers 2 --width 384 --heads 6 --block-size 8 --draft-vocab "$RUN/draft_vocab.json" \
-        --tap-layers "$FM_TAPS" --tau0-frac "$TAU0_FRAC"
+        --tap-layers "$FM_TAPS" --tau0-frac "$TAU0_FRAC" --no-head-recompute
 }
 
 # 6. Semigroup flow-map distillation into a 1-2 step drafter.
