@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+from flashmap_ext.bench.interval import RESAMPLES, SEED
 from flashmap_ext.bench.machine import summary_line
 
 
@@ -58,13 +59,26 @@ def slot_table(results: dict) -> list[str]:
     return out + tree_note(results)
 
 
+def _interval(r: dict) -> str:
+    """"[low, high]" of the shuffle test's Δγ, or "–" (one prompt per dataset: no interval)."""
+    iv = r.get("interval")
+    return f"[{iv[0]:+.2f}, {iv[1]:+.2f}]" if iv else "–"
+
+
 def shuffle_table(shuffle: dict) -> list[str]:
-    out = ["| dataset | method | γ shared noise | γ per-slot noise | Δγ | prompts |", "|---|---|---|---|---|---|"]
+    """Shared vs per-slot noise γ per (dataset, FlashMap row), Δγ and its paired bootstrap interval."""
+    level = next((r["level"] for rows in shuffle.values() for r in rows.values() if "level" in r), 0.95)
+    out = [f"| dataset | method | γ shared noise | γ per-slot noise | Δγ | {level:.0%} interval of Δγ | prompts |",
+           "|---|---|---|---|---|---|---|"]
     for name, rows in shuffle.items():
         for method, r in rows.items():
             out.append(f"| {name} | {method} | {_num(r['shared'])} | {_num(r['per_slot'])} | "
-                       f"{_num(r['delta'], '{:+.2f}')} | {r['prompts']} |")
-    return out if len(out) > 2 else []
+                       f"{_num(r['delta'], '{:+.2f}')} | {_interval(r)} | {r['prompts']} |")
+    if len(out) == 2:
+        return []
+    return out + ["", "Interval: percentile bootstrap over prompts, both arms of a prompt resampled together "
+                  f"({RESAMPLES:,} resamples, seed {SEED}; \"all datasets\" resamples within each dataset). Few "
+                  "prompts make it too narrow: one near 0 is inconclusive."]
 
 
 def projection_table(results: dict) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,8 +17,9 @@ from tqdm.auto import tqdm
 
 from flashmap_ext.assets import datasets
 from flashmap_ext.bench import machine, report
-from flashmap_ext.bench.methods import Method, PerSlotNoiseDrafter, StepsDrafter, build_methods, run_peer
-from flashmap_ext.bench.metrics import Record, acceptance_length, summarize
+from flashmap_ext.bench.methods import Method, build_methods, run_peer
+from flashmap_ext.bench.metrics import Record, summarize
+from flashmap_ext.bench.shuffle import shuffle_test
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import load_target, resolve_dtype
 from flashmap_ext.train.data import prompt_ids, stop_token_ids
@@ -103,25 +105,6 @@ def warm_up(target, tokenizer, methods: list[Method], cfg: BenchConfig, stop) ->
         decode(target, method, ids, short, stop)
 
 
-def shuffle_test(target, tokenizer, methods: list[Method], records: list[Record], cfg: BenchConfig,
-                 stop) -> dict:
-    """γ with the block's shared noise vs an independent noise block per slot, first turns of the first
-    `shuffle_n` prompts of each dataset. {dataset: {method: {shared, per_slot, delta}}}."""
-    out: dict = {}
-    for name in cfg.datasets:
-        prompts = datasets.load(name, min(cfg.shuffle_n, cfg.n))
-        for method in (m for m in methods if isinstance(m.drafter, StepsDrafter)):
-            probe = Method(method.name, PerSlotNoiseDrafter(method.drafter.inner, method.drafter.steps))
-            ids_of = {f"{p.id}#1": prompt_ids(tokenizer, p.messages) for p in prompts}
-            shared = [r for r in records if r.method == method.name and r.prompt_id in ids_of]
-            per_slot = [decode(target, probe, ids, cfg, stop)
-                        for ids in tqdm(ids_of.values(), desc=f"shuffle {name} {method.name}", leave=False)]
-            g_shared, g_slot = acceptance_length(shared), acceptance_length(per_slot)
-            out.setdefault(name, {})[method.name] = {"shared": g_shared, "per_slot": g_slot,
-                                                     "delta": g_shared - g_slot, "prompts": len(ids_of)}
-    return out
-
-
 def run(cfg: BenchConfig) -> dict:
     """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results."""
     dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
@@ -140,7 +123,8 @@ def run(cfg: BenchConfig) -> dict:
     for name in cfg.datasets:
         for prompt in tqdm(datasets.load(name, cfg.n), desc=name, unit="prompt"):
             records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
-    shuffle = shuffle_test(target, tokenizer, methods, records, cfg, stop) if cfg.shuffle_n else {}
+    shuffle = shuffle_test(target, tokenizer, methods, records, cfg.datasets, min(cfg.shuffle_n, cfg.n),
+                           partial(decode, cfg=cfg, stop=stop)) if cfg.shuffle_n else {}
     results = assemble(cfg, meta, methods, records, shuffle)
     report.write_all(results, Path(cfg.out))
     return results

@@ -195,13 +195,43 @@ def test_bench_shuffle_test_honours_n_and_peer_times_are_unmeasured(byte_bench):
     cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=1, max_new_tokens=6, dtype="fp32",
                       shuffle_n=2, out=str(tmp / "bench"))
     results = run(cfg)
-    assert {r["prompts"] for r in results["shuffle"][dataset].values()} == {1}
+    assert {r["prompts"] for r in results["shuffle"]["tiny"].values()} == {1}
+    assert {r["interval"] is None for r in results["shuffle"]["tiny"].values()} == {True}  # one prompt: none
     rows = results["datasets"]["tiny"]
     for peer in ("HF greedy", "prompt lookup"):
         assert rows[peer]["draft_time_s"] is None and rows[peer]["verify_time_s"] is None
         line = next(x for x in (tmp / "bench" / "results.md").read_text().splitlines() if x.startswith(f"| {peer} |"))
         assert line.endswith("| – | – | – |"), line
     assert rows["FlashMap-1"]["verify_time_s"] > 0
+
+
+def test_bench_shuffle_test_pairs_main_records_and_reports_an_interval(byte_bench):
+    # two datasets of two prompts: each FlashMap row's shared-noise counts are the main run's first-turn records,
+    # Δγ is pooled from the per-prompt counts, its interval is the bootstrap of those counts (within each dataset
+    # for "all datasets"), and results.md shows it
+    from flashmap_ext.bench.interval import delta_interval
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, dataset = byte_bench
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset, dataset.replace("tiny=", "twin=")), n=2,
+                      max_new_tokens=10, dtype="fp32", peers=False, shuffle_n=2, out=str(tmp / "bench"))
+    results = run(cfg)
+    shuffle, md = results["shuffle"], (tmp / "bench" / "results.md").read_text()
+    assert list(shuffle) == ["tiny", "twin", "all datasets"]
+    for name in ("tiny", "twin"):
+        for method, row in shuffle[name].items():
+            main = {r["prompt_id"]: r for r in results["records"] if r["method"] == method and r["dataset"] == name}
+            counts = [p["counts"] for p in row["per_prompt"]]
+            shared = [main[p["prompt_id"]]["accepted"] for p in row["per_prompt"]]
+            assert [c[:2] for c in counts] == [[sum(a), len(a)] for a in shared]
+            a1, r1, a2, r2 = (sum(c[i] for c in counts) for i in range(4))
+            assert row["delta"] == pytest.approx((a1 + r1) / r1 - (a2 + r2) / r2) and row["prompts"] == 2
+            assert row["interval"] == list(delta_interval(counts)) and row["level"] == 0.95
+            low, high = row["interval"]
+            assert f"| {name} | {method} |" in md and f"[{low:+.2f}, {high:+.2f}]" in md
+    for method, row in shuffle["all datasets"].items():
+        counts = [p["counts"] for name in ("tiny", "twin") for p in shuffle[name][method]["per_prompt"]]
+        assert row["prompts"] == 4 and row["interval"] == list(delta_interval(counts, [0, 0, 1, 1]))
+    assert "95% interval of Δγ" in md and "percentile bootstrap over prompts" in md
 
 
 def test_slot_table_fills_shorter_rows_with_a_dash():
