@@ -72,14 +72,14 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
         fm = load_drafter(flashmap, target, "flashmap", dtype=dtype)
         methods += [Method("FlashMap-1", StepsDrafter(fm, 1)), Method("FlashMap-2", StepsDrafter(fm, 2))]
     if dflash:
-        dfl = load_drafter(dflash, target, "dflash", dtype=dtype)
+        dfl = load_drafter(dflash, target, "dflash", dtype=dtype, flag="--dflash")
         methods.append(Method("DFlash", dfl))
     if shapes:
         methods += shape_methods(fm and StepsDrafter(fm, 1), dfl)
     if auto:
         methods += auto_methods(target, fm and StepsDrafter(fm, 1), refresh=recalibrate)
     if eagle3:
-        eagle = load_drafter(eagle3, target, "eagle3", dtype=dtype)
+        eagle = load_drafter(eagle3, target, "eagle3", dtype=dtype, flag="--eagle3")
         methods.append(Method("EAGLE-3", eagle))
         if eagle3_tree is not None:
             methods.append(Method("EAGLE-3 tree", eagle, eagle3_tree))

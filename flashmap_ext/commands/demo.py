@@ -54,8 +54,8 @@ def say(msg: str) -> None:
 def find_drafter(path: str | None) -> Path | None:
     """The committed demo checkpoint (cwd or repo root), or the given path; None when there is none."""
     if path:
-        if not (Path(path) / "config.json").is_file():
-            raise SystemExit(f"--drafter {path}: no config.json there")
+        from flashmap_ext.drafters.load import check_drafter
+        check_drafter(path, "flashmap")  # CheckpointError naming --drafter
         return Path(path)
     import flashmap_ext
     for root in (Path.cwd(), Path(flashmap_ext.__file__).resolve().parents[1]):
@@ -90,7 +90,8 @@ def load(model_dir: Path, drafter_path: str | None, steps: int, dtype: str):
         say("\n  !! No trained FlashMap drafter found at ./" + DEMO_DRAFTER + "/ -- using a RANDOM, UNTRAINED\n"
             "  !! drafter instead. Outputs stay identical to greedy (the method is lossless), but expect\n"
             "  !! γ ≈ 1 and a slowdown: this shows the machinery, not the speedup.\n")
-    drafter = load_drafter(str(found) if found else "random", target, "flashmap", dtype=resolve_dtype(dtype))
+    drafter = load_drafter(str(found) if found else "random", target, "flashmap", dtype=resolve_dtype(dtype),
+                           target_flag=f"the demo's target ({model_dir.name})")
     say(f"2/3  loaded target ({dtype}) and drafter "
         f"{'`' + str(found) + '`' if found else '(random, untrained)'} in {time.perf_counter() - start:.0f} s")
     return target, tokenizer, StepsDrafter(drafter, steps), found is not None
@@ -191,6 +192,7 @@ def run(args) -> int:
     start = time.perf_counter()
     machine.set_threads(args.threads)
     dtype = machine.auto_dtype() if args.dtype == "auto" else args.dtype
+    find_drafter(args.drafter)  # a bad --drafter fails before the assets load
     model_dir, prompt_sets = fetch_assets()
     target, tokenizer, drafter, trained = load(model_dir, args.drafter, args.steps, dtype)
     stop = stop_token_ids(tokenizer)

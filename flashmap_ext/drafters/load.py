@@ -2,10 +2,12 @@
 'random' / 'random-eagle3' (small random drafters for plumbing runs)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from flashmap_ext.drafters.common.base import TargetMismatch
 from flashmap_ext.drafters.common.checkpoint import CheckpointError, config_kind, load_config, read_config
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.drafters.dflash import DFlashDrafter
@@ -21,15 +23,18 @@ KEEP = "checkpoint"  # context_window: as the checkpoint's config says
 
 
 def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torch.dtype | None = None,
-                 steps: int | None = None, context_window: int | None | str = KEEP) -> torch.nn.Module:
+                 steps: int | None = None, context_window: int | None | str = KEEP,
+                 flag: str = "--drafter", target_flag: str = "--target") -> torch.nn.Module:
     """A drafter for `target` (a Target or an HF causal LM) in eval mode and `dtype` (default: the target's).
 
     path: a checkpoint directory, 'random' (a small random FlashMap drafter: 2 layers, width 128, K = 8) or
     'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3' overrides the type read from config.json.
     steps: FlashMap draft steps (1 or 2; default the checkpoint's). context_window: W, the FlashMap or
     DFlash drafter reads the last W memory entries only (common/window.py); None: all; default the
-    checkpoint's. Raises CheckpointError (a ValueError) for a missing directory, a bad config or an
-    unknown checkpoint type; ValueError for a window a drafter cannot take.
+    checkpoint's. Raises CheckpointError (a ValueError) for a missing directory, a bad config, unreadable
+    weights or an unknown checkpoint type; TargetMismatch (a ValueError) for a drafter built for another
+    target; ValueError for a window a drafter cannot take. Checkpoint errors name `flag`, the option that
+    gave `path` (target mismatches name it and `target_flag`).
     """
     dtype = dtype or hf_causal_lm(target).get_input_embeddings().weight.dtype
     if path == "random":
@@ -40,7 +45,8 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
         torch.manual_seed(0)
         drafter = Eagle3Drafter.for_target(target, num_draft_tokens=7)
     else:
-        drafter = CLASSES[kind or checkpoint_type(path)].from_pretrained(path, target, dtype=dtype)
+        with named_errors(flag, path, target_flag):
+            drafter = CLASSES[kind or checkpoint_type(path, flag)].from_pretrained(path, target, dtype=dtype)
     if steps is not None and hasattr(drafter.config, "draft_steps"):
         drafter.config.draft_steps = steps
     if context_window != KEEP:
@@ -50,16 +56,27 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
     return drafter.to(dtype=dtype).eval()
 
 
-def checkpoint_type(path: str) -> str:
-    """'flashmap' | 'dflash' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
-    one line) for a missing directory, a missing / malformed / empty config or an unknown kind."""
+@contextmanager
+def named_errors(flag: str, path: str, target_flag: str = "--target"):
+    """Re-raises a CheckpointError with `flag` in front, a TargetMismatch naming `flag` and `target_flag`."""
     try:
-        cfg = read_config(path)
+        yield
+    except TargetMismatch as err:
+        raise TargetMismatch(f"{flag} {path} does not fit {target_flag}: {err}") from None
     except CheckpointError as err:
-        raise CheckpointError(f"--drafter {err}") from None
+        if str(err).startswith(flag):
+            raise
+        raise type(err)(f"{flag} {err}") from None
+
+
+def checkpoint_type(path: str, flag: str = "--drafter") -> str:
+    """'flashmap' | 'dflash' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
+    one line naming `flag`) for a missing directory, a missing / malformed / empty config or an unknown kind."""
+    with named_errors(flag, path):
+        cfg = read_config(path)
     kind = config_kind(cfg)
     if kind is None:
-        raise CheckpointError(f"--drafter {path}: unknown drafter type (architectures="
+        raise CheckpointError(f"{flag} {path}: unknown drafter type (architectures="
                               f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); "
                               f"pass --drafter-type")
     return kind
@@ -70,7 +87,8 @@ RANDOM = ("random", "random-eagle3")
 
 def check_drafter(path: str, kind: str | None = None) -> str:
     """Reads and parses a drafter checkpoint's config.json without loading weights or a target (commands
-    call it before any model loads). Returns its kind; CheckpointError (one line) as `load_drafter`."""
+    call it before any model loads). Returns its kind; CheckpointError (one line naming --drafter) as
+    `load_drafter`."""
     if path in RANDOM:
         made = "eagle3" if path == "random-eagle3" else "flashmap"
         if kind not in (None, made):
@@ -79,8 +97,9 @@ def check_drafter(path: str, kind: str | None = None) -> str:
         return made
     kind = kind or checkpoint_type(path)
     parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
-    if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load
-        load_config(path, kind, parse)
-    else:
-        read_config(path, kind)
+    with named_errors("--drafter", path):
+        if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load
+            load_config(path, kind, parse)
+        else:
+            read_config(path, kind)
     return kind

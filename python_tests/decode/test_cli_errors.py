@@ -205,3 +205,75 @@ def test_unbuilt_extension_says_make_build():
             "import flashmap_ext\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 1 and "is not built in this checkout: run `make build`" in run.stderr, run.stderr
+
+
+# --- drafter errors name the option that gave the path (review leftovers) -----------------------------
+def tiny_drafter(kind: str, folder, hidden_size: int = 64, vocab_size: int = 257):
+    """A small drafter of `kind` saved to `folder`, built for a tiny Qwen3 of that hidden size / vocabulary
+    (tiny-random: 64 / 257)."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    model = tiny_qwen3(vocab_size=vocab_size, hidden_size=hidden_size)
+    build = {"flashmap": lambda: FlashMapDrafter.for_target(model, n_layers=1, width=64, heads=4, block_size=4),
+             "dflash": lambda: DFlashDrafter.for_target(model, mask_token_id=vocab_size - 1, block_size=4,
+                                                        num_hidden_layers=1),
+             "eagle3": lambda: Eagle3Drafter.for_target(model, num_draft_tokens=3)}[kind]
+    build().save_pretrained(folder)
+    return str(folder)
+
+
+def drafter_argv(command: str, path: str, tmp_path) -> list:
+    if command == "generate":
+        return ["generate", *TINY, "--prompt", "hi", "--max-new-tokens", "2", "--drafter", path]
+    (tmp_path / "h.jsonl").write_text(json.dumps({"domain": "x", "text": "hello world " * 4}) + "\n")
+    return ["eval", *TINY, "--heldout", str(tmp_path / "h.jsonl"), "--drafter", f"A={path}",
+            "--out", str(tmp_path / "out")]
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_truncated_drafter_weights_name_the_drafter_option(command, tmp_path, capsys):
+    """The message named the file only (`.../model.safetensors (FlashMap drafter): unreadable, ...`)."""
+    path = tiny_drafter("flashmap", tmp_path / "d")
+    weights = tmp_path / "d" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    err = one_line_error(drafter_argv(command, path, tmp_path), capsys)
+    assert f"error: --drafter {weights} (FlashMap drafter): unreadable, truncated or corrupt" in err, err
+
+
+@pytest.mark.parametrize("argv", [[], ["--drafter-type", "flashmap"]])
+def test_drafter_dir_without_config_says_what_was_expected(argv, tmp_path, capsys, no_loads):
+    """It said '--drafter DIR: no config.json there' (without --drafter-type: not even --drafter)."""
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", str(tmp_path), *argv], capsys)
+    assert (f"--drafter {tmp_path}: no config.json there (expected a drafter checkpoint directory: config.json "
+            "+ model.safetensors)") in err, err
+
+
+def test_demo_drafter_dir_without_config_before_the_assets_load(tmp_path, monkeypatch, capsys):
+    """demo fetched and loaded the real target first, then exited 1 with a bare line."""
+    import flashmap_ext.commands.demo as demo
+
+    def no_fetch():
+        raise AssertionError("the assets were fetched before the --drafter error")
+    monkeypatch.setattr(demo, "fetch_assets", no_fetch)
+    err = one_line_error(["demo", "--drafter", str(tmp_path)], capsys)
+    assert f"flashmap demo: error: --drafter {tmp_path}: no config.json there (expected" in err, err
+
+
+@pytest.mark.parametrize("kind, shape, field", [
+    ("flashmap", {"hidden_size": 32}, "d_target 32 != the target's hidden size 64"),
+    ("flashmap", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
+    ("dflash", {"hidden_size": 32}, "hidden_size 32 != the target's hidden size 64"),
+    ("dflash", {"vocab_size": 250}, "vocab_size 250 != the target's vocabulary (embedding rows) 257"),
+    ("eagle3", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
+])
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_drafter_for_another_target_names_both_options_and_the_field(command, kind, shape, field, tmp_path,
+                                                                     capsys):
+    """The message was e.g. 'target hidden size 64 != drafter hidden_size 32': no option named (and a DFlash
+    drafter for a smaller vocabulary was not refused at all)."""
+    path = tiny_drafter(kind, tmp_path / "d", **shape)
+    err = one_line_error(drafter_argv(command, path, tmp_path), capsys)
+    assert f"error: --drafter {path} does not fit --target: " in err and field in err, err
+

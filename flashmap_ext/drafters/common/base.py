@@ -50,6 +50,11 @@ class BlockDrafter(Protocol):
         """
 
 
+class TargetMismatch(ValueError):
+    """A drafter built for another target: a config field (hidden size, vocabulary, tap layers) does not
+    match the target it is attached to; one line naming each mismatching field and both values."""
+
+
 class ReadsTarget:
     """Mixin of the drafters: the target's frozen tables they read (`attach_target` sets `_tables`) and
     their draft vocabulary (the buffer `d2t`, if any)."""
@@ -62,12 +67,22 @@ class ReadsTarget:
                                "target= first")
         return self._tables
 
+    def check_fits(self, shape: tuple[int, int], vocab_field: str, hidden_field: str) -> None:
+        """TargetMismatch naming each config field (`vocab_field`: embedding rows, `hidden_field`: hidden
+        size) whose value differs from the target's embedding `shape` (rows, hidden)."""
+        rows, hidden = shape
+        pairs = [(hidden_field, hidden, "hidden size"), (vocab_field, rows, "vocabulary (embedding rows)")]
+        wrong = [f"{field} {getattr(self.config, field)} != the target's {what} {value}"
+                 for field, value, what in pairs if getattr(self.config, field) != value]
+        if wrong:
+            raise TargetMismatch(f"{type(self).__name__} built for another target: {'; '.join(wrong)}")
+
     def check_tap_layers(self, target: Any) -> None:
-        """ValueError when `config.target_layer_ids` name a layer `target` does not have."""
+        """TargetMismatch when `config.target_layer_ids` name a layer `target` does not have."""
         layers = target_shape(hf_causal_lm(target).config)["num_target_layers"]
         if max(self.config.target_layer_ids) >= layers:
-            raise ValueError(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
-                             f"{layers} layers")
+            raise TargetMismatch(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
+                                 f"{layers} layers")
 
     @property
     def vocab(self) -> DraftVocab:

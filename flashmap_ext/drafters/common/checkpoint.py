@@ -62,7 +62,8 @@ def read_config(path: str | os.PathLike, expected: str | None = None) -> dict:
             hint = f"; the trained drafter of this run is {folder / 'drafter'}"
         elif (folder / "state.json").is_file():              # a training checkpoint
             hint = "; this is a training checkpoint: pass the run's drafter/ directory"
-        raise CheckpointError(f"{path}: no config.json there{hint}")
+        raise CheckpointError(f"{path}: no config.json there (expected a drafter checkpoint directory: "
+                              f"config.json + {WEIGHTS}){hint}")
     try:
         cfg = json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

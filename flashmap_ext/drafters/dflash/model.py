@@ -245,13 +245,9 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     # --- target, construction, checkpoints -----------------------------------------------------------
     def attach_target(self, target: Any) -> "DFlashDrafter":
         """Uses `target`'s frozen embedding and LM head (held by reference, never stored)."""
-        parts = TargetTables.from_target(target, self.vocab.target_ids)
-        if parts.shape[1] != self.config.hidden_size:
-            raise ValueError(f"target hidden size {parts.shape[1]} != drafter hidden_size {self.config.hidden_size}")
-        if parts.shape[0] <= self.config.mask_token_id:
-            raise ValueError(f"mask_token_id {self.config.mask_token_id} outside the target's "
-                             f"{parts.shape[0]}-row embedding table")
+        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), "vocab_size", "hidden_size")
         self.check_tap_layers(target)
+        parts = TargetTables.from_target(target, self.vocab.target_ids)
         self._tables = parts
         return self
 

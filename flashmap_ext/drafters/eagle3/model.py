@@ -227,9 +227,7 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     def attach_target(self, target: Any) -> "Eagle3Drafter":
         """Uses `target`'s frozen embedding (held by reference, never stored)."""
         parts = TargetTables.from_target(target)
-        if (parts.shape[0], parts.shape[1]) != (self.config.vocab_size, self.config.hidden_size):
-            raise ValueError(f"target embedding {parts.shape[0]}x{parts.shape[1]} != drafter vocab_size x hidden_size "
-                             f"{self.config.vocab_size}x{self.config.hidden_size}")
+        self.check_fits(parts.shape, "vocab_size", "hidden_size")
         self.check_tap_layers(target)
         self._tables = parts
         return self

@@ -117,17 +117,11 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     def attach_target(self, target: Any) -> "FlashMapDrafter":
         """References the target's embedding and LM head (never copied into this module's state)."""
-        c, emb = self.config, hf_causal_lm(target).get_input_embeddings().weight
-        if tuple(emb.shape) != (c.vocab_size, c.d_target):
-            raise ValueError(f"target: embedding is {tuple(emb.shape)}, this drafter was built for a target "
-                             f"with (vocab_size={c.vocab_size}, d_target={c.d_target})")
+        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), "vocab_size", "d_target")
         return self.attach_tables(TargetTables.from_target(target, self.vocab.target_ids))
 
     def attach_tables(self, tables: TargetTables) -> "FlashMapDrafter":
-        c = self.config
-        if tuple(tables.embedding.shape) != (c.vocab_size, c.d_target):
-            raise ValueError(f"target: embedding is {tuple(tables.embedding.shape)}, the drafter expects "
-                             f"(vocab_size={c.vocab_size}, d_target={c.d_target})")
+        self.check_fits(tables.shape, "vocab_size", "d_target")
         self._tables = tables
         self.drop_packed()  # the pack holds the LM head rows of the tables
         return self
