@@ -3,6 +3,7 @@ HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md 
 from __future__ import annotations
 
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
+from flashmap_ext.train.runner import seed_arg
 from flashmap_ext.tree import TreeSpec
 
 DEFAULT_TREE = "7,10,16"  # the DFlash paper's EAGLE-3 comparison: depth 7, top-k 10, 16 nodes
@@ -24,7 +25,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--n", type=int, default=10, help="prompts per dataset (default 10)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 on a GPU or a CPU with avx512_bf16, else fp32")
     p.add_argument("--shuffle-n", type=int, default=2,

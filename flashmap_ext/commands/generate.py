@@ -27,7 +27,7 @@ from flashmap_ext.bench import machine
 from flashmap_ext.drafters.load import KEEP, check_drafter, load_drafter
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import TINY, Target, load_target, resolve_dtype
-from flashmap_ext.train.runner import window_arg
+from flashmap_ext.train.runner import seed_arg, window_arg
 from flashmap_ext.tree import TreeSpec
 
 
@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     add_sampling_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--max-new-tokens", type=non_negative_int, default=128)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")

@@ -58,7 +58,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "inference (recorded in its config.json); 'none': all of them; default: --max-length, "
                         "the longest context training shows it")
     g.add_argument("--save-every", type=int, help="steps between checkpoints")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=seed_arg, default=0)
     r = p.add_argument_group("runtime")
     r.add_argument("--parallel", choices=parallel.MODES, default="none",
                    help="under torchrun: ddp (replicated drafter) or fsdp (sharded, for large drafters)")
@@ -103,6 +103,17 @@ def window_arg(text: str) -> int:
         return check_window(int(text), "--context-window")
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'none', got {text!r}") from err
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of --seed: an integer in [0, 2**63) (the request seed is an int64 Philox key)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
+    return value
 
 
 def device_of(args) -> str:
