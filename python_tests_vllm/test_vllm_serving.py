@@ -75,7 +75,7 @@ def test_speculative_config_counts_drafted_slots(assets):
 def test_export_dflash_keeps_the_weights_and_adds_the_draft_head(assets, tmp_path):
     from safetensors.torch import load_file
 
-    from flashmap_ext.drafters.dflash_config import DFlashConfig
+    from flashmap_ext.drafters.dflash.config import DFlashConfig
     ours, out = assets["drafters"]["dflash"], assets["root"] / "dflash"
     source = json.loads((assets["root"] / "dflash_ours" / "config.json").read_text())
     assert DFlashConfig.from_hf_dict(json.loads((out / "config.json").read_text())) == DFlashConfig.from_hf_dict(source)

@@ -55,8 +55,8 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
+    from flashmap_ext.assets.models import qwen05_dir
     from flashmap_ext.bench import machine
-    from flashmap_ext.bench.assets import qwen05_dir
     from flashmap_ext.drafters.load import KEEP, load_drafter
     from flashmap_ext.speculate import generate
     from flashmap_ext.target import load_target, resolve_dtype

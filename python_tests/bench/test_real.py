@@ -47,7 +47,7 @@ def test_gguf_conversion_matches_transformers_gguf_loader(tmp_path):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from flashmap_ext.bench import assets
+    from flashmap_ext.assets import models as assets
     gguf = assets.qwen05_gguf()
     assets.convert_gguf(gguf, tmp_path / "hf")
     reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

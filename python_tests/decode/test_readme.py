@@ -6,6 +6,7 @@ an edit there that this test no longer understands fails here instead of being s
 `--help` lines run; `bench`, `demo`, `data`, `eval` and `convert` lines (they need the downloaded prompt
 sets, corpora and minutes of CPU) are parsed by the real CLI parser.
 """
+import ast
 import contextlib
 import io
 import re
@@ -122,3 +123,30 @@ def test_readme_code_imports_no_old_module_path():
     named = set(re.findall(r"\bflashmap_ext\.([\w.]+)", code))
     assert "integrations.vllm" in named and "assets.models" in named  # both blocks are seen
     assert not {n for n in named for old in ALIASES if n == old or n.startswith(old + ".")}, named
+
+
+def old_module_imports(file: Path, aliases) -> list[str]:
+    """'file:line: module' for each import in `file` of an old module path (a key of `aliases`)."""
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        found += [f"{file.name}:{node.lineno}: {n}" for n in names
+                  if n.startswith("flashmap_ext.") and n.removeprefix("flashmap_ext.") in aliases]
+    return found
+
+
+def test_project_code_imports_no_old_module_path(tmp_path):
+    """The package, scripts, benches and tests import current module paths; the aliases of
+    flashmap_ext/_aliases.py are for users' code only (scripts/long_context.py imported `bench.assets`)."""
+    from flashmap_ext._aliases import ALIASES
+    (tmp_path / "x.py").write_text("import flashmap_ext.flow\nfrom flashmap_ext.bench import assets\n"
+                                   "from flashmap_ext.assets import models\n")
+    assert old_module_imports(tmp_path / "x.py", ALIASES) == ["x.py:1: flashmap_ext.flow",
+                                                              "x.py:2: flashmap_ext.bench.assets"]
+    files = [f for folder in ("flashmap_ext", "scripts", "benches", "python_tests", "python_tests_vllm")
+             for f in sorted((ROOT / folder).rglob("*.py")) if f.name != "_aliases.py"]
+    assert not [hit for f in files for hit in old_module_imports(f, ALIASES)]

@@ -76,9 +76,9 @@ def test_generate_command_writes_records_and_resumes(tmp_path):
     import json
 
     from flashmap_ext.cli import main
-    from flashmap_ext.data.store import read_records
     from flashmap_ext.target import load_target as load_target_and_tokenizer
     from flashmap_ext.train.data import prompt_ids, stop_token_ids
+    from flashmap_ext.train.store import read_records
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"q{i}", "domain": "math", "messages": [
         {"role": "user", "content": f"what is {i} plus {i}?"}]}) + "\n" for i in range(5)))
