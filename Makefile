@@ -49,7 +49,7 @@ test: build lint checkpoints $(REF_STAMP)
 
 # ruff (pyflakes, import order) and the import-linter contracts of pyproject.toml (the package's layering)
 lint: $(STAMP)
-	$(BIN)/ruff check flashmap_ext python_tests benches scripts
+	$(BIN)/ruff check flashmap_ext python_tests python_tests_vllm benches scripts
 	$(BIN)/lint-imports --no-cache
 
 test-real: build checkpoints $(REF_STAMP)

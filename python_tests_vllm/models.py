@@ -27,7 +27,8 @@ def tiny_target(path: Path, seed: int = 0) -> torch.nn.Module:
 
 def save_tokenizer(path: Path) -> None:
     """A word-level tokenizer whose token i is the word `t{i}` (so vLLM can serve text prompts)."""
-    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers import models as tokenizer_models
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(tokenizer_models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
