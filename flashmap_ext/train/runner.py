@@ -167,6 +167,8 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     collate_fn = make_collate(run["num_anchors"], num_labels or drafter.num_draft_tokens, run.get("max_length"),
                               taps_dtype)
     check_out_dir(args.out, name, args.resume)
+    if args.resume:
+        check_same_flags(args.out, args)
     if int(os.environ.get("RANK", "0")) == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "run.json"), "w") as f:
@@ -202,6 +204,35 @@ def check_out_dir(out: str, stage: str, resume: bool) -> None:
         command = "flashmap distill" if previous == "distill" else f"flashmap train {previous}"
         raise ValueError(f"--out {out} holds a {previous!r} run, not {stage!r}: resume it with `{command} "
                          f"... --resume`, or choose another output directory")
+
+
+# Flags that may change on --resume: how the run is shown and saved, where it runs, and how long it goes on
+# (--steps: a resumed run may be extended). Every other flag shapes the drafter, its data or its optimisation.
+RESUME_MAY_CHANGE = {"func", "resume", "no_progress", "log_every", "save_every", "parallel", "device", "steps"}
+
+
+def check_same_flags(out: str, args) -> None:
+    """--resume continues the run in `out` bit for bit only with the flags it was started with (its run.json
+    "args"): ValueError naming each other flag that differs (a changed drafter shape used to end in a
+    screenful of load_state_dict size mismatches, a changed --lr or data went on silently)."""
+    try:
+        with open(os.path.join(out, "run.json")) as f:
+            before = json.load(f).get("args", {})
+    except (OSError, ValueError):
+        return
+    now = json.loads(json.dumps(vars(args), default=str))  # as run.json stores it
+
+    def same(a, b) -> bool:
+        if isinstance(a, str) and isinstance(b, str) and os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return a == b
+
+    changed = [f"--{key.replace('_', '-')} {now[key]} (the run's: {before[key]})"
+               for key in before if key in now and key not in RESUME_MAY_CHANGE and not same(before[key], now[key])]
+    if changed:
+        raise ValueError(f"--resume: {out} was started with other flags: {'; '.join(changed)} (None = the "
+                         f"preset's default); rerun with the run's flags ({out}/run.json \"args\"), or choose "
+                         "another --out")
 
 
 def export(drafter: torch.nn.Module, args) -> str:

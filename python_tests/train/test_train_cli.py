@@ -175,3 +175,30 @@ def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):
     assert f"already complete (step 2 of 2); nothing to train. Last logged loss {logged['loss']:.4f}" in out
     assert f"flow: step 2, loss {logged['loss']:.4f}" in out
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2   # nothing appended
+
+
+def test_resume_refuses_flags_other_than_the_runs(tmp_path):
+    """`--resume` with another --width ended in a screenful of load_state_dict size mismatches, and with another
+    --lr went on silently (not the run it resumes); both now stop in one line naming the flag, before run.json
+    is rewritten. --steps may change (a run is extended), as may the progress/logging flags."""
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]}) + "\n"
+                            for w in ("one", "two")))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
+                 "--max-new-tokens", "8"]) == 0
+    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    run = tmp_path / "flow"
+    args = ["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size",
+            "2", "--out", str(run), "--steps", "1"]
+    assert main(args) == 0
+    before = (run / "run.json").read_text()
+    with pytest.raises(ValueError, match=r"^--resume: .* --width 64 \(the run's: None\)"):
+        main(args + ["--resume", "--width", "64"])
+    with pytest.raises(ValueError, match=r"--lr 0.005 \(the run's: None\).*--seed 3 \(the run's: 0\)"):
+        main(args + ["--resume", "--lr", "5e-3", "--seed", "3"])
+    assert (run / "run.json").read_text() == before
+    (tmp_path / "x").mkdir()
+    features_again = str(tmp_path / "x" / ".." / "f")  # the same folder, spelled differently
+    assert main([*args[:6], features_again, *args[7:-1], "2", "--resume", "--log-every", "1"]) == 0
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
