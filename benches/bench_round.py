@@ -14,7 +14,7 @@ tokens); its `Timer(sync=True)` timestamps each round, with a device sync at eve
 
 A second run without those syncs gives the loop's real round time (`round_ms`, round start to round start).
 overhead = (draft + verify_op + bookkeeping) / forward, and overhead_nosync = (round_ms − forward) / forward.
-Paths: `fused` (the dit_ops kernels; CUDA bf16 only) and `reference` (allow_fused = False: the PyTorch
+Paths: `fused` (the ops.dit kernels; CUDA bf16 only) and `reference` (allow_fused = False: the PyTorch
 drafter); both use the `verify` kernel. Random drafts are (almost) never accepted, so a round commits one
 token and adds one drafter memory entry; the budget-limited last rounds (fewer than K drafts) are not counted.
 

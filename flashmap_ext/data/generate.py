@@ -2,7 +2,7 @@
 
 Prompts (math / code / chat, benchmark-decontaminated: ShareGPT first turns and the packaged prompt sets
 chosen with --source, `data.prompts`; or any jsonl of `{"id", "messages"}` via --prompts) are answered
-greedily by the target with the refill-batch engine (`data.engine`) and appended to `<out>/part-NNNNN.jsonl.gz` (`data.store`). Every record carries its prompt
+greedily by the target with the refill-batch engine (`data.engine`) and appended to `<out>/part-NNNNN.jsonl.gz` (`train.store`). Every record carries its prompt
 source, licence, target, dtype and generation settings. Rerunning the same command skips the prompts already
 answered, so the corpus accumulates across runs and machines.
 """

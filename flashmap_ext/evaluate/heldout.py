@@ -72,7 +72,7 @@ def slot_hits(drafter, seqs: Sequence[HeldoutSequence], k: int, *, batch_size: i
               seed: int = 0, device=None, dtype=None) -> list[torch.Tensor]:
     """Per sequence, a [num_anchors, k] bool tensor: slot j of the draft at each scored anchor is correct.
 
-    drafter: any `drafters.base.BlockDrafter` with num_draft_tokens ≥ k. Sequences are decoded in batches
+    drafter: any `drafters.common.base.BlockDrafter` with num_draft_tokens ≥ k. Sequences are decoded in batches
     of `batch_size` rows aligned at position 0 (a row past its end is padded and not scored); the memory of
     every row is extended one position at a time exactly as the decoding loop does. Raises ValueError when
     k < 1 or k > drafter.num_draft_tokens.
