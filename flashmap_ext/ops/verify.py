@@ -247,8 +247,14 @@ def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0
         raise ValueError(f"sample: logits must be a [B, V] tensor, got {got}")
     if logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"sample: logits must be bf16, fp16 or fp32 (got {logits.dtype})")
+    if logits.shape[0] < 1 or logits.shape[1] < 1:
+        raise ValueError(f"sample: logits [B, V] needs B >= 1 and V >= 1, got {list(logits.shape)}")
     drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
-    out = verify(logits.unsqueeze(1), drafts, temperature=temperature, top_k=top_k, top_p=top_p,
-                 seed=seed, position=position, valid_vocab=valid_vocab, check=check)
+    try:
+        out = verify(logits.unsqueeze(1), drafts, temperature=temperature, top_k=top_k, top_p=top_p,
+                     seed=seed, position=position, valid_vocab=valid_vocab, check=check)
+    except (ValueError, TypeError) as err:  # verify's argument checks: name this function and its `logits`
+        message = str(err).removeprefix("verify: ").replace("target_logits", "logits")
+        raise type(err)(f"sample: {message}") from None
     return out.tokens[:, 0]
 

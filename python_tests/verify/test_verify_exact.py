@@ -1,5 +1,7 @@
 """verify: exact equality with the float64 reference (injected or Philox coins), greedy rules, ties,
 mixed batches, awkward shapes, dtypes, non-contiguous logits, K = 0 (the plain sampler)."""
+import math
+
 import pytest
 import torch
 
@@ -181,3 +183,12 @@ def test_sample_argument_errors_name_sample():
         sample(torch.zeros(2, 3, 4))
     with pytest.raises(TypeError, match="sample: logits must be bf16, fp16 or fp32"):
         sample(torch.zeros(2, 5, dtype=torch.int64))
+    # the checks `sample` shares with `verify` named verify and its target_logits
+    with pytest.raises(ValueError, match=r"^sample: temperature must be finite and >= 0"):
+        sample(torch.zeros(2, 5), temperature=-0.5)
+    with pytest.raises(ValueError, match=r"^sample: position must be a python scalar or a \[B\] = \[2\] tensor"):
+        sample(torch.zeros(2, 5), position=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"^sample: logits rows \[1\] hold NaN"):
+        sample(torch.tensor([[0.0, 1.0], [math.nan, 0.0]]), temperature=1.0)
+    with pytest.raises(ValueError, match=r"^sample: logits \[B, V\] needs B >= 1 and V >= 1, got \[0, 5\]"):
+        sample(torch.zeros(0, 5))
