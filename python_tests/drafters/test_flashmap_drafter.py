@@ -256,6 +256,11 @@ def test_clear_errors_name_the_argument(target):
         ("anchor_tokens", lambda: draft_block(drafter, memory, torch.tensor([1]), seed=0, position=5)),
         ("anchor_tokens", lambda: draft_block(drafter, memory, anchor.int(), seed=0, position=5)),
         ("steps", lambda: draft_block(drafter, memory, anchor, steps=3, seed=0, position=5)),
+        # an id outside the target's vocabulary was a bare 'IndexError: index out of range in self'
+        (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_block(drafter, memory, torch.tensor([1, 111]),
+                                                                           seed=0, position=5)),
+        (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_block(drafter, memory, torch.tensor([-1, 2]),
+                                                                           seed=0, position=5)),
         ("seed, position", lambda: draft_block(drafter, memory, anchor)),
         ("position", lambda: draft_block(drafter, memory, anchor, seed=0, position=torch.tensor([5.0, 6.0]))),
         ("position", lambda: draft_block(drafter, memory, anchor, seed=0, position=torch.tensor([5, 6, 7]))),

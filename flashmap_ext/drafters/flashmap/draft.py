@@ -18,7 +18,7 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
                 position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
     """One FlashMap drafting call (DESIGN.md §3.2, §4).
 
-    anchor_tokens: [B] int64, the last committed token of each row (not in `memory`).
+    anchor_tokens: [B] int64 in [0, vocab_size), the last committed token of each row (not in `memory`).
     steps: 1 (`net(z, 0, 1)`) or 2 (`A = softmax(net(z, 0, ½))`, jump to t(½), `net(x_m, ½, 1)`);
         default `config.draft_steps`. The block's noise z is shared by both steps (no fresh noise).
     noise: [B, K, d_target] d-space noise z ~ N(0, EᵀE); else drawn from the drafter's own stream keyed
@@ -40,6 +40,10 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
             or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
         raise ValueError(f"anchor_tokens: expected [B={memory.batch_size}] int64, got "
                          f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
+    if (anchor_tokens.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not bool(((anchor_tokens >= 0) & (anchor_tokens < c.vocab_size)).all())):
+        raise ValueError(f"anchor_tokens: expected ids in [0, {c.vocab_size}) (the target's vocabulary), got "
+                         f"{anchor_tokens.tolist()[:8]}")  # on CUDA: no host sync; the embedding lookup asserts
     packed = drafter.fused_weights() if anchor_tokens.is_cuda else None
     if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/dit/test_dit_fused.py)
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
