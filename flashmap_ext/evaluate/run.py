@@ -116,7 +116,7 @@ def run(args) -> int:
 
 def check_args(args) -> list[tuple[str, str, int | None]]:
     """The parsed --drafter specs, after checking every argument without loading a model: ValueError
-    (one line, naming the option) for counts out of range, a missing --heldout path, a bad NAME=DIR:STEPS
+    (one line, naming the option) for counts out of range, a missing --heldout path, a bad or repeated NAME=DIR:STEPS
     or a drafter checkpoint whose config.json is missing or invalid (CheckpointError)."""
     from flashmap_ext.drafters.load import check_drafter
     for opt, value, low in (("--per-domain", args.per_domain, 1), ("--slots", args.slots, 1),
@@ -128,7 +128,10 @@ def check_args(args) -> list[tuple[str, str, int | None]]:
         raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
                          f".jsonl(.gz); scripts/grow_corpus.sh or flashmap data generate --split heldout writes one)")
     specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
-    for name, path, steps in specs:
+    for i, (name, path, steps) in enumerate(specs):
+        if name in (n for n, _, _ in specs[:i]):
+            raise ValueError(f"--drafter {(args.drafter or DEFAULT_DRAFTERS)[i]}: NAME {name} is already used "
+                             "(each drafter needs its own name: it is the report's column)")
         if steps is not None and steps not in (1, 2):
             raise ValueError(f"--drafter {name}={path}:{steps}: STEPS must be 1 or 2")
         check_drafter(path)

@@ -127,7 +127,9 @@ def test_eval_missing_heldout_names_the_option(tmp_path, capsys, no_loads):
 
 @pytest.mark.parametrize("extra, message", [
     (["--slots", "0"], "--slots: must be >= 1"), (["--per-domain", "0"], "--per-domain: must be >= 1"),
-    (["--drafter", "nameless"], "expected NAME=DIR"), (["--drafter", "A=random:3"], "STEPS must be 1 or 2")])
+    (["--drafter", "nameless"], "expected NAME=DIR"), (["--drafter", "A=random:3"], "STEPS must be 1 or 2"),
+    # a repeated NAME kept only the last drafter: one column where two were asked for
+    (["--drafter", "A=random", "--drafter", "A=random:2"], "--drafter A=random:2: NAME A is already used")])
 def test_eval_arguments_before_the_target_loads(tmp_path, capsys, no_loads, extra, message):
     (tmp_path / "h.jsonl").write_text("")
     argv = ["eval", "--heldout", str(tmp_path / "h.jsonl"), *extra]
