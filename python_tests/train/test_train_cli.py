@@ -125,16 +125,23 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert e4["draft_vocab_size"] == 64 and e4["intermediate_size"] == 32 and e4["frozen_lm_head"] is True
 
 
-def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):
-    """`train flow --resume` on a dflash run used to overwrite its run.json, then die in load_state_dict with
-    a screenful of unexpected keys; an interrupted run used to end with the normal success line only."""
+def tiny_feature_cache(tmp_path, words) -> list[str]:
+    """Prompts "say <word>" answered by the tiny random target, their taps cached in tmp_path/f; returns the
+    common CLI flags of the resume tests."""
     conv = tmp_path / "conv.jsonl"
     conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]}) + "\n"
-                            for w in ("one", "two", "three")))
+                            for w in words))
     common = ["--target", "tiny-random", "--no-progress"]
     assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
                  "--max-new-tokens", "8"]) == 0
     assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    return common
+
+
+def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):
+    """`train flow --resume` on a dflash run used to overwrite its run.json, then die in load_state_dict with
+    a screenful of unexpected keys; an interrupted run used to end with the normal success line only."""
+    common = tiny_feature_cache(tmp_path, ("one", "two", "three"))
     run = tmp_path / "dflash"
     args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2",
             "--out", str(run), "--steps", "1"]
@@ -156,13 +163,7 @@ def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monke
 def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):
     """`--resume` on a run already at --steps used to print 'loss nan': it trains nothing and says the run
     is complete, with its last logged loss."""
-    conv = tmp_path / "conv.jsonl"
-    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]}) + "\n"
-                            for w in ("one", "two")))
-    common = ["--target", "tiny-random", "--no-progress"]
-    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
-                 "--max-new-tokens", "8"]) == 0
-    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
     run = tmp_path / "flow"
     args = ["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size",
             "2", "--out", str(run), "--steps", "2", "--log-every", "1"]
@@ -181,13 +182,7 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path):
     """`--resume` with another --width ended in a screenful of load_state_dict size mismatches, and with another
     --lr went on silently (not the run it resumes); both now stop in one line naming the flag, before run.json
     is rewritten. --steps may change (a run is extended), as may the progress/logging flags."""
-    conv = tmp_path / "conv.jsonl"
-    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"}]}) + "\n"
-                            for w in ("one", "two")))
-    common = ["--target", "tiny-random", "--no-progress"]
-    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
-                 "--max-new-tokens", "8"]) == 0
-    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
     run = tmp_path / "flow"
     args = ["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size",
             "2", "--out", str(run), "--steps", "1"]
