@@ -85,9 +85,9 @@ def test_flashmap_window_covering_the_context_is_bit_identical(target, steps):
     base = flashmap(target)
     taps, z, anchor = taps_of(base, 11), noise_of(base, 2), torch.tensor([3, 9])
     want = draft_block(base, memory_of(base, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
-    for window in (11, 12, 400):
-        other = copy_with(base, target, window)
-        got = draft_block(other, memory_of(other, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
+    for window in (11, 12, 400):  # the same object (a copy would not be bitwise: DESIGN.md §12)
+        base.config.context_window = window
+        got = draft_block(base, memory_of(base, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
         assert torch.equal(got.logits, want.logits) and torch.equal(got.tokens, want.tokens)
 
 
@@ -121,9 +121,10 @@ def test_flashmap_training_forward_uses_the_same_window(target):
             memory = memory_of(drafter, taps[b:b + 1, :p], [p] if p else [])
             ref = drafter.denoise(memory, ids[b, p:p + 1], z[b, a:a + 1], tau_s[b, a:a + 1], tau_t[b, a:a + 1])
             torch.testing.assert_close(train[b, a], ref[0], atol=1e-5, rtol=1e-5)
-    unlimited = copy_with(drafter, target, None)
-    assert torch.equal(copy_with(drafter, target, 12).forward_train(taps, ids, anchor_pos, z, tau_s, tau_t),
-                       unlimited.forward_train(taps, ids, anchor_pos, z, tau_s, tau_t))
+    drafter.config.context_window = None  # the same object, unlimited and then covering the context
+    unlimited = drafter.forward_train(taps, ids, anchor_pos, z, tau_s, tau_t)
+    drafter.config.context_window = 12
+    assert torch.equal(drafter.forward_train(taps, ids, anchor_pos, z, tau_s, tau_t), unlimited)
 
 
 @pytest.mark.parametrize("steps", [1, 2])

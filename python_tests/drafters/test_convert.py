@@ -7,7 +7,14 @@ from safetensors.torch import load_file, save_file
 from test_dflash_drafter import MASK, TAPS, write_released
 from test_dflash_reference import VARIANTS, assert_same_rounds, reference, write_variant
 from test_eagle3_drafter import TAPS as E3_TAPS
-from test_eagle3_drafter import _chain_after, _ctx, write_specforge
+from test_eagle3_drafter import (
+    _ctx,
+    assert_chain_like_oracle,
+    float64_chain,
+    oracle_chain,
+    specforge_weights,
+    write_specforge,
+)
 from test_eagle3_formats import write_speculators
 
 from conftest import tiny_qwen3
@@ -97,13 +104,13 @@ def test_eagle3_frozen_head_to_engines(tmp_path, target_dir):
     ours.save_pretrained(tmp_path / "ours")
     assert main(["convert", str(tmp_path / "ours"), str(tmp_path / "x"), "--to", "speculators"]) == 2
     ids, taps = _ctx(7)
-    want = _chain_after(ours, ids, taps, 6, 4)[0]
+    want = float64_chain(ours, ids, taps, 6, 4)
+    assert_chain_like_oracle(ours, want, ids, taps, 6)
     for fmt in ("speculators", "specforge"):
         dst = tmp_path / fmt
         assert main(["convert", str(tmp_path / "ours"), str(dst), "--to", fmt, "--target", str(e3_dir)]) == 0
         assert "lm_head.weight" in load_file(dst / "model.safetensors")
-        again = Eagle3Drafter.from_pretrained(dst, e3_target)
-        assert torch.equal(_chain_after(again, ids, taps, 6, 4)[0], want)
+        assert_chain_like_oracle(Eagle3Drafter.from_pretrained(dst, e3_target), want, ids, taps, 6)
 
 
 def test_eagle3_speculators_to_specforge(tmp_path):
@@ -115,9 +122,9 @@ def test_eagle3_speculators_to_specforge(tmp_path):
     assert main(["convert", str(tmp_path / "spec"), str(tmp_path / "back"), "--to", "specforge"]) == 0
     assert "num_target_layers" not in json.loads((tmp_path / "back" / "config.json").read_text())  # not invented
     ids, taps = _ctx(9)
-    a = _chain_after(Eagle3Drafter.from_pretrained(src, e3_target), ids, taps, 8, 4)[0]
-    b = _chain_after(Eagle3Drafter.from_pretrained(tmp_path / "back", e3_target), ids, taps, 8, 4)[0]
-    assert torch.equal(a, b)
+    want = oracle_chain(specforge_weights(), e3_target, ids[0], taps[0, :8], 4)
+    for path in (src, tmp_path / "back"):
+        assert_chain_like_oracle(Eagle3Drafter.from_pretrained(path, e3_target), want, ids, taps, 8)
     flagged = write_speculators(tmp_path / "flagged")
     assert main(["convert", str(flagged), str(tmp_path / "no"), "--to", "specforge"]) == 2
 
