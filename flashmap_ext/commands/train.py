@@ -108,7 +108,7 @@ def run_flow(args) -> int:
     def loss_fn(model, batch, generator):
         return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
                          recompute_head=not args.no_head_recompute)
-    metrics = runner.run_stage(drafter, loss_fn, args, run, "flow")
+    metrics = runner.run_stage(drafter, loss_fn, args, run, "flow", target=target)
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
@@ -169,7 +169,7 @@ def run_dflash(args) -> int:
     drafter = DFlashDrafter.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
     if ids is not None:
         drafter.set_draft_vocab(ids)
-    metrics = runner.run_stage(drafter, dflash_loss, args, run, "dflash")
+    metrics = runner.run_stage(drafter, dflash_loss, args, run, "dflash", target=target)
     print(f"dflash: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
@@ -195,7 +195,7 @@ def run_eagle3(args) -> int:
     def loss_fn(model, batch, generator):
         return eagle3_loss(model, batch, generator, steps=args.ttt_steps)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "eagle3",
-                               num_labels=max(args.ttt_steps, drafter.num_draft_tokens))
+                               num_labels=max(args.ttt_steps, drafter.num_draft_tokens), target=target)
     print(f"eagle3: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0

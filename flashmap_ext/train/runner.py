@@ -42,6 +42,10 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="qwen3-8b", choices=sorted(PRESETS),
                    help="defaults for everything below (default: qwen3-8b, the paper's settings)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="warm start: a drafter checkpoint directory (config.json + model.safetensors) of the same "
+                        "kind, shape and draft vocabulary whose weights the run starts from (a checkpoint of "
+                        "--out, when resuming, still takes precedence); the optimizer starts fresh")
     p.add_argument("--tap-layers", metavar="IDS",
                    help="target layers whose taps the drafter reads, e.g. 1,6,11,16,21: a subset of --features "
                         "(default: flow/dflash all of the cache's, eagle3 its low/mid/high layers)")
@@ -151,10 +155,11 @@ def open_features(path: str, layer_ids) -> FeatureCache:
 
 
 def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name: str,
-              num_labels: int | None = None) -> dict:
+              num_labels: int | None = None, target=None) -> dict:
     """Trains `drafter` (fp32 master weights) on --features and exports `<out>/drafter`; returns last metrics.
 
-    num_labels: K of the batch labels (default: the drafter's num_draft_tokens)."""
+    num_labels: K of the batch labels (default: the drafter's num_draft_tokens). target: the Target the
+    drafter was built for (needed by --init-from, which loads the warm-start checkpoint against it)."""
     device = device_of(args)
     cache = open_features(args.features, drafter.target_layer_ids)
     drafter = drafter.float()
@@ -169,6 +174,10 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     check_out_dir(args.out, name, args.resume)
     if args.resume:
         check_same_flags(args.out, args)
+    if getattr(args, "init_from", None):
+        if target is None:
+            raise ValueError(f"--init-from: the {name} stage does not take a warm start")
+        warm_start(drafter, args.init_from, target)
     if int(os.environ.get("RANK", "0")) == 0:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "run.json"), "w") as f:
@@ -185,6 +194,33 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
               f"{args.out}/drafter holds those weights. Rerun the same command with --resume to continue.",
               file=sys.stderr)
     return metrics
+
+
+def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
+    """Copies the weights of the drafter checkpoint at `path` into `drafter` (in place, its dtype kept).
+
+    The checkpoint must be of the same class, hold every tensor of `drafter`'s state dict with the same shape
+    and the same draft vocabulary (`d2t`); ValueError naming --init-from otherwise (a silent partial load would
+    train from a half-random start)."""
+    from flashmap_ext.drafters.load import load_drafter
+    source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
+    if type(source) is not type(drafter):
+        raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
+                         f"{type(drafter).__name__}")
+    mine, theirs = drafter.state_dict(), source.state_dict()
+    missing = sorted(set(mine) - set(theirs))
+    shapes = sorted(k for k in mine if k in theirs and mine[k].shape != theirs[k].shape)
+    if missing or shapes:
+        raise ValueError(f"--init-from {path}: not the shape of this run's drafter (missing: {missing[:3]}, "
+                         f"other shapes: {shapes[:3]}); pass the flags it was trained with (its config.json)")
+    d2t = [k for k in mine if k.endswith("d2t")]
+    if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
+        raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
+                         "checkpoint's ids (scripts/long_run.sh writes them from its d2t)")
+    with torch.no_grad():
+        for key, value in mine.items():
+            value.copy_(theirs[key].to(value.dtype))
+    print(f"warm start: weights from {path}")
 
 
 def check_out_dir(out: str, stage: str, resume: bool) -> None:

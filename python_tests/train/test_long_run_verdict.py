@@ -1,0 +1,50 @@
+"""scripts/long_run_verdict.py: held-out γ and its interval from `flashmap eval`'s run-length histograms."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("long_run_verdict", ROOT / "scripts" / "long_run_verdict.py")
+verdict_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(verdict_mod)
+
+
+def entry(runs: list[int]) -> dict:
+    """An eval entry for these per-anchor accepted-run lengths (0..8)."""
+    hist = np.bincount(runs, minlength=9) / len(runs)
+    return {"anchors": len(runs), "run_histogram": hist.tolist()}
+
+
+def test_gamma_and_variance_match_the_explicit_sample():
+    runs = [0, 0, 1, 3, 0, 8, 2, 0, 1, 0, 0, 5]
+    gamma, var = verdict_mod.gamma_and_var(entry(runs))
+    assert abs(gamma - (1 + np.mean(runs))) < 1e-12
+    assert abs(var - np.var(runs) / len(runs)) < 1e-12
+
+
+def test_verdict_words_and_the_curve_line(tmp_path, monkeypatch):
+    low, high = [0] * 80 + [1] * 20, [0] * 40 + [1] * 30 + [2] * 30
+    assert verdict_mod.verdict({"all": entry(high)}, {"all": entry(low)})["verdict"] == "beats"
+    assert verdict_mod.verdict({"all": entry(low)}, {"all": entry(high)})["verdict"] == "worse"
+    assert verdict_mod.verdict({"all": entry(low)}, {"all": entry(low[:-1] + [0])})["verdict"] == "ties"
+
+    run = tmp_path / "run"
+    (run / "eval-dflash").mkdir(parents=True)
+    result = {d: {**entry(high), "slot_accuracy": [0.6] + [0.3] * 7} for d in ("math", "code", "chat", "all")}
+    base = {d: {**entry(low), "slot_accuracy": [0.2] * 8} for d in ("math", "code", "chat", "all")}
+    meta = {"date": "2026-12-02", "dtype": "bf16", "cpu": "x", "bf16_hw": True}
+    (run / "eval-dflash" / "eval.json").write_text(json.dumps({"meta": meta, "results":
+                                                               {"piece": result, "committed": base}}))
+    (run / "dflash.piece.json").write_text(json.dumps({"kind": "dflash", "piece_steps": 500, "wall_s": 1800}))
+    (tmp_path / "checkpoints" / "long-run").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "long-run" / "history.json").write_text(
+        json.dumps({"dflash": {"steps": 3000, "core_hours": 1.0}}))
+    monkeypatch.chdir(tmp_path)
+    assert verdict_mod.main(str(run), "dflash", "ckpt") == 0
+    line = json.loads((run / "curve-dflash.jsonl").read_text())
+    assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (3500, 1.5, "beats")
+    assert line["slot1"]["all"] == 0.6

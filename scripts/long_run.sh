@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# One resumable piece of a long training run (issue 25 item 4): warm-start a drafter from its committed
+# checkpoint, train PIECE_STEPS more steps on the whole corpus, evaluate it and the committed one on the
+# held-out set, and say whether the piece beats the committed weights (only then is it committed, by hand:
+# checkpoints/README.md "Adding a checkpoint"). Every stage is skipped when its output exists and training
+# resumes from its newest checkpoint, so rerunning the same command after an interruption loses nothing.
+#
+#   CORE=1 scripts/long_run.sh dflash          # features (if missing), vocab, train, eval, curve line
+#   CORE=1 scripts/long_run.sh flow            # the FlashMap flow model (then `distill` on its output)
+#
+# Knobs (env): RUN (work dir, default runs/long), CORE (the core the piece is pinned to, default 1),
+#   PIECE_STEPS (default 4000), LR (peak, default 6e-4), WARMUP (default 0.04), DTYPE (target dtype; default
+#   bench.machine.auto_dtype), PER_DOMAIN (held-out sequences per domain, default 8), EXTRA (more flags for
+#   `flashmap train`, e.g. the state/clock design's).
+# Progress: $RUN/<kind>/metrics.jsonl (step, loss, ...) and $RUN/<kind>.log; `tail -f` either.
+# Output: $RUN/eval-<kind>/eval.{json,md,png} and one JSON line appended to $RUN/curve-<kind>.jsonl with the
+#   cumulative steps and CPU-hours of the piece (the committed weights' own history from CURVE_START).
+set -euo pipefail
+
+main() {
+    cd "$(dirname "$0")/.."
+    local kind=${1:?usage: scripts/long_run.sh dflash|flow}
+    RUN=${RUN:-runs/long}; CORE=${CORE:-1}; PIECE_STEPS=${PIECE_STEPS:-4000}
+    LR=${LR:-6e-4}; WARMUP=${WARMUP:-0.04}; PER_DOMAIN=${PER_DOMAIN:-8}
+    export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+    taskset -cp "$CORE" $$ > /dev/null   # this shell and everything it starts run on CORE
+    PY=".venv/bin/python"; FM=".venv/bin/flashmap"
+    mkdir -p "$RUN"
+    case $kind in
+        dflash) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
+        flow) INIT=checkpoints/flashmap-flow-qwen2.5-coder-0.5b ;;
+        *) echo "scripts/long_run.sh: kind: expected dflash or flow, got '$kind'" >&2; exit 2 ;;
+    esac
+    [ -s "$INIT/model.safetensors" ] || { echo "$INIT/model.safetensors missing: run 'make checkpoints'" >&2; exit 2; }
+    RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} scripts/train_real_drafters.sh features
+    vocab_of "$INIT" "$RUN/vocab-$kind.json"
+    local t0; t0=$(date +%s)
+    "train_$kind" 2>&1 | tee -a "$RUN/$kind.log"
+    echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 ))}" \
+        > "$RUN/$kind.piece.json"
+    $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
+        --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
+    $PY scripts/long_run_verdict.py "$RUN" "$kind" "$INIT"
+}
+
+# The committed checkpoint's draft vocabulary (target ids = row + d2t[row]) as --draft-vocab's JSON.
+vocab_of() {
+    [ -s "$2" ] && return
+    $PY - "$1" "$2" <<'EOF'
+import json, sys
+import torch
+from safetensors.torch import load_file
+d2t = load_file(f"{sys.argv[1]}/model.safetensors")["d2t"]
+ids = (torch.arange(d2t.numel()) + d2t).tolist()
+json.dump({"size": len(ids), "ids": ids, "source": sys.argv[1]}, open(sys.argv[2], "w"))
+print(f"draft vocabulary: {len(ids)} ids from {sys.argv[1]}")
+EOF
+}
+
+COMMON() {
+    local target dtype
+    target=$($PY -c 'from flashmap_ext.assets.models import qwen05_dir; print(qwen05_dir())')
+    dtype=${DTYPE:-$($PY -c 'from flashmap_ext.bench.machine import auto_dtype; print(auto_dtype())')}
+    echo --target "$target" --features "$RUN/features" --preset cpu-small --target-dtype "$dtype" \
+        --batch-size 2 --accum 1 --num-anchors 32 --max-length 384 --save-every 100 --log-every 10 \
+        --no-progress --device cpu --seed 1 --steps "$PIECE_STEPS" --lr "$LR" --warmup "$WARMUP" \
+        --draft-vocab "$RUN/vocab-$1.json" --tap-layers 1,6,11,16,21 --init-from "$INIT" --out "$RUN/$1"
+}
+
+resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && echo --resume || true; }
+
+# The committed recipe's shapes (scripts/train_real_drafters.sh), so the warm start fits.
+train_dflash() {
+    # shellcheck disable=SC2046
+    $FM train dflash $(COMMON dflash) $(resume_flag "$RUN/dflash") --layers 2 --block-size 9 \
+        --intermediate-size 384 --mask-token-id 151665 ${EXTRA:-}
+}
+train_flow() {
+    # shellcheck disable=SC2046
+    $FM train flow $(COMMON flow) $(resume_flag "$RUN/flow") --layers 2 --width 384 --heads 6 --block-size 8 \
+        --tau0-frac 0.5 --no-head-recompute ${EXTRA:-}
+}
+
+main "$@"

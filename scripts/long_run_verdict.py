@@ -1,0 +1,65 @@
+"""Verdict of one long-run piece (scripts/long_run.sh): does it beat the committed checkpoint on held-out?
+
+    python scripts/long_run_verdict.py RUN KIND INIT
+
+Reads RUN/eval-KIND/eval.json (`flashmap eval` of drafters "piece" and "committed"), RUN/KIND.piece.json and
+checkpoints/long-run/history.json; prints the held-out implied γ of both with a 95 % interval of the
+difference and appends one learning-curve line to RUN/curve-KIND.jsonl. The interval treats anchors as
+independent (anchors of one sequence are correlated, so it is too narrow rather than too wide); "beats"
+needs the whole interval above 0, else the piece "ties" or is "worse" and is not committed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+
+def gamma_and_var(entry: dict) -> tuple[float, float]:
+    """(implied γ, variance of its mean) from an eval entry's run-length histogram over its anchors."""
+    hist, n = entry["run_histogram"], entry["anchors"]
+    mean = sum(r * p for r, p in enumerate(hist))
+    second = sum(r * r * p for r, p in enumerate(hist))
+    return 1.0 + mean, max(second - mean * mean, 0.0) / max(n, 1)
+
+
+def verdict(piece: dict, committed: dict) -> dict:
+    """Δγ (piece − committed) over all domains with its 95 % interval, and the verdict word."""
+    g1, v1 = gamma_and_var(piece["all"])
+    g0, v0 = gamma_and_var(committed["all"])
+    half = 1.96 * math.sqrt(v1 + v0)
+    delta = g1 - g0
+    word = "beats" if delta - half > 0 else ("worse" if delta + half < 0 else "ties")
+    return {"gamma_piece": g1, "gamma_committed": g0, "delta": delta, "interval": [delta - half, delta + half],
+            "verdict": word}
+
+
+def main(run: str, kind: str, init: str) -> int:
+    with open(os.path.join(run, f"eval-{kind}", "eval.json")) as f:
+        ev = json.load(f)
+    with open(os.path.join(run, f"{kind}.piece.json")) as f:
+        piece = json.load(f)
+    with open("checkpoints/long-run/history.json") as f:
+        past = json.load(f)[kind]
+    out = verdict(ev["results"]["piece"], ev["results"]["committed"])
+    slot1 = {d: ev["results"]["piece"][d]["slot_accuracy"][0] for d in ("math", "code", "chat", "all")}
+    line = {"kind": kind, "cumulative_steps": past["steps"] + piece["piece_steps"],
+            "core_hours": round(past["core_hours"] + piece["wall_s"] / 3600, 3), "slot1": slot1,
+            "gamma": out["gamma_piece"], "committed_gamma": out["gamma_committed"], "verdict": out["verdict"],
+            "date": ev["meta"]["date"], "dtype": ev["meta"]["dtype"], "cpu": ev["meta"]["cpu"],
+            "bf16_hw": ev["meta"]["bf16_hw"], "warm_start": init}
+    with open(os.path.join(run, f"curve-{kind}.jsonl"), "a") as f:
+        f.write(json.dumps(line) + "\n")
+    lo, hi = out["interval"]
+    print(f"{kind}: held-out γ piece {out['gamma_piece']:.3f} vs committed {out['gamma_committed']:.3f}: "
+          f"Δ {out['delta']:+.3f} [{lo:+.3f}, {hi:+.3f}] → {out['verdict']}"
+          + (" (commit it: checkpoints/README.md 'Adding a checkpoint')" if out["verdict"] == "beats" else
+             " (not committed)"))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        sys.exit("usage: python scripts/long_run_verdict.py RUN KIND INIT")
+    sys.exit(main(*sys.argv[1:]))
