@@ -17,6 +17,8 @@
 #   flow-auto, flow-tau1   one of flow-auto-tau1's two changes each; flow-tau0: no block at τ = 0 (FLM)
 #   flow-v16k       flow with a 16,384-row draft vocabulary (stage vocab16k)
 #   flow-tapnorm-auto-tau1 the three changes together
+#   flow-full-state flow on FLM's clock of the V-dim state (--clock full-state; before issue 23 the default)
+#   flow-loglik     flow + --state-loglik (the state's exact log-likelihood added to the logits)
 # Knobs (env): RUN, N_CONV (first N_CONV train conversations by id), STEPS, THREADS, MAX_LEN, VOCAB, CORPUS,
 #   HELDOUT_PER_DOMAIN, ARMS.
 set -euo pipefail
@@ -136,6 +138,8 @@ arm_flags() {
         flow-tau0) echo "flow --tau0-frac 0" ;;
         flow-v16k) echo "flow --draft-vocab $RUN/draft_vocab16k.json" ;;
         flow-tapnorm-auto-tau1) echo "flow --tap-input-norm --slot-decay auto --tau0-frac 1.0" ;;
+        flow-full-state) echo "flow --clock full-state" ;;
+        flow-loglik) echo "flow --state-loglik" ;;
         *) echo "unknown arm: $1" >&2; return 1 ;;
     esac
 }

@@ -40,6 +40,12 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--tap-input-norm", action="store_true",
                        help="RMS-normalise each tapped layer before the tap projection (recorded in the "
                             "checkpoint's config as tap_input_norm; default off)")
+    shape.add_argument("--clock", choices=("projected", "full-state"), default="projected",
+                       help="τ↔t clock: 'projected' (default) calibrates τ for the network's d-dim input Eᵀx "
+                            "(a Monte-Carlo table built once from E, stored in config.json); 'full-state' is "
+                            "FLM's clock of the V-dim state, which that input cannot show (issue 23)")
+    shape.add_argument("--state-loglik", action="store_true",
+                       help="add the input state's exact log-likelihood to the logits (config state_loglik)")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary: the N most frequent supervised ids of --features, or a JSON file "
                             "with 'ids' (target ids); the flow lives on these rows only (default: full vocab)")
@@ -97,9 +103,12 @@ def run_flow(args) -> int:
         shape["draft_vocab_size"] = len(vocab)
     layers = runner.tap_layers(args, cache.meta["target_layer_ids"])
     drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(layers),
-                                         two_time=False, tap_input_norm=args.tap_input_norm)
+                                         two_time=False, tap_input_norm=args.tap_input_norm,
+                                         state_loglik=args.state_loglik)
     if vocab is not None:
         drafter.set_draft_vocab(vocab, target)
+    if args.clock == "projected":
+        drafter.calibrate_clock()  # from the state rows: after the draft vocabulary is set
     if not 0.0 <= args.tau0_frac <= 1.0:
         raise ValueError(f"--tau0-frac: expected a fraction in [0, 1], got {args.tau0_frac}")
 

@@ -97,6 +97,8 @@ def run(args) -> int:
         d = load_drafter(path, target)
         drafters[name] = StepsDrafter(d, steps) if steps is not None else d
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
+    if args.state_probe:
+        return run_state_probe(args, target, drafters, seqs, dtype)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
     agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
              max(1, sum(s.loss_mask[1:])) for s in seqs]
@@ -112,6 +114,48 @@ def run(args) -> int:
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
     return 0
+
+
+def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], dtype: str) -> int:
+    """--state-probe: `evaluate.state_probe.probe` of every FlashMap drafter; state_probe.json/.md in --out."""
+    import json
+
+    from flashmap_ext.bench.machine import describe
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.evaluate import state_probe
+    inner = {n: getattr(d, "inner", d) for n, d in drafters.items()}
+    flashmap = {n: d for n, d in inner.items() if isinstance(d, FlashMapDrafter)}
+    if not flashmap:
+        raise ValueError("--state-probe: no FlashMap drafter among --drafter (the probe reads a FlashMap flow state)")
+    add_taps(target, seqs, sorted({i for d in flashmap.values() for i in d.target_layer_ids}))
+    results = {}
+    for name, d in flashmap.items():
+        results[name] = state_probe.probe(d, seqs, args.probe_taus, k=min(args.slots, d.num_draft_tokens),
+                                          stride=args.stride, dtype=target.dtype)
+        mid = next((r for r in results[name]["rows"] if r["tau"] == 0.5), results[name]["rows"][0])
+        print(f"state probe {name} ({results[name]['clock']} clock): at τ = {mid['tau']} reader "
+              f"{mid['reader_uniform']:.3f} (design {mid['design']:.3f}), network slot 1 {mid['network_slot1']:.3f}",
+              file=sys.stderr, flush=True)
+    meta = {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
+            "per_domain": args.per_domain, "stride": args.stride}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "state_probe.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    (out / "state_probe.md").write_text(state_probe.markdown(results, meta))
+    print(out / "state_probe.json", out / "state_probe.md", sep="\n")
+    return 0
+
+
+def probe_taus(text: str) -> list[float]:
+    """--probe-taus: comma-separated clock values in [0, 1). Raises argparse.ArgumentTypeError."""
+    import argparse
+    try:
+        taus = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        taus = []
+    if not taus or any(not 0.0 <= x < 1.0 for x in taus):
+        raise argparse.ArgumentTypeError(f"expected comma-separated values in [0, 1), got {text!r}")
+    return taus
 
 
 def check_args(args) -> list[tuple[str, str, int | None]]:
@@ -151,3 +195,8 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.md, eval.png")
+    p.add_argument("--state-probe", action="store_true",
+                   help="instead of γ: per τ, how readable each FlashMap drafter's slot state is to an exact "
+                        "reader and to the network itself (evaluate/state_probe.py); state_probe.json/.md")
+    p.add_argument("--probe-taus", type=probe_taus, default=[0.0, 0.25, 0.5, 0.75, 0.9, 0.99],
+                   metavar="T1,T2,...", help="clock values the state probe scores (default 0,0.25,0.5,0.75,0.9,0.99)")

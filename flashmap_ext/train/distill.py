@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.drafters.flashmap.flow import flow_map_jump, semigroup_weight, t_of_tau
+from flashmap_ext.drafters.flashmap.flow import Clock, flow_map_jump, semigroup_weight
 from flashmap_ext.train.flow import (
     IGNORE,
     block_metrics,
@@ -87,13 +87,13 @@ def sample_times(zero: torch.Tensor, one: torch.Tensor, generator: torch.Generat
     return tau_s, tau_t
 
 
-def _block_times(batch_size: int, num_anchors: int, frac_01: float, generator: torch.Generator, vocab: int,
+def _block_times(batch_size: int, num_anchors: int, frac_01: float, generator: torch.Generator, clock: Clock,
                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Roles (CPU) and times on `device`: τ_s, τ_u = (τ_s+τ_t)/2, τ_t and interpolant times s, u, t [B, A] fp64."""
     zero, one = assign_roles(batch_size, num_anchors, frac_01, generator)
     tau_s, tau_t = sample_times(zero, one, generator)
     times = {"tau_s": tau_s, "tau_t": tau_t, "tau_u": (tau_s + tau_t) / 2}
-    times.update({n: t_of_tau(times["tau_" + n], vocab) for n in ("s", "u", "t")})
+    times.update({n: clock.t_of_tau(times["tau_" + n]) for n in ("s", "u", "t")})
     return zero, one, {k: v.to(device) for k, v in times.items()}
 
 
@@ -161,7 +161,11 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
     drafter = unwrap(student)
     b = prepare_batch(drafter, batch)
     device, (B, A) = b["labels"].device, b["anchor_pos"].shape
-    zero, one, times = _block_times(B, A, frac_01, generator, drafter.config.state_vocab_size, device)
+    if drafter.config.state_loglik or teacher.config.state_loglik:
+        raise NotImplementedError("distill: state_loglik drafters are not distilled (DESIGN.md §4)")
+    if drafter.clock.name != teacher.clock.name or drafter.t_mid != teacher.t_mid:
+        raise ValueError(f"student/teacher: different clocks ({drafter.clock.name} vs {teacher.clock.name})")
+    zero, one, times = _block_times(B, A, frac_01, generator, drafter.clock, device)
     x_s = noisy_states(drafter, b["labels"], times["s"], generator)
     gamma = semigroup_weight(times["s"], times["u"], times["t"]).float()
     hidden = student(b["taps"], b["input_ids"], b["anchor_pos"], x_s, times["tau_s"].float(),

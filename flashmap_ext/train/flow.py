@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.drafters.flashmap.flow import interpolant, t_of_tau
+from flashmap_ext.drafters.flashmap.flow import interpolant
 
 IGNORE = -100
 SLOT_DECAY = 7.0
@@ -143,17 +143,18 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     b = prepare_batch(drafter, batch)
     B, A = b["anchor_pos"].shape
     tau = block_taus(B, A, generator, tau0_frac).to(b["labels"].device)
-    t = t_of_tau(tau, drafter.config.state_vocab_size)
+    t = drafter.clock.t_of_tau(tau)
     x_t = noisy_states(drafter, b["labels"], t, generator)
     tau = tau.float()
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"], x_t, tau, tau, return_hidden=True)
 
-    def slot_ce(h: torch.Tensor, y: torch.Tensor):
-        logits = drafter.logits_from_hidden(h)
+    def slot_ce(h: torch.Tensor, y: torch.Tensor, x: torch.Tensor, tau_c: torch.Tensor):
+        logits = drafter.logits_from_hidden(h, drafter.state_term(x, tau_c))
         ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none")
         return ce.view_as(y), logits.argmax(-1) == y
 
-    ce, correct = chunked(slot_ce, hidden, b["state_labels"], chunk=anchor_chunk, recompute=recompute_head)
+    ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_t, tau, chunk=anchor_chunk,
+                          recompute=recompute_head)
     valid = b["state_labels"] != IGNORE
     loss = weighted_mean(ce, valid, slot_decay)
     return loss, {**block_metrics(loss, correct, valid), "tau_mean": float(tau.mean())}

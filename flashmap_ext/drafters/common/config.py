@@ -73,7 +73,8 @@ def rope_scaling(cfg: dict[str, Any]) -> dict | None:
     return None if kind == "default" else {"rope_type": kind, **params}
 
 
-_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "ints": "a list of integers"}
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "ints": "a list of integers",
+          "floats": "a list of numbers"}
 
 
 def _is(kind: str, value: Any) -> bool:
@@ -83,12 +84,13 @@ def _is(kind: str, value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "bool":
         return isinstance(value, bool)
-    return isinstance(value, (list, tuple)) and all(_is("int", v) for v in value)  # "ints"
+    item = "float" if kind == "floats" else "int"
+    return isinstance(value, (list, tuple)) and all(_is(item, v) for v in value)  # "ints", "floats"
 
 
 def check_field_types(cfg: dict[str, Any], schema: dict[str, str], prefix: str = "") -> None:
     """ValueError naming the first field of `cfg` whose JSON value has the wrong type for `schema`
-    (name -> "int" | "float" | "bool" | "ints", with a trailing "?" when null is allowed). Fields absent
+    (name -> "int" | "float" | "bool" | "ints" | "floats", with a trailing "?" when null is allowed). Fields absent
     from `cfg` or `schema` are not checked here. Ints are never accepted for bools nor bools for ints, and
     a float is not an int (JSON `2.5` layers); ints are accepted as floats."""
     for name, kind in schema.items():

@@ -9,6 +9,7 @@ from typing import Any
 
 from flashmap_ext.drafters.common.config import check_field_types
 from flashmap_ext.drafters.common.window import check_window
+from flashmap_ext.drafters.flashmap.flow import Clock, full_state_clock, table_clock
 
 MODEL_TYPE = "flashmap_drafter"
 FORMAT_VERSION = 1
@@ -37,6 +38,14 @@ class FlashMapConfig:
         (x / sqrt(mean(x²) + norm_eps), no gain: the projection right after it holds any per-channel
         scale). The target's tap norms grow ~10x from the first to the last taps (issue 13); without this
         the projection sees mostly the late layers. False (the default) for checkpoints made before it.
+    clock_t, clock_tau: the τ↔t table of the "projected" clock (flow.projected_clock_table: τ is the
+        fraction of decoding errors the exact reader of the network's d-dim input removes; built once from
+        the state embedding by `FlashMapDrafter.calibrate_clock`). None (checkpoints made before it): the
+        "full-state" clock of FLM, argmax decoding of the V-dim state, which that input cannot show
+        (issue 23, DESIGN.md §4).
+    state_loglik: add the exact log-likelihood of the slot's input state under each token,
+        `flow.reader_log_likelihood` at t(τ_s), to the logits (the network then predicts the context's
+        part of the posterior). False for checkpoints made before it.
     """
     n_layers: int = 6
     width: int = 2048
@@ -56,10 +65,18 @@ class FlashMapConfig:
     norm_eps: float = 1e-6
     context_window: int | None = None
     tap_input_norm: bool = False
+    clock_t: tuple[float, ...] | None = None
+    clock_tau: tuple[float, ...] | None = None
+    state_loglik: bool = False
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
         check_window(self.context_window)
+        if (self.clock_t is None) != (self.clock_tau is None):
+            raise ValueError("FlashMapConfig: clock_t and clock_tau must be given together (or neither)")
+        if self.clock_t is not None:
+            self.clock_t, self.clock_tau = (tuple(float(x) for x in v) for v in (self.clock_t, self.clock_tau))
+            table_clock(self.clock_t, self.clock_tau)  # ValueError for a malformed table
         checks = [
             ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1),
             ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0),
@@ -76,6 +93,13 @@ class FlashMapConfig:
     @property
     def head_dim(self) -> int:
         return self.width // self.heads
+
+    @property
+    def clock(self) -> Clock:
+        """The τ↔t clock: the stored "projected" table, else the "full-state" clock of V_s rows."""
+        if self.clock_t is None:
+            return full_state_clock(self.state_vocab_size)
+        return table_clock(self.clock_t, self.clock_tau)
 
     @property
     def state_vocab_size(self) -> int:
@@ -119,8 +143,9 @@ class FlashMapConfig:
 
 
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
-OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm"})
-_TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?"}
+OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik"})
+_TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
+          "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.
 SCHEMA = {f.name: _TYPES[f.type] for f in dataclasses.fields(FlashMapConfig)}
 

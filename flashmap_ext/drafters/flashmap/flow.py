@@ -9,6 +9,7 @@ formula works in V-space (one-hot states) and in d-space (states seen through th
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -91,6 +92,110 @@ def tau_of_t(t: torch.Tensor | float, vocab_size: int) -> torch.Tensor:
     t = t if torch.is_tensor(t) else torch.tensor(t, dtype=torch.float64, device="cpu")
     t_grid, tau_grid = _table(vocab_size)
     return _interp(t, t_grid, tau_grid)
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A monotone τ↔t table (DESIGN.md §4): `t_grid`, `tau_grid` [n] fp64 CPU tensors, both strictly
+    increasing from (0, 0) to (1, 1). `name`: "full-state" (τ of argmax decoding of the V-dim state, FLM)
+    or "projected" (τ of the Bayes reader of the network's d-dim input Eᵀx, `projected_clock_table`)."""
+    name: str
+    t_grid: torch.Tensor
+    tau_grid: torch.Tensor
+
+    def t_of_tau(self, tau: torch.Tensor | float) -> torch.Tensor:
+        """t for clock τ, same shape/dtype/device as tau (fp64 for a Python float); τ clamped to [0, 1]."""
+        tau = tau if torch.is_tensor(tau) else torch.tensor(tau, dtype=torch.float64, device="cpu")
+        return _interp(tau, self.tau_grid, self.t_grid)
+
+    def tau_of_t(self, t: torch.Tensor | float) -> torch.Tensor:
+        """Inverse of `t_of_tau`: τ for interpolant time t ∈ [0, 1]."""
+        t = t if torch.is_tensor(t) else torch.tensor(t, dtype=torch.float64, device="cpu")
+        return _interp(t, self.t_grid, self.tau_grid)
+
+
+def full_state_clock(vocab_size: int) -> Clock:
+    """The FLM clock of a V-dim state (`t_of_tau`), as a Clock."""
+    return Clock("full-state", *_table(vocab_size))
+
+
+def table_clock(t: list[float] | tuple[float, ...], tau: list[float] | tuple[float, ...]) -> Clock:
+    """A "projected" Clock from a stored table (`FlashMapConfig.clock_t`, `clock_tau`). ValueError unless
+    both have the same length >= 2, are strictly increasing and run from 0 to 1."""
+    tt, aa = (torch.tensor(list(x), dtype=torch.float64, device="cpu") for x in (t, tau))
+    ok = (tt.numel() == aa.numel() >= 2 and bool((tt.diff() > 0).all()) and bool((aa.diff() > 0).all())
+          and float(tt[0]) == float(aa[0]) == 0.0 and float(tt[-1]) == float(aa[-1]) == 1.0)
+    if not ok:
+        raise ValueError(f"clock_t / clock_tau: expected two strictly increasing tables of equal length >= 2 "
+                         f"from 0 to 1, got {len(tt)} / {len(aa)} entries")
+    return Clock("projected", tt, aa)
+
+
+#: SNR grid a = t/(1−t) of the projected table: 0, then 79 geometric points from 0.03 to 3,000
+_PROJECTED_SNR = (0.0, *np.geomspace(0.03, 3000.0, 79).tolist())
+
+
+def whitened_rows(embedding: torch.Tensor) -> torch.Tensor:
+    """F = E·L⁻ᵀ [V, d] fp64 with L = `noise_factor(E)`: in these coordinates the network's input is
+    u = L⁻¹Eᵀx_t = (1−t)·ξ + t·F[y], ξ ~ N(0, I_d), so the exact reader of u is a nearest-row rule and
+    ‖F[v]‖² is row v's share of the signal (Σ_v ‖F[v]‖² = rank E; the full state has 1 per row)."""
+    e = embedding.detach().to(torch.float64)
+    factor = noise_factor(e)
+    return (torch.linalg.pinv(factor) @ e.T).T  # L⁻¹Eᵀ; the pseudo-inverse when EᵀE is singular
+
+
+def reader_log_likelihood(u: torch.Tensor, rows: torch.Tensor, t: torch.Tensor | float) -> torch.Tensor:
+    """log p(u | y = v) + const for every row v: u [..., d] whitened inputs (`whitened_rows`), rows [V, d],
+    t scalar or broadcastable to u.shape[:-1], in [0, 1). Returns [..., V] in u's dtype:
+    (t/(1−t)²)·F[v]·u − (t²/(2(1−t)²))·‖F[v]‖² (the Gaussian likelihood of u ~ N(t·F[v], (1−t)²·I))."""
+    t = torch.as_tensor(t, dtype=u.dtype, device=u.device)
+    t = t[..., None] if t.dim() else t
+    rows = rows.to(u.dtype)
+    scale = t / (1.0 - t).clamp_min(1e-6) ** 2
+    return scale * (u @ rows.T) - 0.5 * scale * t * rows.square().sum(-1)
+
+
+def reader_accuracy(rows: torch.Tensor, t: torch.Tensor, labels: torch.Tensor, xi: torch.Tensor,
+                    chunk: int = 512) -> torch.Tensor:
+    """Accuracy of the exact uniform-prior reader at each time of `t` [n_t] (fp64 result [n_t]): labels [n]
+    rows drawn as data, xi [n, d] their standard-normal noise (common to every t, so the curve is smooth),
+    rows [V, d] = `whitened_rows(E)`. Decodes argmax_v log p(u | v) of u = (1−t)·ξ + t·F[y], in fp32."""
+    rows32, out = rows.float(), []
+    for t_i in t.tolist():
+        if t_i >= 1.0:
+            out.append(1.0)
+            continue
+        a, hits = t_i / (1.0 - t_i), 0
+        for i in range(0, labels.numel(), chunk):  # u/(1−t) = ξ + a·F[y]: argmax of a·F[v]·(ξ + a·F[y]) − a²‖F[v]‖²/2
+            y = labels[i:i + chunk]
+            w = xi[i:i + chunk].float() + a * rows32[y]
+            score = a * (w @ rows32.T) - 0.5 * a * a * rows32.square().sum(-1)
+            hits += int((score.argmax(-1) == y).sum())
+        out.append(hits / labels.numel())
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def projected_clock_table(embedding: torch.Tensor, samples: int = 2048,
+                          seed: int = 0) -> tuple[list[float], list[float]]:
+    """(t, τ) table of the projected clock: τ(t) = (V·P(t) − 1)/(V − 1), P(t) = Monte-Carlo accuracy of the
+    exact uniform-prior reader of the network's input Eᵀx_t (`reader_accuracy`, `samples` draws of (y, ξ)
+    from a CPU generator seeded with `seed`, common to every t) on the SNR grid a = t/(1−t) ∈ {0, 0.03 …
+    3,000}, plus t = 1. Made monotone as the full-state table (running max, then a 1e-9 ramp), τ(0) = 0 and
+    τ(1) = 1 exactly. embedding: [V, d] the flow's state rows (E_s). Cost O(80·samples·V·d) flops (≈ 20 s
+    for V = 8,192, d = 896 on one core); build it once and store it (FlashMapDrafter.calibrate_clock)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    rows = whitened_rows(embedding)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    labels = torch.randint(0, rows.shape[0], (samples,), generator=g)
+    xi = torch.randn(samples, rows.shape[1], generator=g, dtype=torch.float64)
+    t = torch.tensor([a / (1.0 + a) for a in _PROJECTED_SNR] + [1.0], dtype=torch.float64)
+    V = rows.shape[0]
+    tau = ((V * reader_accuracy(rows, t, labels, xi) - 1.0) / (V - 1)).clamp(0.0, 1.0)
+    tau = torch.cummax(tau, 0).values
+    tau[0], tau[-1] = 0.0, 1.0
+    tau = (1.0 - _MONOTONE_RAMP) * tau + _MONOTONE_RAMP * t
+    return t.tolist(), tau.tolist()
 
 
 def interpolant(noise: torch.Tensor, data: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,13 @@ from flashmap_ext.drafters.flashmap import fused
 from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, TimestepEmbedder
 from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers
 from flashmap_ext.drafters.flashmap.draft import draft_block
-from flashmap_ext.drafters.flashmap.flow import d_space_noise, noise_factor, t_of_tau
+from flashmap_ext.drafters.flashmap.flow import (
+    d_space_noise,
+    noise_factor,
+    projected_clock_table,
+    reader_log_likelihood,
+    whitened_rows,
+)
 from flashmap_ext.drafters.flashmap.memory import KV, FlashMapMemory, TrainMemory
 from flashmap_ext.rng import drafter_xi
 from flashmap_ext.target.model import hf_causal_lm
@@ -70,8 +76,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
-        #: t at τ = ½ (the 2-step midpoint), a Python float so compiled graphs see a constant
-        self.t_mid = float(t_of_tau(0.5, c.state_vocab_size))
+        self._set_clock()
         self._packed = None  # weights packed for the fused CUDA kernels (see fused_weights)
         self.allow_fused = True  # False forces the reference (PyTorch) path on CUDA, e.g. as a baseline
         self.allow_graphs = True  # False runs the fused CUDA path eagerly (also FLASHMAP_CUDA_GRAPHS=0)
@@ -80,6 +85,20 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         self.register_load_state_dict_post_hook(_drop_packed_after_load)
         if target is not None:
             self.attach_target(target)
+
+    def _set_clock(self) -> None:
+        #: the τ↔t clock (flow.Clock; `clock.name` says which: "full-state" or "projected")
+        self.clock = self.config.clock
+        #: t at τ = ½ (the 2-step midpoint), a Python float so compiled graphs see a constant
+        self.t_mid = float(self.clock.t_of_tau(0.5))
+
+    def calibrate_clock(self, samples: int = 2048, seed: int = 0) -> "FlashMapDrafter":
+        """Builds the "projected" clock from the attached state embedding (flow.projected_clock_table) and
+        stores it in `config.clock_t` / `clock_tau` (so checkpoints carry it); returns self."""
+        t, tau = projected_clock_table(self.tables.state_embedding, samples, seed)
+        self.config.clock_t, self.config.clock_tau = tuple(t), tuple(tau)
+        self._set_clock()
+        return self
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -177,6 +196,21 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         xi = drafter_xi(seed.to(device), position.to(device), (self.config.block_size, self.config.d_target))
         return self.noise_from_xi(xi)
 
+    def state_log_likelihood(self, slot_inputs: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """log p(Eᵀx = slot_inputs | y = v) + const: slot_inputs [..., K, d_target] d-space states, t [...]
+        their interpolant time (< 1) -> [..., K, V_s] fp32 (flow.reader_log_likelihood in whitened
+        coordinates; `config.state_loglik` adds it to the logits)."""
+        inv = self.tables.memo("noise_factor_pinv", lambda: torch.linalg.pinv(self.noise_factor.double()).float())
+        rows = self.tables.memo("whitened_rows", lambda: whitened_rows(self.tables.state_embedding).float())
+        return reader_log_likelihood(slot_inputs.float() @ inv.T, rows, t.float()[..., None])
+
+    def state_term(self, slot_inputs: torch.Tensor, tau_s: torch.Tensor) -> torch.Tensor | None:
+        """`state_log_likelihood` at t(τ_s) when `config.state_loglik`, else None; tau_s [...] matches
+        slot_inputs.shape[:-2]."""
+        if not self.config.state_loglik:
+            return None
+        return self.state_log_likelihood(slot_inputs, self.clock.t_of_tau(tau_s.double()))
+
     # ------------------------------------------------------------------ network pieces
     def _context_entries(self, taps: torch.Tensor) -> torch.Tensor:
         n = len(self.config.target_layer_ids) * self.config.d_target
@@ -207,12 +241,14 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
             x = block(x, c, kv(i), q_pos, mask)
         return self.final(x, c)
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits_from_hidden(self, hidden: torch.Tensor, state_term: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [..., d_target] -> logits [..., V_s] fp32: frozen LM head (draft rows), then the tanh
-        softcap `cap·tanh(logits/cap)` (FMLM `_process_model_output`) when config.softcap > 0."""
+        softcap `cap·tanh(logits/cap)` (FMLM `_process_model_output`) when config.softcap > 0, plus
+        `state_term` [..., V_s] (`state_term`: the state's log-likelihood) when given."""
         logits = self.tables.logits(hidden).float()
         cap = self.config.softcap
-        return cap * torch.tanh(logits / cap) if cap > 0 else logits
+        logits = cap * torch.tanh(logits / cap) if cap > 0 else logits
+        return logits if state_term is None else logits + state_term
 
     # ------------------------------------------------------------------ inference (BlockDrafter)
     def fused_weights(self):
@@ -275,7 +311,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         q_pos = (n + 1 + torch.arange(K, device=anchor.device)).expand(B, K)
         start = window_start(n, self.config.context_window)
         hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1, start), q_pos, None)
-        return self.logits_from_hidden(hidden[:, 0])
+        return self.logits_from_hidden(hidden[:, 0], self.state_term(slot_inputs, tau_s))
 
     def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
               seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -321,13 +357,14 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         taps [B, T, n_taps·d_target] (any float dtype), input_ids [B, T] int64, anchor_pos [B, A] int64,
         slot_inputs [B, A, K, d_target] d-space states, tau_s/tau_t [B, A] clocks in [0, 1].
         Block (b, a) sees the taps at positions < anchor_pos[b, a] and the embedding of
-        input_ids[b, anchor_pos[b, a]], nothing later. Returns logits [B, A, K, V_s] fp32, or with
+        input_ids[b, anchor_pos[b, a]], nothing later. Returns logits [B, A, K, V_s] fp32 (with
+        `config.state_loglik`, the state term included), or with
         return_hidden the pre-head hidden [B, A, K, d_target] (losses apply `logits_from_hidden` in
         chunks so [B, A, K, V] never exists at once).
         """
         memory = self.encode_train_memory(taps, input_ids, anchor_pos)
         hidden = self.denoise_train(memory, slot_inputs, tau_s, tau_t)
-        return hidden if return_hidden else self.logits_from_hidden(hidden)
+        return hidden if return_hidden else self.logits_from_hidden(hidden, self.state_term(slot_inputs, tau_s))
 
     forward = forward_train
 

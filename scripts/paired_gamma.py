@@ -1,0 +1,88 @@
+"""Held-out γ of several drafters with paired bootstrap intervals of their differences (issue 23 arms).
+
+    .venv/bin/python scripts/paired_gamma.py --drafter A=runs/x/drafter:1 --drafter B=runs/y/drafter:2 \
+        [--per-domain 8] [--heldout ...] [--out runs/x/paired.json]
+
+Teacher-forced slot hits as `flashmap eval` (evaluate/heldout.py) on the same held-out sequences; per
+sequence the counts [Σ leading run, anchors] of each drafter; γ = 1 + Σ run / anchors pooled over
+sequences; for every pair (first named minus each later one) Δγ with the paired percentile bootstrap
+interval over sequences, resampled within each domain (bench/interval.py, 95 %). Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    from flashmap_ext.bench.interval import delta_interval
+    from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    from flashmap_ext.bench.methods import StepsDrafter
+    from flashmap_ext.drafters.load import load_drafter
+    from flashmap_ext.evaluate.heldout import add_taps, slot_hits
+    from flashmap_ext.evaluate.run import load_heldout, parse_drafter
+    from flashmap_ext.target import load_target
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafter", action="append", required=True, help="NAME=DIR[:STEPS], two or more")
+    p.add_argument("--target", default="qwen2.5-coder-0.5b")
+    p.add_argument("--heldout", default=str(ROOT / "data/qwen2.5-coder-0.5b-instruct/heldout"))
+    p.add_argument("--per-domain", type=int, default=8)
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", help="JSON file for the per-sequence counts and the table")
+    args = p.parse_args(argv)
+    specs = [parse_drafter(s) for s in args.drafter]
+    if len(specs) < 2:
+        raise ValueError("--drafter: give two or more (the first is compared with each later one)")
+    set_threads(args.threads)
+    dtype = auto_dtype()
+    target, tok = load_target(args.target, dtype, "cpu")
+    drafters = {}
+    for name, path, steps in specs:
+        d = load_drafter(path, target)
+        drafters[name] = StepsDrafter(d, steps) if steps else d
+    seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
+    add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
+    counts = {}
+    for name, d in drafters.items():
+        k = min(args.slots, d.num_draft_tokens)
+        hits = slot_hits(d, seqs, k, dtype=target.dtype)
+        counts[name] = [[int(h.long().cumprod(1).sum()), int(h.shape[0])] for h in hits]
+        print(f"{name}: γ {gamma(counts[name]):.4f}", file=sys.stderr, flush=True)
+    names = list(counts)
+    keep = [i for i in range(len(seqs)) if counts[names[0]][i][1]]
+    strata = [seqs[i].domain for i in keep]
+    rows = [f"| {n} | {gamma(counts[n]):.4f} | " for n in names]
+    pairs = {}
+    for other in names[1:]:
+        c = [counts[names[0]][i] + counts[other][i] for i in keep]
+        low, high = delta_interval(c, strata) or (float("nan"), float("nan"))
+        pairs[f"{names[0]} - {other}"] = {"delta": gamma(counts[names[0]]) - gamma(counts[other]),
+                                          "interval": [low, high]}
+    meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
+            "sequences": len(seqs), "anchors": sum(c[1] for c in counts[names[0]])}
+    table = ["| drafter | γ | ", "|---|---|"] + rows + ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
+    table += [f"| {k} | {v['delta']:+.4f} | [{v['interval'][0]:+.4f}, {v['interval'][1]:+.4f}] |" for k, v in pairs.items()]
+    table += ["", f"{meta['sequences']} held-out sequences, {meta['anchors']} anchors; `{meta['command']}`; "
+                  f"{meta['cpu']}, {meta['torch_threads']} thread(s), {dtype}, load {meta['load_average']}; {meta['date']}"]
+    print("\n".join(table))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"meta": meta, "counts": counts, "pairs": pairs,
+                                              "specs": args.drafter, "table": table}, indent=1) + "\n")
+    return 0
+
+
+def gamma(counts: list[list[int]]) -> float:
+    """Pooled γ = 1 + Σ leading run / Σ anchors over sequences (nan without anchors)."""
+    runs, n = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return 1.0 + runs / n if n else float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
