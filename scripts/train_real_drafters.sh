@@ -8,7 +8,7 @@
 #
 # Stages: data regen features vocab flow distill dflash eagle3 export
 # Knobs (env): N_REGEN, N_ORIG (training conversations), MAX_LEN, N_HELDOUT, MAX_NEW (tokens per regenerated answer),
-#   STEPS (flow = dflash steps), DISTILL_STEPS, THREADS, RUN (work dir), DTYPE (target dtype; default
+#   STEPS (flow = dflash steps), DISTILL_STEPS (default 2/5 of STEPS), DISTILL_LR, CLOCK, THREADS, RUN (work dir), DTYPE (target dtype; default
 #   bench.machine.auto_dtype: bf16 only with avx512_bf16/amx or a GPU, else fp32, 4-8x faster on AVX2),
 #   CORPUS (the committed self-answered corpus that regen grows and features read; data/README.md),
 #   FEATURE_JOBS (features: this many target processes at once, one per core, one per corpus part; merged).
@@ -34,11 +34,14 @@ main() {
     MAX_NEW=${MAX_NEW:-192}
     MAX_LEN=${MAX_LEN:-384}
     STEPS=${STEPS:-3000}
-    DISTILL_STEPS=${DISTILL_STEPS:-1200}
+    DISTILL_STEPS=${DISTILL_STEPS:-$(( STEPS * 2 / 5 ))}  # proportional to the flow's (1,200 at 3,000)
+    FLOW_LR=${FLOW_LR:-1e-3}
+    DISTILL_LR=${DISTILL_LR:-8e-5}     # ~1/12 of the flow's LR, as FMLM (issue 23; was 3e-4 = 0.3x)
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
     TAU0_FRAC=${TAU0_FRAC:-0.5}        # flow: share of blocks trained at tau = 0, what 1-step drafting sees
-    FRAC_01=${FRAC_01:-1/4}            # distill: share of 0->1 jumps (FMLM default 1/16)
+    FRAC_01=${FRAC_01:-1/16}           # distill: share of 0->1 jumps (FMLM; was 1/4 before issue 23)
+    CLOCK=${CLOCK:-projected}          # flow: tau clock of the network's d-dim input (issue 23); full-state = FLM's
     FM_TAPS=${FM_TAPS:-1,6,11,16,21}   # FlashMap and DFlash: 5 layers spread over 1..L-3 (L = 24)
     E3_TAPS=${E3_TAPS:-1,11,20}        # EAGLE-3: low/mid/high = eagle3_layer_ids(24)
     E3_INTERMEDIATE=${E3_INTERMEDIATE:-1664}  # EAGLE-3 MLP width: 9.75 M trainable parameters like the others
@@ -162,16 +165,16 @@ resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && ec
 # 5. FlashMap flow model (the distillation teacher; also drafts by itself in one Euler step).
 stage_flow() {
     [ -s "$RUN/flow/drafter/model.safetensors" ] && { echo "skip: flow drafter exists"; return; }
-    $FM train flow "${COMMON[@]}" --out "$RUN/flow" $(resume_flag "$RUN/flow") --steps "$STEPS" --lr 1e-3 \
+    $FM train flow "${COMMON[@]}" --out "$RUN/flow" $(resume_flag "$RUN/flow") --steps "$STEPS" --lr "$FLOW_LR" \
         --warmup 0.05 --layers 2 --width 384 --heads 6 --block-size 8 --draft-vocab "$RUN/draft_vocab.json" \
-        --tap-layers "$FM_TAPS" --tau0-frac "$TAU0_FRAC" --no-head-recompute
+        --tap-layers "$FM_TAPS" --tau0-frac "$TAU0_FRAC" --no-head-recompute --clock "$CLOCK"
 }
 
 # 6. Semigroup flow-map distillation into a 1-2 step drafter.
 stage_distill() {
     [ -s "$RUN/map/drafter/model.safetensors" ] && { echo "skip: distilled drafter exists"; return; }
     $FM distill "${COMMON[@]}" --out "$RUN/map" $(resume_flag "$RUN/map") --teacher "$RUN/flow/drafter" \
-        --steps "$DISTILL_STEPS" --lr 3e-4 --warmup 0.05 --save-every 20 --frac-01 "$FRAC_01"
+        --steps "$DISTILL_STEPS" --lr "$DISTILL_LR" --warmup 0.05 --save-every 20 --frac-01 "$FRAC_01"
 }
 
 # 7. DFlash baseline: same features, steps, batch and anchors; ~same trainable parameters.

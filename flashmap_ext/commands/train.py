@@ -107,6 +107,7 @@ def run_flow(args) -> int:
                                          state_loglik=args.state_loglik)
     if vocab is not None:
         drafter.set_draft_vocab(vocab, target)
+    check_resumed_clock(args)
     if args.clock == "projected":
         drafter.calibrate_clock()  # from the state rows: after the draft vocabulary is set
     if not 0.0 <= args.tau0_frac <= 1.0:
@@ -121,6 +122,20 @@ def run_flow(args) -> int:
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
+
+
+def check_resumed_clock(args) -> None:
+    """--resume of a run started before --clock existed (its run.json args have no "clock") trained on the
+    full-state clock: ValueError unless --clock full-state (the generic flag check skips flags it lacks)."""
+    import os
+    path = os.path.join(args.out, "run.json")
+    if not args.resume or not os.path.exists(path):
+        return
+    with open(path) as f:
+        before = json.load(f).get("args", {})
+    if "clock" not in before and args.clock != "full-state":
+        raise ValueError(f"--clock {args.clock}: the run in {args.out} was started on the full-state clock "
+                         "(before --clock existed); resume it with --clock full-state")
 
 
 def slot_decay_arg(spec: str) -> float | None:

@@ -197,3 +197,22 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path):
     features_again = str(tmp_path / "x" / ".." / "f")  # the same folder, spelled differently
     assert main([*args[:6], features_again, *args[7:-1], "2", "--resume", "--log-every", "1"]) == 0
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+
+def test_flow_trains_on_the_projected_clock_and_an_older_run_resumes_only_on_its_own(tmp_path):
+    """New flow runs store the projected clock's table (issue 23); a run started before --clock existed
+    (run.json without it) trained on the full-state clock, and resuming it on another clock is refused."""
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    run = tmp_path / "flow"
+    args = ["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size",
+            "2", "--out", str(run), "--steps", "1"]
+    assert main(args) == 0
+    cfg = json.loads((run / "drafter" / "config.json").read_text())
+    assert cfg["clock_t"][0] == 0.0 and cfg["clock_tau"][-1] == 1.0 and len(cfg["clock_t"]) == 81
+    meta = json.loads((run / "run.json").read_text())
+    del meta["args"]["clock"]  # as written before --clock existed
+    (run / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"^--clock projected: .* resume it with --clock full-state"):
+        main(args[:-1] + ["2", "--resume"])
+    assert main(args[:-1] + ["2", "--resume", "--clock", "full-state"]) == 0
+    assert json.loads((run / "drafter" / "config.json").read_text())["clock_t"] is None
