@@ -35,11 +35,17 @@ def main(argv=None) -> int:
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--pair", action="append", metavar="A,B",
+                   help="Δγ = γ(A) − γ(B) to report (repeatable); default: the first drafter minus each later one")
     p.add_argument("--out", help="JSON file for the per-sequence counts and the table")
     args = p.parse_args(argv)
     specs = [parse_drafter(s) for s in args.drafter]
     if len(specs) < 2:
         raise ValueError("--drafter: give two or more (the first is compared with each later one)")
+    known = {n for n, _, _ in specs}
+    for pair in args.pair or []:
+        if len(pair.split(",")) != 2 or not set(pair.split(",")) <= known:
+            raise ValueError(f"--pair {pair!r}: expected A,B with A and B among the --drafter names {sorted(known)}")
     set_threads(args.threads)
     dtype = auto_dtype()
     target, tok = load_target(args.target, dtype, "cpu")
@@ -56,18 +62,18 @@ def main(argv=None) -> int:
         counts[name] = [[int(h.long().cumprod(1).sum()), int(h.shape[0])] for h in hits]
         print(f"{name}: γ {gamma(counts[name]):.4f}", file=sys.stderr, flush=True)
     names = list(counts)
+    todo = [tuple(x.split(",")) for x in args.pair] if args.pair else [(names[0], n) for n in names[1:]]
     keep = [i for i in range(len(seqs)) if counts[names[0]][i][1]]
     strata = [seqs[i].domain for i in keep]
-    rows = [f"| {n} | {gamma(counts[n]):.4f} | " for n in names]
+    rows = [f"| {n} | {gamma(counts[n]):.4f} |" for n in names]
     pairs = {}
-    for other in names[1:]:
-        c = [counts[names[0]][i] + counts[other][i] for i in keep]
+    for a, b in todo:
+        c = [counts[a][i] + counts[b][i] for i in keep]
         low, high = delta_interval(c, strata) or (float("nan"), float("nan"))
-        pairs[f"{names[0]} - {other}"] = {"delta": gamma(counts[names[0]]) - gamma(counts[other]),
-                                          "interval": [low, high]}
+        pairs[f"{a} - {b}"] = {"delta": gamma(counts[a]) - gamma(counts[b]), "interval": [low, high]}
     meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
             "sequences": len(seqs), "anchors": sum(c[1] for c in counts[names[0]])}
-    table = ["| drafter | γ | ", "|---|---|"] + rows + ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
+    table = ["| drafter | γ |", "|---|---|"] + rows + ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
     table += [f"| {k} | {v['delta']:+.4f} | [{v['interval'][0]:+.4f}, {v['interval'][1]:+.4f}] |" for k, v in pairs.items()]
     table += ["", f"{meta['sequences']} held-out sequences, {meta['anchors']} anchors; `{meta['command']}`; "
                   f"{meta['cpu']}, {meta['torch_threads']} thread(s), {dtype}, load {meta['load_average']}; {meta['date']}"]
