@@ -26,6 +26,9 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     from flashmap_ext.train.distill import distill_loss, make_student
+    if args.loss != "ce":
+        raise ValueError("--loss kl: not an option of `flashmap distill` (its targets are the flow teacher's "
+                         "distributions; train the teacher with `train flow --loss kl` instead)")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
     check_window_matches_teacher(args)
     target, _ = runner.load_target(args)

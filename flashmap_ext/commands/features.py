@@ -23,6 +23,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-length", type=int, default=3072, help="crop sequences to this many tokens")
     p.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="stored dtype of the taps")
+    p.add_argument("--topk", type=int, default=0, metavar="K",
+                   help="also store the target's K largest next-token log-probabilities per position (fp16, "
+                        "+ the rest's mass; ~6·K bytes/token): the soft labels of `train ... --loss kl`; "
+                        "32 is the usual K (default 0: none)")
     p.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--no-progress", action="store_true")
@@ -33,6 +37,8 @@ def run(args) -> int:
     from flashmap_ext.train.data import DataReport, load_samples
     from flashmap_ext.train.features import cache_features, update_manifest
     from flashmap_ext.train.runner import load_target
+    if args.topk < 0:
+        raise ValueError(f"--topk: expected K >= 0 (0: no soft labels), got {args.topk}")
     target, tokenizer = load_target(args)
     layers = tap_layers(args.layers, target.num_layers)
     report = DataReport()
@@ -41,7 +47,7 @@ def run(args) -> int:
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, topk=args.topk)
     update_manifest(args.out, {"samples": report.as_dict()})
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
           f"{report.summary(args.max_length)}", file=sys.stderr)

@@ -114,10 +114,14 @@ def run_flow(args) -> int:
         raise ValueError(f"--tau0-frac: expected a fraction in [0, 1], got {args.tau0_frac}")
 
     decay = slot_decay_arg(args.slot_decay)
+    options = runner.loss_options(args)
+    if options["loss"] == "kl" and args.tau0_frac <= 0:
+        raise ValueError("--loss kl: the flow model trains on the target's distribution at its tau = 0 blocks "
+                         "only; set --tau0-frac > 0 (e.g. 0.5)")
 
     def loss_fn(model, batch, generator):
         return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
-                         recompute_head=not args.no_head_recompute)
+                         recompute_head=not args.no_head_recompute, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "flow", target=target)
     print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
@@ -193,7 +197,11 @@ def run_dflash(args) -> int:
     drafter = DFlashDrafter.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
     if ids is not None:
         drafter.set_draft_vocab(ids)
-    metrics = runner.run_stage(drafter, dflash_loss, args, run, "dflash", target=target)
+    options = runner.loss_options(args)
+
+    def loss_fn(model, batch, generator):
+        return dflash_loss(model, batch, generator, **options)
+    metrics = runner.run_stage(drafter, loss_fn, args, run, "dflash", target=target)
     print(f"dflash: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 0
@@ -216,8 +224,10 @@ def run_eagle3(args) -> int:
         shape["target_layer_ids"] = runner.tap_layers(args, ())
     drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)
 
+    options = runner.loss_options(args)
+
     def loss_fn(model, batch, generator):
-        return eagle3_loss(model, batch, generator, steps=args.ttt_steps)
+        return eagle3_loss(model, batch, generator, steps=args.ttt_steps, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "eagle3",
                                num_labels=max(args.ttt_steps, drafter.num_draft_tokens), target=target)
     print(f"eagle3: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "

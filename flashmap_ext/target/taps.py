@@ -54,13 +54,16 @@ def tap_hooks(layers: Sequence[nn.Module], layer_ids: Sequence[int], captured: l
 
 
 @torch.inference_mode()
-def compute_taps(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+def compute_taps(model: nn.Module, input_ids: torch.Tensor, layer_ids: Sequence[int], *,
+                 final_hidden: bool = False):
     """taps [B, T, len(layer_ids)·d] in the model's dtype for input_ids [B, T] int64 (HF causal LM).
 
-    Runs only the decoder (`get_decoder()`): no LM head, no KV cache.
+    Runs only the decoder (`get_decoder()`): no LM head, no KV cache. final_hidden: return
+    (taps, the decoder's last hidden state [B, T, d], what the LM head reads) instead.
     """
     decoder = model.get_decoder()
     captured: list = [None] * len(layer_ids)
     with tap_hooks(decoder.layers, layer_ids, captured, final_norm(model)):
-        decoder(input_ids=input_ids.to(model.get_input_embeddings().weight.device), use_cache=False)
-    return torch.cat(captured, dim=-1)
+        out = decoder(input_ids=input_ids.to(model.get_input_embeddings().weight.device), use_cache=False)
+    taps = torch.cat(captured, dim=-1)
+    return (taps, out.last_hidden_state) if final_hidden else taps

@@ -11,6 +11,10 @@ Batch format (a dict of tensors):
     taps       [B, T, F]     float   F = n_taps · d_target, zero-padded
     anchor_pos [B, A]        int64   sorted per row, −1 = padded block (no anchor)
     labels     [B, A, K]     int64   tokens at anchor_pos+1 … anchor_pos+K, −100 = no loss
+  with soft labels (items carry "topk_logp"/"topk_ids", a cache made with `features --topk k`):
+    soft_logp  [B, A, K, k+1] fp16   the target's distribution of label (a, s): its top-k log-probs at
+                                     position a+s (which predicts a+1+s) and the rest's log-mass
+    soft_ids   [B, A, K, k]  int64   their target ids, −1 where the label is −100
 """
 from __future__ import annotations
 
@@ -53,12 +57,24 @@ def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_pos: t
     return torch.where(ok, input_ids[safe], torch.full_like(safe, IGNORE))
 
 
+def block_soft_labels(topk_logp: torch.Tensor, topk_ids: torch.Tensor, labels: torch.Tensor,
+                      anchor_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(soft_logp [A, K, k+1], soft_ids [A, K, k]) of one sequence: label (j, s) = the target's distribution
+    at position anchor_pos[j] + s, which predicts the token at anchor_pos[j] + 1 + s; ids −1 where
+    labels [A, K] is −100. topk_logp [T, k+1], topk_ids [T, k] (features.FeatureCache items)."""
+    t, k = topk_ids.shape
+    pos = (anchor_pos.clamp_min(0)[:, None] + torch.arange(labels.shape[1])).clamp_max(t - 1)
+    ids = torch.where((labels != IGNORE)[..., None], topk_ids[pos], torch.full((k,), -1, dtype=torch.long))
+    return topk_logp[pos], ids
+
+
 def collate(items: Sequence[dict], num_anchors: int, block_size: int,
             generator: torch.Generator | None = None, taps_dtype: torch.dtype | None = None) -> dict:
     """Pads sequences (dicts with input_ids [T], loss_mask [T], taps [T, F]) into one batch (module docstring).
 
     A = the largest number of anchors drawn for any row (≤ num_anchors); K = block_size. `taps_dtype`
-    casts the taps (default: keep the cache dtype). Raises ValueError when items disagree on F or are empty.
+    casts the taps (default: keep the cache dtype). Items with "topk_logp"/"topk_ids" add the soft labels.
+    Raises ValueError when items disagree on F or are empty.
     """
     if not items:
         raise ValueError("collate: no items")
@@ -72,9 +88,18 @@ def collate(items: Sequence[dict], num_anchors: int, block_size: int,
     taps = torch.zeros(b, t, feats.pop(), dtype=taps_dtype or items[0]["taps"].dtype)
     anchor_pos = torch.full((b, a), -1, dtype=torch.long)
     labels = torch.full((b, a, block_size), IGNORE, dtype=torch.long)
+    soft = all("topk_ids" in it for it in items)
+    if soft:
+        k = items[0]["topk_ids"].shape[-1]
+        soft_logp = torch.zeros(b, a, block_size, k + 1, dtype=items[0]["topk_logp"].dtype)
+        soft_ids = torch.full((b, a, block_size, k), -1, dtype=torch.long)
     for i, (it, anc) in enumerate(zip(items, anchors)):
         n = it["input_ids"].shape[0]
         input_ids[i, :n], taps[i, :n] = it["input_ids"], it["taps"]
         anchor_pos[i, :len(anc)] = anc
         labels[i, :len(anc)] = block_labels(it["input_ids"], it["loss_mask"], anc, block_size)
-    return {"input_ids": input_ids, "taps": taps, "anchor_pos": anchor_pos, "labels": labels}
+        if soft and len(anc):
+            soft_logp[i, :len(anc)], soft_ids[i, :len(anc)] = block_soft_labels(
+                it["topk_logp"], it["topk_ids"], labels[i, :len(anc)], anc)
+    batch = {"input_ids": input_ids, "taps": taps, "anchor_pos": anchor_pos, "labels": labels}
+    return {**batch, "soft_logp": soft_logp, "soft_ids": soft_ids} if soft else batch

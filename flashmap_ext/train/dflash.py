@@ -3,11 +3,13 @@
 Per block: cross-entropy of slots k = 1 … block_size−1 (slot k predicts the token at anchor+k) with
 weights w_k = exp(−(k−1)/γ), γ = 7 for block 16 (5 for 10, 4 for 8: DFlash paper Eq. 4 / App. A.3.1,
 SpecForge `--loss-decay-gamma` help); loss = Σ w·CE / Σ w over unmasked labels (SpecForge
-`OnlineDFlashModel.forward`). LM-head logits are computed a chunk of anchors at a time under activation
+`OnlineDFlashModel.forward`). With `loss="kl"` the per-slot CE becomes forward KL to the target's stored
+distribution plus `ce_weight`·CE on its argmax (train/soft_labels.py). LM-head logits are computed a chunk of anchors at a time under activation
 checkpointing, so [B, A, K, V] logits never exist at once (A = 512, V = 151,936 would be ~5 GB).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.train.soft_labels import SOFT_KEYS, require_soft_labels, soft_slot_loss
 
 IGNORE = -100
 _GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -31,11 +34,17 @@ def slot_weights(num_slots: int, gamma: float, device=None) -> torch.Tensor:
     return torch.exp(-torch.arange(num_slots, dtype=torch.float32, device=device) / gamma)
 
 
-def _slot_ce(drafter: DFlashDrafter, hidden: torch.Tensor, labels: torch.Tensor):
-    """hidden [B, a, K, d], labels [B, a, K] -> (CE [B, a, K] fp32, 0 where masked; correct [B, a, K] bool)."""
+def _slot_ce(drafter: DFlashDrafter, hidden: torch.Tensor, labels: torch.Tensor, *soft: torch.Tensor,
+             ce_weight: float = 0.0):
+    """hidden [B, a, K, d], labels [B, a, K] -> (loss [B, a, K] fp32, 0 where masked; correct [B, a, K] bool).
+    Loss: CE of the labels, or with `soft` = (soft_logp, soft_ids) KL + ce_weight·CE (soft_labels.py)."""
     logits = drafter.vocab_logits(hidden).float()
-    ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE, reduction="none")
-    return ce.view_as(labels), logits.argmax(-1) == labels
+    if soft:
+        loss = soft_slot_loss(logits, *soft, drafter.to_draft_ids, ce_weight) * (soft[1][..., 0] >= 0)
+    else:
+        loss = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=IGNORE,
+                               reduction="none").view_as(labels)
+    return loss, logits.argmax(-1) == labels
 
 
 def _check_batch(batch: dict, num_slots: int) -> None:
@@ -51,7 +60,8 @@ def _check_batch(batch: dict, num_slots: int) -> None:
 
 
 def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator | None = None, *,
-                gamma: float | None = None, anchor_chunk: int = 64) -> tuple[torch.Tensor, dict]:
+                gamma: float | None = None, anchor_chunk: int = 64, loss: str = "ce",
+                ce_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Weighted block CE of a DFlash drafter on one batch.
 
     model: a `DFlashDrafter`, or it wrapped by DDP/FSDP (called through `model(...)` so the wrapper's
@@ -59,6 +69,8 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     batch: `input_ids` [B, T] int64, `taps` [B, T, n_taps·d], `anchor_pos` [B, A] int64 (−1 = padded
     block), `labels` [B, A, K] int64 = tokens at anchor+1 … anchor+K, −100 masked; K ≥ block_size−1
     (the first block_size−1 are used). `generator` is unused (anchors come with the batch).
+    loss: "ce" (labels) or "kl" (needs the batch's soft_logp/soft_ids, else ValueError: forward KL to the
+    target's distribution + ce_weight·CE on its argmax, per slot).
     Returns (scalar loss with grad, metrics {loss, acc, accept_len, tokens} as floats): `acc` is top-1
     accuracy over unmasked slots; `accept_len` = 1 + mean leading run of correct slots per block whose
     first label is unmasked (a greedy acceptance-length estimate, bonus included).
@@ -68,20 +80,27 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     k = drafter.num_draft_tokens
     _check_batch(batch, k)
     device = drafter.tables.embedding.device
-    b = {key: batch[key].to(device) for key in ("input_ids", "taps", "anchor_pos", "labels")}
+    if loss == "kl":
+        require_soft_labels(batch)
+    keys = ("input_ids", "taps", "anchor_pos", "labels") + (SOFT_KEYS if loss == "kl" else ())
+    b = {key: batch[key].to(device) for key in keys}
     labels = drafter.to_draft_ids(b["labels"][:, :, :k])  # draft-vocabulary rows (identity without one)
+    soft = [b[key][:, :, :k] for key in SOFT_KEYS] if loss == "kl" else []
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"])
     ces, hits = [], []
+    fn = functools.partial(_slot_ce, ce_weight=ce_weight)
     for s in range(0, labels.shape[1], anchor_chunk):
-        args = (drafter, hidden[:, s:s + anchor_chunk], labels[:, s:s + anchor_chunk])
-        ce, hit = checkpoint(_slot_ce, *args, use_reentrant=False) if torch.is_grad_enabled() else _slot_ce(*args)
+        args = (drafter, hidden[:, s:s + anchor_chunk], labels[:, s:s + anchor_chunk],
+                *(x[:, s:s + anchor_chunk] for x in soft))
+        ce, hit = checkpoint(fn, *args, use_reentrant=False) if torch.is_grad_enabled() else fn(*args)
         ces.append(ce)
         hits.append(hit)
     ce, hit = torch.cat(ces, 1), torch.cat(hits, 1)
     valid = labels != IGNORE
-    w = slot_weights(k, gamma or default_gamma(drafter.config.block_size), device) * valid
-    loss = (ce * w).sum() / w.sum().clamp_min(1e-6)
-    return loss, _metrics(loss, hit & valid, valid)
+    weighted = soft[1][..., 0] >= 0 if soft else valid  # KL: every labelled slot, in the draft vocab or not
+    w = slot_weights(k, gamma or default_gamma(drafter.config.block_size), device) * weighted
+    total = (ce * w).sum() / w.sum().clamp_min(1e-6)
+    return total, _metrics(total, hit & valid, valid)
 
 
 @torch.no_grad()

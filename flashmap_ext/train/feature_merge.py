@@ -16,7 +16,7 @@ from typing import Sequence
 from flashmap_ext.train.features import _read_index, _shard_paths
 
 # manifest fields that must agree for two caches to be one (the rest, e.g. data reports, are per run)
-_SAME = ("format_version", "target_layer_ids", "hidden_size", "feature_dim", "dtype")
+_SAME = ("format_version", "target_layer_ids", "hidden_size", "feature_dim", "dtype", "topk")
 
 
 def _manifest(root: str) -> dict:
@@ -41,7 +41,7 @@ def merge_feature_caches(out: str, sources: Sequence[str]) -> int:
     manifest if missing). Returns the number of sequences added.
 
     Raises ValueError when a source's manifest differs from `out`'s in any of target_layer_ids,
-    hidden_size, feature_dim, dtype or format_version (naming the field), or when a sequence id is in two
+    hidden_size, feature_dim, dtype, topk or format_version (naming the field), or when a sequence id is in two
     caches (a source partly merged before is refused too: merge into a fresh `out`).
     """
     if not sources:
@@ -71,9 +71,10 @@ def _append(out: str, src: str) -> int:
         raise ValueError(f"{src}: {len(clash)} sequence ids are in {out} already (e.g. {clash[0]!r}); "
                          "merge into a fresh directory")
     base = max((e["shard"] for e in have), default=-1) + 1
+    topk = _manifest(src).get("topk") or 0
     for shard in sorted({e["shard"] for e in new}):
-        for kind, path in _shard_paths(src, shard).items():
-            _link_or_copy(path, _shard_paths(out, base + shard)[kind])
+        for kind, path in _shard_paths(src, shard, topk).items():
+            _link_or_copy(path, _shard_paths(out, base + shard, topk)[kind])
     with open(os.path.join(out, "index.jsonl"), "a", encoding="utf-8") as f:
         f.writelines(json.dumps({**e, "shard": base + e["shard"]}) + "\n" for e in new)
         f.flush()

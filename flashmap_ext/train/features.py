@@ -1,12 +1,15 @@
 """Feature cache: the target's tapped hidden states for every training sequence, streamed to disk (DESIGN.md §8).
 
-One target forward per sequence (no LM head, no KV cache; `target.taps.compute_taps`) with tap hooks on
+One target forward per sequence (no KV cache; the LM head only with --topk; `target.taps.compute_taps`) with tap hooks on
 the decoder layers in `target_layer_ids`, concatenated in id order into `taps [T, n_taps·d]`. Layout of a cache directory:
 
     manifest.json        format version, target, target_layer_ids, hidden_size, feature_dim, dtype, extra meta
     index.jsonl          one line per sequence: {"id", "shard", "offset", "length"}  (offsets in tokens)
     taps-NNNNN.bin       raw [tokens, feature_dim] rows in `dtype` (bf16 stored as its 16 bits)
     ids-NNNNN.bin        int32 token ids;  mask-NNNNN.bin  uint8 loss mask
+    topk_logp-NNNNN.bin  only with manifest "topk" = k (`--topk`): fp16 [tokens, k + 1], the target's k largest
+                         next-token log-probabilities and the rest's log-mass (train/soft_labels.py)
+    topk_ids-NNNNN.bin   int32 [tokens, k]: their target ids
 
 A sequence's bytes are written (and flushed) before its index line, so the index never points at missing
 data; a rerun truncates shard bytes past the last indexed sequence, drops a torn index line and skips ids
@@ -24,14 +27,23 @@ from tqdm.auto import tqdm
 
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.taps import compute_taps
+from flashmap_ext.train.soft_labels import topk_logprobs
 
 FORMAT_VERSION = 1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: np.float32}
 
 
-def _shard_paths(root: str, shard: int) -> dict[str, str]:
-    return {k: os.path.join(root, f"{k}-{shard:05d}.bin") for k in ("taps", "ids", "mask")}
+def _shard_paths(root: str, shard: int, topk: int = 0) -> dict[str, str]:
+    kinds = ("taps", "ids", "mask") + (("topk_logp", "topk_ids") if topk else ())
+    return {k: os.path.join(root, f"{k}-{shard:05d}.bin") for k in kinds}
+
+
+def _row_bytes(meta: dict) -> dict[str, int]:
+    """Bytes per token of each shard kind of a cache with manifest `meta`."""
+    k = meta.get("topk") or 0
+    return {"taps": meta["feature_dim"] * DTYPES[meta["dtype"]].itemsize, "ids": 4, "mask": 1,
+            "topk_logp": 2 * (k + 1), "topk_ids": 4 * k}
 
 
 class FeatureWriter:
@@ -40,7 +52,8 @@ class FeatureWriter:
     Args:
         root: the cache directory (created if missing).
         meta: manifest fields; `target_layer_ids`, `feature_dim` and `dtype` ("bf16"|"fp16"|"fp32") are
-            required. An existing cache must have the same values for these, else ValueError.
+            required; `topk` (k >= 1) adds the soft-label shards. An existing cache must have the same
+            values for these, else ValueError.
         shard_tokens: rows per shard file before a new shard starts.
     """
 
@@ -54,6 +67,7 @@ class FeatureWriter:
         self.root, self.shard_tokens = root, shard_tokens
         self.meta = {"format_version": FORMAT_VERSION, **meta}
         self.dtype = DTYPES[meta["dtype"]]
+        self.topk = int(meta.get("topk") or 0)
         self._check_or_write_manifest()
         self.done, self.shard, self.used = self._recover()
         self._index = open(os.path.join(root, "index.jsonl"), "a", encoding="utf-8")
@@ -64,10 +78,10 @@ class FeatureWriter:
         if os.path.exists(path):
             with open(path) as f:
                 old = json.load(f)
-            for key in ("format_version", "target_layer_ids", "feature_dim", "dtype"):
-                if old.get(key) != self.meta[key]:
+            for key in ("format_version", "target_layer_ids", "feature_dim", "dtype", "topk"):
+                if old.get(key) != self.meta.get(key):
                     raise ValueError(f"{path}: existing cache has {key}={old.get(key)!r}, asked for "
-                                     f"{self.meta[key]!r}; use another --out")
+                                     f"{self.meta.get(key)!r}; use another --out")
             return
         with open(path + ".tmp", "w") as f:
             json.dump(self.meta, f, indent=1)
@@ -78,24 +92,34 @@ class FeatureWriter:
         entries = list(_read_index(self.root, repair=True))
         shard = max((e["shard"] for e in entries), default=0)
         used = max((e["offset"] + e["length"] for e in entries if e["shard"] == shard), default=0)
-        row = {"taps": self.meta["feature_dim"] * self.dtype.itemsize, "ids": 4, "mask": 1}
-        for kind, path in _shard_paths(self.root, shard).items():
+        row = _row_bytes(self.meta)
+        for kind, path in _shard_paths(self.root, shard, self.topk).items():
             if os.path.exists(path):
                 os.truncate(path, used * row[kind])
         return {e["id"] for e in entries}, shard, used
 
-    def add(self, id: str, input_ids: Sequence[int], loss_mask: Sequence[int], taps: torch.Tensor) -> None:
-        """Writes one sequence: taps [T, feature_dim] (any float dtype; cast to the cache dtype), T = len(ids)."""
+    def add(self, id: str, input_ids: Sequence[int], loss_mask: Sequence[int], taps: torch.Tensor,
+            topk: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Writes one sequence: taps [T, feature_dim] (any float dtype; cast to the cache dtype), T = len(ids);
+        with a `topk` cache also topk = (logp [T, k + 1], ids [T, k]) from `soft_labels.topk_logprobs`."""
         t = len(input_ids)
         if taps.shape != (t, self.meta["feature_dim"]) or len(loss_mask) != t:
             raise ValueError(f"sequence {id!r}: taps {tuple(taps.shape)}, {t} ids and {len(loss_mask)} mask "
                              f"entries; expected taps ({t}, {self.meta['feature_dim']})")
+        k = self.topk
+        if (topk is None) != (k == 0) or (k and (topk[0].shape != (t, k + 1) or topk[1].shape != (t, k))):
+            got = None if topk is None else [tuple(x.shape) for x in topk]
+            raise ValueError(f"sequence {id!r}: topk {got}; this cache expects "
+                             f"{'none' if not k else f'([{t}, {k + 1}], [{t}, {k}])'}")
         if self.used and self.used + t > self.shard_tokens:
             self.close_shard()
             self.shard, self.used = self.shard + 1, 0
         if self._files is None:
-            self._files = {k: open(p, "ab") for k, p in _shard_paths(self.root, self.shard).items()}
+            self._files = {kind: open(p, "ab") for kind, p in _shard_paths(self.root, self.shard, k).items()}
         self._files["taps"].write(taps.detach().to("cpu", self.dtype).contiguous().view(torch.uint8).numpy().tobytes())
+        if k:
+            self._files["topk_logp"].write(topk[0].detach().to("cpu", torch.float16).numpy().tobytes())
+            self._files["topk_ids"].write(topk[1].detach().to("cpu", torch.int32).numpy().tobytes())
         self._files["ids"].write(np.asarray(input_ids, dtype=np.int32).tobytes())
         self._files["mask"].write(np.asarray(loss_mask, dtype=np.uint8).tobytes())
         for f in self._files.values():
@@ -144,7 +168,8 @@ class FeatureCache(torch.utils.data.Dataset):
     """Read side of a cache directory: memory-mapped shards, one item per indexed sequence.
 
     Item i: {"id": str, "input_ids": [T] int64, "loss_mask": [T] bool, "taps": [T, feature_dim] in the cache
-    dtype}. Shards are mapped lazily, so a Dataset copied into DataLoader workers opens its own maps.
+    dtype}, plus "topk_logp" [T, k + 1] fp16 and "topk_ids" [T, k] int64 when the cache has soft labels
+    (`topk` = k > 0). Shards are mapped lazily, so a Dataset copied into DataLoader workers opens its own maps.
     """
 
     def __init__(self, root: str, layers: Sequence[int] | None = None):
@@ -158,6 +183,7 @@ class FeatureCache(torch.utils.data.Dataset):
         if self.meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{path}: format_version {self.meta.get('format_version')} != {FORMAT_VERSION}")
         self.root, self.dtype = root, DTYPES[self.meta["dtype"]]
+        self.topk = int(self.meta.get("topk") or 0)
         index = list(_read_index(root))
         self.ids = [e["id"] for e in index]
         # [N, 3] (shard, offset, length): compact, as an index of millions of dicts would cost gigabytes
@@ -191,7 +217,7 @@ class FeatureCache(torch.utils.data.Dataset):
     def _map(self, shard: int, kind: str, dtype, width: int | None = None) -> np.memmap:
         key = (shard, kind)
         if key not in self._maps:
-            path = _shard_paths(self.root, shard)[kind]
+            path = _shard_paths(self.root, shard, self.topk)[kind]
             rows = os.path.getsize(path) // (np.dtype(dtype).itemsize * (width or 1))
             self._maps[key] = np.memmap(path, dtype=dtype, mode="r", shape=(rows, width) if width else (rows,))
         return self._maps[key]
@@ -202,10 +228,15 @@ class FeatureCache(torch.utils.data.Dataset):
         taps = torch.from_numpy(np.array(self._map(shard, "taps", _NUMPY[self.dtype], self._stored_dim)[sl]))
         if self._columns is not None:
             taps = taps[:, self._columns]
-        return {"id": self.ids[i],
+        item = {"id": self.ids[i],
                 "input_ids": torch.from_numpy(np.array(self._map(shard, "ids", np.int32)[sl])).long(),
                 "loss_mask": torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[sl])).bool(),
                 "taps": taps.view(self.dtype)}
+        if self.topk:
+            k = self.topk
+            item["topk_logp"] = torch.from_numpy(np.array(self._map(shard, "topk_logp", np.float16, k + 1)[sl]))
+            item["topk_ids"] = torch.from_numpy(np.array(self._map(shard, "topk_ids", np.int32, k)[sl])).long()
+        return item
 
     def supervised_tokens(self, i: int) -> torch.Tensor:
         """[n] int64: the loss-masked (response) token ids of sequence i, without reading its taps."""
@@ -230,17 +261,18 @@ def update_manifest(root: str, fields: dict) -> None:
 
 def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_ids: Sequence[int], *,
                    dtype: str = "bf16", meta: dict | None = None, shard_tokens: int = 1 << 20,
-                   progress: bool = True) -> int:
+                   progress: bool = True, topk: int = 0) -> int:
     """Runs the target once per sample (objects with .id, .input_ids, .loss_mask) and streams taps to `root`.
 
     model: an HF causal LM, or an adapter exposing it as `.model`. Samples whose id is already in the
-    cache are skipped (resume). Returns the number of sequences written by this call. The progress bar
-    counts tokens, so its rate is tokens/s.
+    cache are skipped (resume). topk > 0 also stores the target's top-`topk` next-token log-probabilities
+    per position (soft labels; the LM head runs in the model's dtype, the softmax in fp32). Returns the
+    number of sequences written by this call. The progress bar counts tokens, so its rate is tokens/s.
     """
     model = hf_causal_lm(model)
     hidden = model.get_input_embeddings().weight.shape[1]
     meta = {**(meta or {}), "target_layer_ids": list(layer_ids), "hidden_size": hidden,
-            "feature_dim": hidden * len(layer_ids), "dtype": dtype}
+            "feature_dim": hidden * len(layer_ids), "dtype": dtype, **({"topk": int(topk)} if topk else {})}
     written = 0
     with FeatureWriter(root, meta, shard_tokens) as writer, \
             tqdm(desc="features", unit="tok", unit_scale=True, disable=not progress) as bar:
@@ -248,7 +280,13 @@ def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_i
             if s.id in writer.done:
                 continue
             ids = torch.tensor([s.input_ids], dtype=torch.long)
-            writer.add(s.id, s.input_ids, s.loss_mask, compute_taps(model, ids, layer_ids)[0])
+            if topk:
+                taps, last = compute_taps(model, ids, layer_ids, final_hidden=True)
+                with torch.inference_mode():
+                    soft = topk_logprobs(model.get_output_embeddings()(last[0]), topk)
+                writer.add(s.id, s.input_ids, s.loss_mask, taps[0], soft)
+            else:
+                writer.add(s.id, s.input_ids, s.loss_mask, compute_taps(model, ids, layer_ids)[0])
             written += 1
             bar.update(len(s.input_ids))
             bar.set_postfix(seqs=len(writer.done), refresh=False)

@@ -4,6 +4,10 @@ Per block (anchor) of the batch: τ ~ U[0, 1] stratified over the blocks, t = t(
 z ~ N(0, EᵀE) per slot, x_t = (1−t)·z + t·E[y] (Eᵀ of the V-space interpolant, FLM §3.1), logits =
 net(x_t, τ, τ), per-slot CE against y weighted by w_k = exp(−(k−1)/7) (DFlash/FlashMap slot weights).
 The FLM objective is CE over τ-reparameterised time (Lee et al. 2026, arXiv:2602.16813; `FLM.loss`).
+With `loss="kl"`, blocks at τ = 0 (`tau0_frac` of them) are trained on the target's stored distribution
+instead (forward KL + ce_weight·CE on its argmax, train/soft_labels.py): there x_t is pure noise, independent
+of the label, so the optimal denoiser is exactly that distribution. Blocks at τ > 0 keep the CE of the data
+token, which their noisy state was made from (its posterior given x_t is not the target's distribution).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.flashmap.flow import interpolant
+from flashmap_ext.train.soft_labels import SOFT_KEYS, require_soft_labels, soft_slot_loss
 
 IGNORE = -100
 SLOT_DECAY = 7.0
@@ -64,13 +69,16 @@ def prepare_batch(drafter: FlashMapDrafter, batch: dict) -> dict:
         if key not in batch:
             raise KeyError(f"batch has no {key!r} (expected {', '.join(BATCH_KEYS)})")
     device = drafter.slot_pos.device
-    b = {key: batch[key].to(device) for key in BATCH_KEYS}
+    b = {key: batch[key].to(device) for key in BATCH_KEYS + tuple(k for k in SOFT_KEYS if k in batch)}
     labels, anchors, k = b["labels"], b["anchor_pos"], drafter.num_draft_tokens
     if labels.dim() != 3 or labels.shape[:2] != anchors.shape or labels.dtype != torch.int64 or labels.shape[2] < k:
         raise ValueError(f"labels: expected [B, A, K>={k}] int64 matching anchor_pos {tuple(anchors.shape)}, "
                          f"got {tuple(labels.shape)} {labels.dtype}")
     b["labels"] = labels[:, :, :k]
     b["state_labels"] = drafter.to_state_ids(b["labels"])
+    for key in SOFT_KEYS:
+        if key in b:
+            b[key] = b[key][:, :, :k]
     return b
 
 
@@ -128,7 +136,7 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
 
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
               anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
-              recompute_head: bool = True) -> tuple[torch.Tensor, dict]:
+              recompute_head: bool = True, loss: str = "ce", ce_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Slot-weighted CE of the flow model on one batch (DESIGN.md §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
@@ -137,9 +145,16 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     labels [B, A, K'] int64 (K' >= K; −100 masked). generator: the source of τ and noise.
     tau0_frac: fraction of blocks trained at τ = 0 (see `block_taus`). slot_decay: w_k's decay (None: tied
     to K, `slot_weights`). recompute_head: checkpoint the LM head per anchor chunk (see `chunked`).
+    loss: "ce", or "kl" (τ = 0 blocks on the batch's soft labels, module docstring; ValueError without
+    them or with tau0_frac = 0, where no block would use them).
     Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}).
     """
     drafter = unwrap(model)
+    if loss == "kl":
+        require_soft_labels(batch)
+        if tau0_frac <= 0:
+            raise ValueError("--loss kl: the flow model uses the target's distribution at τ = 0 blocks only; "
+                             "set --tau0-frac > 0")
     b = prepare_batch(drafter, batch)
     B, A = b["anchor_pos"].shape
     tau = block_taus(B, A, generator, tau0_frac).to(b["labels"].device)
@@ -148,13 +163,19 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     tau = tau.float()
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"], x_t, tau, tau, return_hidden=True)
 
-    def slot_ce(h: torch.Tensor, y: torch.Tensor, x: torch.Tensor, tau_c: torch.Tensor):
+    def slot_ce(h: torch.Tensor, y: torch.Tensor, x: torch.Tensor, tau_c: torch.Tensor, *soft: torch.Tensor):
         logits = drafter.logits_from_hidden(h, drafter.state_term(x, tau_c))
-        ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none")
-        return ce.view_as(y), logits.argmax(-1) == y
+        ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none").view_as(y)
+        if soft:
+            at0 = soft[2][..., None]
+            kl = soft_slot_loss(logits, soft[0], soft[1], drafter.to_state_ids, ce_weight)
+            ce = torch.where(at0, kl * (soft[1][..., 0] >= 0), ce)
+        return ce, logits.argmax(-1) == y
 
-    ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_t, tau, chunk=anchor_chunk,
+    soft = [b[key] for key in SOFT_KEYS] + [tau == 0] if loss == "kl" else []
+    ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_t, tau, *soft, chunk=anchor_chunk,
                           recompute=recompute_head)
     valid = b["state_labels"] != IGNORE
-    loss = weighted_mean(ce, valid, slot_decay)
-    return loss, {**block_metrics(loss, correct, valid), "tau_mean": float(tau.mean())}
+    weighted = torch.where((tau == 0)[..., None], b["soft_ids"][..., 0] >= 0, valid) if soft else valid
+    total = weighted_mean(ce, weighted, slot_decay)
+    return total, {**block_metrics(total, correct, valid), "tau_mean": float(tau.mean())}

@@ -21,6 +21,7 @@ from flashmap_ext.train.anchors import collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
 from flashmap_ext.train.features import FeatureCache
 from flashmap_ext.train.presets import PRESETS, preset
+from flashmap_ext.train.soft_labels import LOSSES, check_cache
 from flashmap_ext.train.trainer import TrainConfig, train
 
 EPILOG = """Typical pipeline (defaults are the paper's Qwen3-8B settings; --preset cpu-tiny trains in minutes on a CPU):
@@ -62,6 +63,12 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "inference (recorded in its config.json); 'none': all of them; default: --max-length, "
                         "the longest context training shows it")
     g.add_argument("--save-every", type=int, help="steps between checkpoints")
+    g.add_argument("--loss", choices=LOSSES, default="ce",
+                   help="ce: cross-entropy of the data tokens; kl: forward KL to the target's top-k distribution "
+                        "stored by `flashmap features --topk K` (+ --kl-ce-weight x CE on its argmax; the flow "
+                        "model uses it at its tau = 0 blocks). Default ce")
+    g.add_argument("--kl-ce-weight", type=float, default=0.0, metavar="W",
+                   help="--loss kl: weight of the CE on the target's argmax added to the KL (default 0)")
     g.add_argument("--seed", type=seed_arg, default=0)
     r = p.add_argument_group("runtime")
     r.add_argument("--parallel", choices=parallel.MODES, default="none",
@@ -120,6 +127,14 @@ def seed_arg(text: str) -> int:
     return value
 
 
+def loss_options(args) -> dict:
+    """{"loss", "ce_weight"} of --loss / --kl-ce-weight for the stage losses. ValueError for a weight < 0."""
+    weight = getattr(args, "kl_ce_weight", 0.0)
+    if not weight >= 0:
+        raise ValueError(f"--kl-ce-weight: expected a weight >= 0, got {weight}")
+    return {"loss": getattr(args, "loss", "ce"), "ce_weight": weight}
+
+
 def device_of(args) -> str:
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -132,12 +147,14 @@ def load_target(args):
     return target_lib.load_target(args.target, dtype, f"cuda:{world_local}" if device == "cuda" else "cpu")
 
 
+CROPPED = ("input_ids", "loss_mask", "taps", "topk_logp", "topk_ids")  # per-position item fields
+
+
 def make_collate(num_anchors: int, k: int, max_length: int | None, taps_dtype: torch.dtype) -> Callable:
     """collate_fn(items, generator) for the trainer: crop to max_length, draw anchors, K = k labels."""
     def collate_fn(items, generator):
         if max_length:
-            items = [{**it, **{key: it[key][:max_length] for key in ("input_ids", "loss_mask", "taps")}}
-                     for it in items]
+            items = [{**it, **{key: it[key][:max_length] for key in CROPPED if key in it}} for it in items]
         return collate(items, num_anchors, k, generator, taps_dtype)
     return collate_fn
 
@@ -162,6 +179,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     drafter was built for (needed by --init-from, which loads the warm-start checkpoint against it)."""
     device = device_of(args)
     cache = open_features(args.features, drafter.target_layer_ids)
+    check_cache(cache.meta, args.features, getattr(args, "loss", "ce"))
     drafter = drafter.float()
     optional = {k: run[k] for k in ("betas", "grad_clip", "weight_decay") if k in run}
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],

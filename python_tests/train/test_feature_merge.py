@@ -66,3 +66,22 @@ def test_cli_error_names_the_problem(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "o"), str(tmp_path / "missing")])
     assert e.value.code == 2 and "no manifest.json" in capsys.readouterr().err
+
+
+def test_merge_carries_soft_labels_and_refuses_mixing_them(tmp_path):
+    meta = {**META, "topk": 2}
+    for name, seed in (("a", 5), ("b", 6)):
+        g = torch.Generator().manual_seed(seed)
+        with FeatureWriter(str(tmp_path / name), meta, shard_tokens=10) as w:
+            for i in range(3):
+                logp, ids = torch.randn(6, 3, generator=g), torch.randint(0, 50, (6, 2), generator=g)
+                w.add(f"{name}{i}", list(range(6)), [1] * 6, torch.randn(6, 8, generator=g), (logp, ids))
+    merge_feature_caches(str(tmp_path / "out"), [str(tmp_path / "a"), str(tmp_path / "b")])
+    merged = FeatureCache(str(tmp_path / "out"))
+    for src in ("a", "b"):
+        for item in FeatureCache(str(tmp_path / src)):
+            other = merged[merged.ids.index(item["id"])]
+            assert torch.equal(other["topk_ids"], item["topk_ids"]) and torch.equal(other["topk_logp"], item["topk_logp"])
+    write_cache(tmp_path / "plain", ["p0"], seed=7)
+    with pytest.raises(ValueError, match="topk"):
+        merge_feature_caches(str(tmp_path / "out2"), [str(tmp_path / "a"), str(tmp_path / "plain")])

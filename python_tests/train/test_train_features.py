@@ -113,3 +113,43 @@ def test_writer_memory_flat_in_number_of_sequences(tmp_path):
     assert growth < 8 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 88 sequences of 0.5 MiB"
     assert len(FeatureCache(str(tmp_path))) == 96
     assert json.loads((tmp_path / "manifest.json").read_text())["dtype"] == "fp16"
+
+
+def ref_topk(model, ids, k):
+    """float64 reference: the top-k log-probabilities of the HF model's own logits, ids, and the rest's log-mass."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    top, top_ids = logp.topk(k, -1)
+    rest = torch.log(1 - top.exp().sum(-1))
+    return top, top_ids, rest
+
+
+def test_soft_labels_round_trip_against_the_hf_logits(tiny_target, tmp_path):
+    data = samples(6)
+    cache_features(tiny_target, data, str(tmp_path), LAYERS, dtype="bf16", shard_tokens=20, progress=False, topk=5)
+    cache = FeatureCache(str(tmp_path))
+    assert cache.topk == 5 and cache.meta["topk"] == 5 and len({e["shard"] for e in cache.entries}) >= 2
+    for s, item in zip(data, cache):
+        top, top_ids, rest = ref_topk(tiny_target, s.input_ids, 5)
+        assert item["topk_logp"].dtype == torch.float16 and item["topk_logp"].shape == (len(s.input_ids), 6)
+        assert torch.equal(item["topk_ids"], top_ids)  # ids over the full vocabulary, largest first
+        torch.testing.assert_close(item["topk_logp"][:, :5].double(), top, atol=4e-3, rtol=1e-3)  # fp16
+        torch.testing.assert_close(item["topk_logp"][:, 5].double(), rest, atol=4e-3, rtol=1e-3)
+        assert (item["topk_logp"].double().exp().sum(-1) - 1).abs().max() < 5e-3  # the rest's mass is kept
+
+
+def test_soft_label_cache_resumes_and_refuses_another_k(tiny_target, tmp_path):
+    data = samples(7)
+    straight, resumed = tmp_path / "a", tmp_path / "b"
+    cache_features(tiny_target, data, str(straight), LAYERS, shard_tokens=25, progress=False, topk=3)
+    cache_features(tiny_target, data[:4], str(resumed), LAYERS, shard_tokens=25, progress=False, topk=3)
+    last = max(int(p.name[9:14]) for p in resumed.glob("topk_ids-*.bin"))
+    with open(resumed / f"topk_ids-{last:05d}.bin", "ab") as f:  # a killed write past the last index line
+        f.write(b"\x02" * 100)
+    assert cache_features(tiny_target, data, str(resumed), LAYERS, shard_tokens=25, progress=False, topk=3) == 3
+    for x, y in zip(FeatureCache(str(straight)), FeatureCache(str(resumed))):
+        assert torch.equal(x["topk_ids"], y["topk_ids"]) and torch.equal(x["topk_logp"], y["topk_logp"])
+    with pytest.raises(ValueError, match="topk=3, asked for 4"):
+        cache_features(tiny_target, data, str(resumed), LAYERS, progress=False, topk=4)
+    with pytest.raises(ValueError, match="topk=3, asked for None"):
+        cache_features(tiny_target, data, str(resumed), LAYERS, progress=False)
