@@ -19,8 +19,11 @@
 #   flow-tapnorm-auto-tau1 the three changes together
 #   flow-full-state flow on FLM's clock of the V-dim state (--clock full-state; before issue 23 the default)
 #   flow-loglik     flow + --state-loglik (the state's exact log-likelihood added to the logits)
+#   dflash-kl, flow-kl     --loss kl: forward KL to the target's top-TOPK distribution (issue 25)
+#   dflash-klce, flow-klce --loss kl --kl-ce-weight 0.5 (plus half the CE of the target's argmax)
+#   ARM-sN                 any arm with --seed N (data order, anchors, noise; a seed repeat)
 # Knobs (env): RUN, N_CONV (first N_CONV train conversations by id), STEPS, THREADS, MAX_LEN, VOCAB, CORPUS,
-#   HELDOUT_PER_DOMAIN, ARMS.
+#   HELDOUT_PER_DOMAIN, ARMS, TOPK (soft labels stored by the features stage; 0: none), BATCH, ANCHORS.
 set -euo pipefail
 
 main() {
@@ -35,6 +38,9 @@ main() {
     HELDOUT_PER_DOMAIN=${HELDOUT_PER_DOMAIN:-8}
     CORPUS=${CORPUS:-data/qwen2.5-coder-0.5b-instruct/train}
     ARMS=${ARMS:-flow dflash flow-auto-tau1 flow-tapnorm flow-k5}
+    TOPK=${TOPK:-32}
+    BATCH=${BATCH:-2}
+    ANCHORS=${ANCHORS:-32}
     export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS TOKENIZERS_PARALLELISM=false
     PY=${PY:-.venv/bin/python}
     FM=("$PY" -m flashmap_ext.cli)
@@ -42,7 +48,7 @@ main() {
     TARGET=$($PY -c 'from flashmap_ext.assets.models import qwen05_dir; print(qwen05_dir())')
     DTYPE=${DTYPE:-$($PY -c 'from flashmap_ext.bench.machine import auto_dtype; print(auto_dtype())')}
     COMMON=(--target "$TARGET" --features "$RUN/features" --preset cpu-small --target-dtype "$DTYPE"
-            --batch-size 2 --accum 1 --num-anchors 32 --max-length "$MAX_LEN" --save-every 100 --log-every 10
+            --batch-size "$BATCH" --accum 1 --num-anchors "$ANCHORS" --max-length "$MAX_LEN" --save-every 100 --log-every 10
             --no-progress --device cpu --seed 0 --steps "$STEPS" --lr 1e-3 --warmup 0.05
             --draft-vocab "$RUN/draft_vocab.json" --tap-layers "$FM_TAPS")
     local todo=("$@")
@@ -80,7 +86,7 @@ EOF
 stage_features() {
     [ -e "$RUN/features.done" ] && { echo "skip: features done"; return; }
     "${FM[@]}" features --target "$TARGET" --data "$RUN/subset.jsonl" --out "$RUN/features" --max-length "$MAX_LEN" \
-        --dtype bf16 --target-dtype "$DTYPE" --device cpu --no-progress --layers "$FM_TAPS"
+        --dtype bf16 --target-dtype "$DTYPE" --device cpu --no-progress --layers "$FM_TAPS" --topk "$TOPK"
     touch "$RUN/features.done"
 }
 
@@ -127,6 +133,10 @@ train_dflash() {
 }
 
 arm_flags() {
+    if [[ $1 =~ ^(.+)-s([0-9]+)$ ]]; then  # a seed repeat of another arm
+        echo "$(arm_flags "${BASH_REMATCH[1]}") --seed ${BASH_REMATCH[2]}"
+        return
+    fi
     case $1 in
         flow) echo "flow" ;;
         dflash) echo "dflash" ;;
@@ -140,6 +150,10 @@ arm_flags() {
         flow-tapnorm-auto-tau1) echo "flow --tap-input-norm --slot-decay auto --tau0-frac 1.0" ;;
         flow-full-state) echo "flow --clock full-state" ;;
         flow-loglik) echo "flow --state-loglik" ;;
+        dflash-kl) echo "dflash --loss kl" ;;
+        dflash-klce) echo "dflash --loss kl --kl-ce-weight 0.5" ;;
+        flow-kl) echo "flow --loss kl" ;;
+        flow-klce) echo "flow --loss kl --kl-ce-weight 0.5" ;;
         *) echo "unknown arm: $1" >&2; return 1 ;;
     esac
 }
