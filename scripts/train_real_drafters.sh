@@ -11,7 +11,8 @@
 #   STEPS (flow = dflash steps), DISTILL_STEPS (default 2/5 of STEPS), DISTILL_LR, CLOCK, THREADS, RUN (work dir), DTYPE (target dtype; default
 #   bench.machine.auto_dtype: bf16 only with avx512_bf16/amx or a GPU, else fp32, 4-8x faster on AVX2),
 #   CORPUS (the committed self-answered corpus that regen grows and features read; data/README.md),
-#   FEATURE_JOBS (features: this many target processes at once, one per core, one per corpus part; merged).
+#   FEATURE_JOBS (features: this many target processes at once, one per core, one per corpus part; merged),
+#   TOPK (features: also store the target's top-TOPK log-probs per position, the soft labels of --loss kl; 0: none).
 #
 # Recipe (fair comparison: same data, same steps, same batch/anchors, ~same trainable parameters):
 #   FlashMap: DiT 2 layers, width 384, 6 heads, cond 256, K = 8 slots, draft vocabulary 8,192 rows
@@ -131,7 +132,7 @@ stage_features() {
 features_of() {  # corpus part or folder -> cache dir
     mkdir -p "$(dirname "$2")"
     $FM features --target "$TARGET" --data "$1" --out "$2" --max-length "$MAX_LEN" --dtype bf16 \
-        --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)"
+        --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)" --topk "${TOPK:-0}"
 }
 
 # one cache serves every drafter: the union of the FlashMap/DFlash and EAGLE-3 taps
