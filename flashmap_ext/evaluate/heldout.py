@@ -15,7 +15,7 @@ the dtype only: no timing, the same figure on every machine.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -79,13 +79,28 @@ def slot_hits(drafter, seqs: Sequence[HeldoutSequence], k: int, *, batch_size: i
     """
     if not 1 <= k <= drafter.num_draft_tokens:
         raise ValueError(f"k must be in [1, {drafter.num_draft_tokens}] (the drafter's num_draft_tokens), got {k}")
-    out: list[torch.Tensor] = []
+    scored = [{a: j for j, a in enumerate(anchors(s, k, stride))} for s in seqs]
+    hits = [torch.zeros(len(a), k, dtype=torch.bool) for a in scored]
+    for i, a, draft in iter_drafts(drafter, seqs, k, batch_size=batch_size, stride=stride, seed=seed, device=device,
+                                   dtype=dtype):
+        hits[i][scored[i][a]] = draft == torch.tensor(seqs[i].input_ids[a + 1:a + 1 + k])
+    return hits
+
+
+@torch.no_grad()
+def iter_drafts(drafter, seqs: Sequence[HeldoutSequence], k: int, *, batch_size: int = 8, stride: int = 1,
+                seed: int = 0, device=None, dtype=None) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(sequence index, anchor a, draft [k] int64 on the CPU) for every scored anchor of every sequence, the
+    drafter seeing what `speculate.generate` gives it at anchor a (module docstring); `seed` is the request seed
+    of the drafter's noise. Raises ValueError when k < 1 or k > drafter.num_draft_tokens."""
+    if not 1 <= k <= drafter.num_draft_tokens:
+        raise ValueError(f"k must be in [1, {drafter.num_draft_tokens}] (the drafter's num_draft_tokens), got {k}")
     for start in range(0, len(seqs), batch_size):
-        out += _batch_hits(drafter, seqs[start:start + batch_size], k, stride, seed, device, dtype)
-    return out
+        for i, a, draft in _batch_drafts(drafter, seqs[start:start + batch_size], k, stride, seed, device, dtype):
+            yield start + i, a, draft
 
 
-def _batch_hits(drafter, seqs, k, stride, seed, device, dtype):
+def _batch_drafts(drafter, seqs, k, stride, seed, device, dtype):
     layer_ids = list(drafter.target_layer_ids)
     n, width = len(seqs), max(len(s.input_ids) for s in seqs)
     tokens = torch.zeros(n, width, dtype=torch.long)
@@ -99,11 +114,9 @@ def _batch_hits(drafter, seqs, k, stride, seed, device, dtype):
     tokens = tokens.to(device) if device is not None else tokens
     taps = taps.to(device) if taps is not None and device is not None else taps
     scored = [set(anchors(s, k, stride)) for s in seqs]
-    hits = [torch.zeros(len(a), k, dtype=torch.bool) for a in scored]
-    row_index = [{a: j for j, a in enumerate(sorted(a))} for a in scored]
     first = min((min(a) for a in scored if a), default=None)
     if first is None:
-        return hits
+        return
     memory = drafter.new_memory(n, tokens.device)
     drafter.extend_memory(memory, tokens[:, :first], None if taps is None else taps[:, :first])
     seeds = torch.full((n,), seed, dtype=torch.long, device=tokens.device)
@@ -115,10 +128,9 @@ def _batch_hits(drafter, seqs, k, stride, seed, device, dtype):
         if not rows:
             continue
         pos = torch.full((n,), a, dtype=torch.long, device=tokens.device)
-        drafts = drafter.draft(memory, tokens[:, a], num_tokens=k, seed=seeds, position=pos)
+        drafts = drafter.draft(memory, tokens[:, a], num_tokens=k, seed=seeds, position=pos).cpu()
         for i in rows:
-            hits[i][row_index[i][a]] = (drafts[i, :k] == tokens[i, a + 1:a + 1 + k]).cpu()
-    return hits
+            yield i, a, drafts[i, :k]
 
 
 def summarize(hits: Sequence[torch.Tensor], k: int) -> dict:

@@ -1,6 +1,7 @@
 """A synthetic language with known multi-token structure and an exact next-token distribution (DESIGN.md §13).
 
-A sequence is BOS, a header of `header` tokens drawn uniformly from the header pool, a body, then EOS. The body
+A sequence is BOS, a header of `header` distinct tokens drawn uniformly from the header pool (so each header
+token names its successor: copying is an induction-head lookup), a body, then EOS. The body
 is a string of segments, each chosen in the *free* state (after the header or after a finished segment):
 
   phrase   marker P_j, then one of set j's alternatives (equal-length token lists, fixed probabilities): the
@@ -34,9 +35,9 @@ class LanguageSpec:
     phrase tokens, in that order (`vocab_size` ids in all)."""
     seed: int = 0
     header: int = 8          # header tokens per sequence (the copy source)
-    body: int = 96           # body tokens before the free state emits EOS
+    body: int = 48           # body tokens before the free state emits EOS
     header_pool: int = 32
-    num_sets: int = 16       # phrase sets; kinds cycle through KINDS
+    num_sets: int = 8        # phrase sets; kinds cycle through KINDS
     max_phrase: int = 8      # phrase lengths cycle through 2..max_phrase
     max_copy: int = 8        # copy lengths 2..max_copy (≤ header)
     filler: int = 64
@@ -46,7 +47,7 @@ class LanguageSpec:
     filler_a: float = 0.85
 
     def __post_init__(self):
-        checks = {"header": self.header >= 2, "body": self.body >= 1, "header_pool": self.header_pool >= 2,
+        checks = {"header": self.header >= 2, "body": self.body >= 1, "header_pool": self.header_pool >= self.header,
                   "num_sets": self.num_sets >= 1, "max_phrase": 2 <= self.max_phrase <= self.phrase_pool // 3,
                   "max_copy": 2 <= self.max_copy <= self.header, "filler": self.filler >= 2,
                   "p_phrase": 0 <= self.p_phrase and 0 <= self.p_copy and self.p_phrase + self.p_copy < 1,
@@ -183,8 +184,8 @@ class Parser:
 
 
 def sample_sequence(lang: Language, rng: random.Random) -> list[int]:
-    """One sequence (BOS … EOS) drawn from the language with `rng`: header uniform, then `next_probs` step by step."""
-    header = [rng.choice(list(lang.header_ids)) for _ in range(lang.spec.header)]
+    """One sequence (BOS … EOS) drawn from the language with `rng`: header uniform without repetition, then `next_probs` step by step."""
+    header = rng.sample(list(lang.header_ids), lang.spec.header)
     tokens = [BOS] + header
     parser = Parser(lang, tokens)
     state = parser.states[-1]

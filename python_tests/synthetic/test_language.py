@@ -37,8 +37,9 @@ def story(lang: Language) -> dict[tuple, float]:
         body(header, toks + [a], p * rest * s.filler_a)
         body(header, toks + [b], p * rest * (1 - s.filler_a))
 
-    for header in itertools.product(lang.header_ids, repeat=s.header):
-        body(list(header), [], 1.0 / s.header_pool ** s.header)
+    headers = list(itertools.permutations(lang.header_ids, s.header))  # distinct tokens, uniform
+    for header in headers:
+        body(list(header), [], 1.0 / len(headers))
     return dict(out)
 
 
