@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from flashmap_ext.synthetic.language import Language, LanguageSpec, Parser, sample_corpus
-from flashmap_ext.synthetic.target import (TargetRecipe, build_model, conversation, load_spec, make_tokenizer,
-                                           model_entropy, true_entropy)
+from flashmap_ext.synthetic.target import (
+    TargetRecipe,
+    build_model,
+    conversation,
+    load_spec,
+    make_tokenizer,
+    model_entropy,
+    true_entropy,
+)
 from flashmap_ext.target.load import load_target
 from flashmap_ext.train.data import render_conversation
 
