@@ -1,6 +1,7 @@
 // CUDA glue of the DiT drafter ops: validate (dit_args.h, shared with CPU, plus the layout the kernels
 // need), build the params struct, allocate outputs and workspace through the caching allocator (CUDA-graph
-// safe), launch on the current stream. No math here: kernels live in norm.cu, linear.cu, attention.cu.
+// safe; the shared fixup counters of captured launches excepted: fixup_counters.h), launch on the current
+// stream. No math here: kernels live in norm.cu, linear.cu, attention.cu.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -9,15 +10,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "dit/dit_args.h"
 #include "dit/dit_ops.h"
 #include "dit/dit_params.h"
+#include "dit/fixup_counters.h"
 
 namespace flashmap::dit {
 namespace {
@@ -48,31 +48,31 @@ const bf16_bits* bf(const std::optional<at::Tensor>& t) { return t ? bf(*t) : nu
 bf16_bits* bf_mut(const at::Tensor& t) { return static_cast<bf16_bits*>(t.data_ptr()); }
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
-// Fixup counters (split-K linear, lm_head argmax, split attention): int32, zero on entry, and every kernel
-// resets each counter it used before it exits (linear_kernel.cuh arrive_last, attention_kernel.cuh). So a
-// CUDA-graph capture takes them from one zeroed buffer per device, zeroed once outside any capture, instead
-// of adding a memset node per op (~40 in the captured draft step). Eager calls keep a fresh zeroed tensor
-// (safe on any stream) and grow the buffer so that the capture after a warm-up finds it large enough; a
-// capture that finds it too small falls back to a fresh zeroed tensor (a memset node, as before). Graphs
-// that share the buffer must not replay concurrently on two streams of one device. Old buffers are kept:
-// graphs captured earlier hold their addresses.
-at::Tensor fixup_counters(const at::Tensor& like, size_t n) {
-  const auto i32 = like.options().dtype(at::kInt);
-  if (n == 0) return at::empty({0}, i32);
-  constexpr int kMaxDevices = 64;
-  static std::mutex mu;
-  static auto* pools = new std::vector<at::Tensor>[kMaxDevices];  // never freed: captured graphs use them
-  const int device = like.get_device();
+// Fixup counters (split-K linear, lm_head argmax, split attention): int32, zero on entry; every kernel
+// resets each counter it used before it exits (linear_kernel.cuh arrive_last, attention_kernel.cuh). A
+// captured launch takes them from its device's shared buffer (fixup_counters.h: cudaMalloc, outside any
+// graph pool) instead of adding a memset node (~40 in the captured draft step); an uncaptured one takes a
+// fresh zeroed tensor (safe on any stream) and grows the buffer, so that the capture after a warm-up finds
+// it large enough. When the pool has no buffer for the capture, a fresh zeroed tensor (a memset node).
+struct Counters {
+  at::Tensor fresh;  // owns `ptr` when it is not the shared buffer
+  int* ptr = nullptr;
+};
+
+Counters fixup_counters(const at::Tensor& like, size_t n) {
+  if (n == 0) return {};
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
-  if (device < 0 || device >= kMaxDevices) return at::zeros({int64_t(n)}, i32);
-  const std::lock_guard<std::mutex> lock(mu);
-  std::vector<at::Tensor>& pool = pools[device];
-  const size_t have = pool.empty() ? 0 : size_t(pool.back().numel());
-  if (capture != cudaStreamCaptureStatusNone)
-    return have >= n ? pool.back().narrow(0, 0, int64_t(n)) : at::zeros({int64_t(n)}, i32);
-  if (have < n) pool.push_back(at::zeros({int64_t(std::max(n, 2 * have))}, i32));
-  return at::zeros({int64_t(n)}, i32);
+  unsigned long long capture_id = 0;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream(), &capture, &capture_id));
+  if (CounterPool* pool = counter_pool(like.get_device())) {
+    if (capture == cudaStreamCaptureStatusNone) {
+      (void)pool->reserve(n, stream());  // a failed growth only costs later captures their memset node
+    } else if (capture == cudaStreamCaptureStatusActive) {
+      if (int* shared = pool->for_capture(capture_id, stream(), n)) return {at::Tensor(), shared};
+    }
+  }
+  at::Tensor fresh = at::zeros({int64_t(n)}, like.options().dtype(at::kInt));
+  return {fresh, fresh.data_ptr<int>()};
 }
 
 at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
@@ -92,7 +92,8 @@ at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& shift, const at::Te
 
 // Shared by dit_linear and dit_lm_head: validation of the GEMM operands and the workspace of a plan.
 struct LinearWorkspace {
-  at::Tensor partials, argmax_val, argmax_idx, counters;
+  at::Tensor partials, argmax_val, argmax_idx;
+  Counters counters;
 };
 
 // Counters only when a fixup uses them (split-K or the argmax), from fixup_counters.
@@ -135,7 +136,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   p.gate_stride = gate ? gate->stride(0) : 0, p.residual_stride = residual ? residual->stride(0) : 0;
   p.M = M, p.N = N, p.K = K, p.rows_per_gate = gate ? int(M / gate->size(0)) : 1;
   p.act = static_cast<Activation>(act);
-  p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.data_ptr<int>();
+  p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.ptr;
   linear_launch(p, plan, stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -164,7 +165,7 @@ std::tuple<at::Tensor, at::Tensor> lm_head_cuda(const at::Tensor& x, const at::T
   p.argmax = true, p.valid_n = int(valid), p.softcap = float(softcap);
   p.tokens = tokens.data_ptr<int64_t>(), p.logits = return_logits ? logits.data_ptr<float>() : nullptr;
   p.argmax_val = ws.argmax_val.data_ptr<float>(), p.argmax_idx = ws.argmax_idx.data_ptr<int>();
-  p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.data_ptr<int>();
+  p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.ptr;
   linear_launch(p, plan, stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {tokens, logits};
@@ -204,7 +205,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   auto f32 = q.options().dtype(at::kFloat);
   const at::Tensor partial_o = at::empty({int64_t(plan.partial_o_floats)}, f32);
   const at::Tensor partial_lse = at::empty({int64_t(plan.partial_lse_floats)}, f32);
-  const at::Tensor counters = fixup_counters(q, plan.splits > 1 ? plan.counters : 0);  // only for the split merge
+  const Counters counters = fixup_counters(q, plan.splits > 1 ? plan.counters : 0);  // only for the split merge
   const at::Tensor lens = kv_len ? kv_len->contiguous() : at::Tensor();
   AttentionParams p{};
   p.q = bf(q), p.k = bf(k), p.v = bf(v), p.kv_len = kv_len ? lens.data_ptr<int>() : nullptr, p.out = bf_mut(out);
@@ -214,7 +215,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   p.B = B, p.Sq = Sq, p.Skv = Skv, p.Hq = Hq, p.Hkv = int(k.size(2)), p.D = D;
   p.scale = float(scale > 0 ? scale : 1.0 / std::sqrt(double(D)));
   p.partial_o = partial_o.data_ptr<float>(), p.partial_lse = partial_lse.data_ptr<float>();
-  p.counters = counters.data_ptr<int>();
+  p.counters = counters.ptr;
   attention_launch(p, plan, stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
