@@ -2,13 +2,12 @@
 CUDA needed): the linear split-K plan (csrc/dit/dit_plan.h) and verify's shared-memory opt-in
 (csrc/verify/verify_smem.h). Expected values are worked out here from the documented hardware rules, not
 from the code under test."""
-import pathlib
-import shutil
 import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from cxx_helpers import build_driver
+
 DRIVER = r"""
 #include <cstdio>
 #include <cstdlib>
@@ -35,13 +34,7 @@ OPTIN_SMEM = 227 * 1024       # Hopper's per-block maximum after the opt-in
 
 @pytest.fixture(scope="module")
 def host_math(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    src = tmp_path_factory.mktemp("host_math") / "host_math.cpp"
-    src.write_text(DRIVER)
-    exe = src.with_suffix("")
-    subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(ROOT / "csrc"), str(src), "-o", str(exe)], check=True)
+    exe = build_driver(tmp_path_factory, "host_math", DRIVER)
 
     def run(*args):
         done = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)

@@ -7,10 +7,11 @@ max(n, 2 x size); one stream per capture), not the code under test."""
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 
 import pytest
+
+from cxx_helpers import build_driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Commands, one per argument: `reserve:N:S` (an uncaptured call needing N counters on stream S),
@@ -100,15 +101,8 @@ def cuda_include() -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    src = tmp_path_factory.mktemp("fixup_counters") / "driver.cpp"
-    src.write_text(DRIVER)
-    exe = src.with_suffix("")
     # No torch include path and no torch library: the header cannot use torch's allocator.
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-I", str(ROOT / "csrc"), "-I", str(cuda_include()),
-                    str(src), "-o", str(exe)], check=True)
+    exe = build_driver(tmp_path_factory, "fixup_counters", DRIVER, "-Wall", "-I", str(cuda_include()))
 
     def run(*commands, enabled=True, env=None):
         done = subprocess.run([str(exe), "on" if enabled else "off", *commands], capture_output=True, text=True,
