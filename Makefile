@@ -14,7 +14,7 @@ CUTLASS_VERSION := 4.2.0.0
 LOG     := build/make.log
 STEP    := scripts/step.sh $(LOG)
 
-.PHONY: demo test test-numerics lint test-real test-vllm build bench checkpoints cuda-check cutlass cutlass-min clean
+.PHONY: demo test test-numerics lint test-real test-vllm build bench checkpoints cuda-check cutlass cutlass-min device-preflight clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(STEP) "creating $(VENV)" $(PY) -m venv $(VENV)
@@ -108,6 +108,11 @@ cuda-check: $(CUTLASS_MIN) $(STAMP)
 	  -DCMAKE_CUDA_COMPILER=$$CUDA_HOME/bin/nvcc -DCUTLASS_DIR=$(CURDIR)/third_party/cutlass-min >/dev/null \
 	  && $(BIN)/cmake --build build-cmake -j 2
 	scripts/check_cuda_glue.sh $(BIN)/python
+
+# Run here before the one GPU call (README Status): one line; fails when third_party/cutlass-min is missing,
+# the payload is over 56 MiB, a step's files are absent or the step shares do not sum to the budget.
+device-preflight:
+	@bash benches/device_check.sh --preflight
 
 clean:
 	rm -rf build build-cmake flashmap_ext/*.so

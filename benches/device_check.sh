@@ -1,18 +1,41 @@
 #!/usr/bin/env bash
-# One-shot GPU validation (issue 11; DESIGN.md §10): build the CUDA extension, run the CUDA tests, then the
-# benchmarks, ordered by value, in at most BUDGET_S (default 520) seconds on one H200.
+# One-shot GPU validation (issues 11 and 27; DESIGN.md §10): build the CUDA extension, run the CUDA tests,
+# then the benchmarks, in priority order, in at most BUDGET_S (default 520) seconds on one H200.
 #
 #   From a fresh clone, here (no GPU needed): `make cutlass-min` (the trimmed, git-ignored CUTLASS headers;
-#   `make cuda-check` builds them too), `make checkpoints` is NOT needed (no step reads the committed
-#   weights, which stay out of what travels). Then the one command, on the device machine:
+#   `make cuda-check` builds them too), then `make device-preflight` (this script with --preflight: one
+#   line, failing when third_party/cutlass-min is missing, the payload is over 56 MiB or a step's files are
+#   absent). `make checkpoints` is NOT needed (no step reads the committed weights, which stay out of what
+#   travels). Then the one command, on the device machine:
 #     run(command="bash benches/device_check.sh", carry=["third_party/cutlass-min"], timeout_s=600)
-#   What travels: tracked files + third_party/cutlass-min, checked <= 56 MiB by
-#   python_tests/bench/test_device_payload.py (the device tool's limit is 64 MiB).
+#   What travels: the files git does not ignore + third_party/cutlass-min (scripts/device_payload.py).
 #   Anywhere with a GPU: OUT=/tmp/dc bash benches/device_check.sh
 #   A CPU dry run of the script itself (build CPU-only, CUDA tests skip, benchmarks run their CPU smoke
 #   shapes): FLASHMAP_CUDA=0 OUT=/tmp/dc bash benches/device_check.sh
 #
-# Steps, in this order (a step's limit is cut to what is left of the budget; a failed build skips the rest):
+# The schedule. Each step has a share of the budget (SHARE below, seconds, in priority order; the shares
+# sum to BUDGET_S - 10, the 10 s left for the last summary) and must end by START + its share + the shares
+# before it: time an early step leaves unused goes to the later ones, and a step that runs long is cut at
+# its end, or eats into the later ones (the lowest priority last, never the other way). Every step is told
+# what is left: its limit and the seconds to the end of the budget in its log header, its result line and
+# its environment (DEVICE_CHECK_STEP_S, DEVICE_CHECK_LEFT_S). The shares are desk estimates (no GPU run yet):
+#   env (20)          nvidia-smi, nvcc --version, a torch import (5 s of it is the kill margin)
+#   build (115)       9 translation units. CPU time of each, compiled alone with the build's flags on one
+#                     core of the dev Xeon (2026-12-02; /usr/bin/time user+sys, the core shared, so wall
+#                     times were ~6x longer): linear.cu 48.6 s, dit_cpu.cpp 14.3, dit_cuda.cpp 13.1,
+#                     verify_cuda.cpp 12.3, verify_cpu.cpp 11.9, attention.cu 9.6, verify_kernel.cu 9.1,
+#                     registration.cpp 7.8, norm.cu 3.8: 131 s in a row. With ninja (the image has it; else
+#                     the python's `ninja` module, else .whl/ninja-*.whl when carried) they compile in
+#                     parallel: ~50 s + link + setup.py's start; the share is ~twice that, for a slower host.
+#                     Without ninja the build is serial: its share becomes SERIAL_BUILD_S (300, 131 s x 2
+#                     + link) and the last steps shrink.
+#   verify_tests (60), dit_op_tests (55), dit_step_tests (55): torch import and CUDA context ~10 s each,
+#                     the rest the tests (ms each on a GPU; the fp64 oracles on the CPU dominate)
+#   bench_verify (30), bench_draft_<variant> (25 each): pytest-benchmark, 30 rounds of µs-ms calls
+#   bench_round (55)  an 8B-shaped random target built on the GPU (seconds), 4 variants x 25 rounds
+#   dit_compile_tests (45): inductor, in a fresh process (the first DiT op call happens inside the compile)
+#
+# Steps, in this order (a failed build skips the rest):
 #   env, build            toolkit and GPU facts; setup.py build_ext --inplace (CUDA_HOME from
 #                         scripts/cuda_home.sh: a wrapper nvcc on PATH makes torch guess wrong)
 #   verify_tests          python_tests/verify/test_verify_*.py -k cuda   (CUDA_LAUNCH_BLOCKING=1: an illegal address
@@ -23,7 +46,7 @@
 #                         torch.compile variant): pytest-benchmark writes its JSON only when its process ends
 #   bench_round           one decoding round end to end (Qwen3-8B shape), JSON rewritten per variant
 #   dit_compile_tests     the torch.compile tests (inductor compile time), last
-# Every pytest step runs under `timeout -k` (a hung CUDA context cannot outlive its limit).
+# Every step runs under `timeout -k` (a hung CUDA context cannot outlive its limit).
 #
 # Outputs in $OUT (default ./device_check_out); the device tool returns at most 8 files, so there are three:
 #   summary.json          rewritten after EVERY step: per step rc and seconds; per benchmark median µs and
@@ -33,13 +56,59 @@
 # At the end a one-screen summary is printed (the device tool returns the output's last 12,000 characters).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-$PWD/device_check_out}
-WORK=$(mktemp -d)  # per-step artefacts, packed into $OUT/artefacts.tar.gz
-mkdir -p "$OUT"
-LOG="$OUT/device_check.log"
-: > "$LOG"
 PY=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-520}
+PREFLIGHT=0
+[ "${1:-}" = --preflight ] && PREFLIGHT=1
+
+declare -A SHARE=([env]=20 [build]=115 [verify_tests]=60 [dit_op_tests]=55 [dit_step_tests]=55
+  [bench_verify]=30 [bench_draft_fused]=25 [bench_draft_fused-eager]=25 [bench_draft_eager]=25
+  [bench_round]=55 [dit_compile_tests]=45)
+SERIAL_BUILD_S=300  # the build's share without ninja (the estimate above)
+SCHEDULED=0         # sum of the shares of the steps so far
+PROBLEMS=()         # --preflight: what would fail there
+
+# ---------------------------------------------------------------------------------------------- PREFLIGHT
+preflight_start() {
+  local sum=0 s
+  for s in "${SHARE[@]}"; do sum=$((sum + s)); done
+  [ "$sum" -eq $((BUDGET_S - 10)) ] || PROBLEMS+=("the step shares sum to ${sum}s, not BUDGET_S - 10 = $((BUDGET_S - 10))s")
+  [ -d third_party/cutlass-min/include/cute ] || PROBLEMS+=("third_party/cutlass-min is missing: run \`make cutlass-min\`")
+  local out
+  out=$("$PY" scripts/device_payload.py 2>&1) || PROBLEMS+=("${out#device payload: }")
+  PAYLOAD=${out#device payload: }
+}
+
+preflight_step() {  # the files a step names must be in the checkout
+  local a
+  for a in "$@"; do
+    case $a in
+      -*|*' '*) ;;
+      *.py|*.sh) [ -f "$a" ] || PROBLEMS+=("step $STEP_NAME: $a is missing") ;;
+    esac
+  done
+}
+
+preflight_end() {
+  if [ "${#PROBLEMS[@]}" -gt 0 ]; then
+    local joined
+    joined=$(printf '; %s' "${PROBLEMS[@]}")
+    echo "device preflight FAILED: ${joined#; }"
+    exit 1
+  fi
+  echo "device preflight ok: ${#SHARE[@]} steps, shares sum to $((BUDGET_S - 10))s, their files present; payload ${PAYLOAD##*= }"
+  exit 0
+}
+
+if [ "$PREFLIGHT" = 1 ]; then
+  preflight_start
+else
+  OUT=${OUT:-$PWD/device_check_out}
+  WORK=$(mktemp -d)  # per-step artefacts, packed into $OUT/artefacts.tar.gz
+  mkdir -p "$OUT"
+  LOG="$OUT/device_check.log"
+  : > "$LOG"
+fi
 START=$(date +%s)
 DEADLINE=$(( START + BUDGET_S - 10 ))  # 10 s for the last summary
 KILL_AFTER=5                          # `timeout -k`: SIGKILL this long after SIGTERM
@@ -48,13 +117,29 @@ SKIP_REST=""
 
 export PYTHONUNBUFFERED=1 FLASHMAP_CUDA=${FLASHMAP_CUDA:-1} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if [ "$FLASHMAP_CUDA" = 1 ]; then
+if [ "$PREFLIGHT" = 0 ] && [ "$FLASHMAP_CUDA" = 1 ]; then
   CUDA_HOME=$(scripts/cuda_home.sh) || { echo "no CUDA toolkit found (scripts/cuda_home.sh)" | tee -a "$LOG"; exit 1; }
   export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
 fi
 if [ -z "${CUTLASS_DIR:-}" ] && [ -d third_party/cutlass-min/include/cute ]; then
   export CUTLASS_DIR=$PWD/third_party/cutlass-min
 fi
+
+# torch's BuildExtension compiles in parallel only through ninja: on PATH, else the python's `ninja`
+# module, else a carried wheel (.whl/ninja-*.whl, unpacked: the binary is inside, under *.data/scripts/ in
+# ninja 1.13's wheel, ninja/data/bin/ in older ones). Else the build is serial.
+ensure_ninja() {
+  command -v ninja >/dev/null 2>&1 && return 0
+  local bin whl
+  bin=$("$PY" -c "import ninja; print(ninja.BIN_DIR)" 2>/dev/null)
+  if [ -n "$bin" ] && [ -x "$bin/ninja" ]; then PATH="$bin:$PATH"; return 0; fi
+  whl=$(ls .whl/ninja-*.whl 2>/dev/null | head -n1)
+  if [ -n "$whl" ] && "$PY" -m zipfile -e "$whl" "$WORK/ninja" >/dev/null 2>&1; then
+    bin=$(dirname "$(find "$WORK/ninja" -type f \( -path '*/bin/ninja' -o -path '*.data/scripts/ninja' \) | head -n1)")
+    chmod +x "$bin/ninja" 2>/dev/null && PATH="$bin:$PATH" && ninja --version >/dev/null 2>&1 && return 0
+  fi
+  return 1
+}
 
 summarize() {  # rewrites $OUT/summary.json from the steps so far and the artefacts in $WORK
   tar -czf "$OUT/artefacts.tar.gz" -C "$WORK" . 2>/dev/null
@@ -65,27 +150,36 @@ summarize() {  # rewrites $OUT/summary.json from the steps so far and the artefa
   fi
 }
 
-step() {  # step NAME LIMIT_S [env VAR=VALUE ...] COMMAND...
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( DEADLINE - $(date +%s) - KILL_AFTER ))
-  [ "$left" -lt "$limit" ] && limit=$left
+step() {  # step NAME [env VAR=VALUE ...] COMMAND...   (its share: SHARE[NAME])
+  local name=$1
+  shift
+  STEP_NAME=$name
+  [ -n "${SHARE[$name]:-}" ] || { echo "device_check: step $name has no SHARE" >&2; exit 2; }
+  SCHEDULED=$((SCHEDULED + SHARE[$name]))
+  [ "$PREFLIGHT" = 1 ] && { preflight_step "$@"; return 0; }
+  local now end left limit
+  now=$(date +%s)
+  end=$((START + SCHEDULED))
+  [ "$end" -gt "$DEADLINE" ] && end=$DEADLINE
+  left=$((DEADLINE - now))
+  limit=$((end - now - KILL_AFTER))
   if [ -n "$SKIP_REST" ] || [ "$limit" -le 0 ]; then
-    local why=${SKIP_REST:-"the ${BUDGET_S}s budget is spent"}
+    local why=${SKIP_REST:-"its share is spent (${left}s of the ${BUDGET_S}s budget left)"}
     echo "===== [$name] skipped: $why" >> "$LOG"
+    echo "[$name] skipped: $why"
     echo "{\"step\": \"$name\", \"rc\": 124, \"seconds\": 0, \"skipped\": \"$why\"}" >> "$WORK/steps.jsonl"
-    FAILED=1; summarize; return
+    FAILED=1; summarize; return 124
   fi
-  echo "===== [$name] $* (limit ${limit}s)" >> "$LOG"
+  echo "===== [$name] $* (limit ${limit}s, ${left}s of the budget left)" >> "$LOG"
   local t0 rc ms
   t0=$(date +%s%N)
-  timeout -k "$KILL_AFTER" "$limit" "$@" >> "$LOG" 2>&1
+  timeout -k "$KILL_AFTER" "$limit" env DEVICE_CHECK_STEP_S="$limit" DEVICE_CHECK_LEFT_S="$left" "$@" >> "$LOG" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   echo "===== [$name] rc=$rc in ${ms} ms" >> "$LOG"
   echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((ms / 1000)).$(printf %03d $((ms % 1000))), \"limit\": $limit}" \
     >> "$WORK/steps.jsonl"
-  echo "[$name] rc=$rc $((ms / 1000))s (limit ${limit}s)"
+  echo "[$name] rc=$rc $((ms / 1000))s (limit ${limit}s, $((DEADLINE - $(date +%s)))s of the budget left)"
   [ "$rc" -eq 0 ] || FAILED=1
   summarize
   return "$rc"
@@ -98,24 +192,28 @@ BENCH=("${PYTEST[@]}" --benchmark-only --benchmark-columns=median,iqr,rounds)
 
 # ---------------------------------------------------------------------------------------------- STEPS
 # shellcheck disable=SC2016  # expanded by the inner bash
-step env 20 bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv;
+step env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv;
   echo "CUDA_HOME=${CUDA_HOME:-} CUTLASS_DIR=${CUTLASS_DIR:-}"; "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version | tail -2;
   '"$PY"' -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())"'
-step build 240 "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build failed"
+if [ "$PREFLIGHT" = 0 ] && ! ensure_ninja; then
+  SHARE[build]=$SERIAL_BUILD_S
+  echo "ninja not found (PATH, python module, .whl/): a serial build, share ${SERIAL_BUILD_S}s; the last steps shrink" | tee -a "$LOG"
+fi
+step build "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build failed"
 
 # Fused acceptance `verify`: exact vs the fp64 reference, edge cases, graph replay, chi-square, opcheck.
-step verify_tests 80 "${TESTS[@]}" python_tests/verify/test_verify_exact.py python_tests/verify/test_verify_edge.py \
-  python_tests/verify/test_verify_stats.py python_tests/verify/test_verify_opcheck.py -k cuda --junitxml="$WORK/verify_tests.xml"
+step verify_tests "${TESTS[@]}" python_tests/verify/test_verify_exact.py python_tests/verify/test_verify_edge.py \
+  python_tests/verify/test_verify_stats.py python_tests/verify/test_verify_opcheck.py -k cuda --junitxml="${WORK:-}/verify_tests.xml"
 # DiT drafter kernels vs the fp64 oracle under the error budget; then the fused step, graph replay, seeded
 # noise. Two steps, so that a timeout (pytest writes its junit XML only at the end) loses one half; the
 # torch.compile test (inductor: the slowest to start) runs last of all, after the benchmarks.
 NO_COMPILE="not torch_compile"
-step dit_op_tests 80 "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/dit/test_dit_ops.py \
-  --junitxml="$WORK/dit_op_tests.xml"
-step dit_step_tests 80 "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/dit/test_dit_fused.py \
-  python_tests/dit/test_draft_graph.py python_tests/dit/test_drafter_noise.py --junitxml="$WORK/dit_step_tests.xml"
+step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/dit/test_dit_ops.py \
+  --junitxml="${WORK:-}/dit_op_tests.xml"
+step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/dit/test_dit_fused.py \
+  python_tests/dit/test_draft_graph.py python_tests/dit/test_drafter_noise.py --junitxml="${WORK:-}/dit_step_tests.xml"
 
-step bench_verify 40 "${BENCH[@]}" benches/bench_verify.py -k cuda --benchmark-json="$WORK/bench_verify.json"
+step bench_verify "${BENCH[@]}" benches/bench_verify.py -k cuda --benchmark-json="${WORK:-}/bench_verify.json"
 # Draft step, Qwen3-8B drafter shape: one process per variant, each with its own JSON.
 for variant in fused fused-eager eager; do
   case $variant in
@@ -123,14 +221,15 @@ for variant in fused fused-eager eager; do
     eager) select="eager and not fused-eager" ;;
     *) select=$variant ;;
   esac
-  step "bench_draft_$variant" 45 "${BENCH[@]}" benches/bench_draft.py -k "$select" \
-    --benchmark-json="$WORK/bench_draft_$variant.json"
+  step "bench_draft_$variant" "${BENCH[@]}" benches/bench_draft.py -k "$select" \
+    --benchmark-json="${WORK:-}/bench_draft_$variant.json"
 done
-step bench_round 110 "$PY" benches/bench_round.py --json "$WORK/bench_round.json"
-step dit_compile_tests 60 "${TESTS[@]}" -m cuda -k torch_compile python_tests/dit/test_dit_ops.py \
-  --junitxml="$WORK/dit_compile_tests.xml"
+step bench_round "$PY" benches/bench_round.py --json "${WORK:-}/bench_round.json"
+step dit_compile_tests "${TESTS[@]}" -m cuda -k torch_compile python_tests/dit/test_dit_ops.py \
+  --junitxml="${WORK:-}/dit_compile_tests.xml"
 
 # ------------------------------------------------------------------------------------------ SUMMARY
+[ "$PREFLIGHT" = 1 ] && preflight_end
 summarize --print
 echo "total $(( $(date +%s) - START ))s of ${BUDGET_S}s; full log: device_check.log; numbers: summary.json"
 rm -rf "$WORK"
