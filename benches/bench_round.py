@@ -62,7 +62,7 @@ def build_drafter(target, tiny: bool, dtype: torch.dtype):
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     torch.manual_seed(1)
     with torch.device(target.device):
-        drafter = FlashMapDrafter.for_target(target, **(TINY_DRAFTER if tiny else {}))
+        drafter = FlashMapDrafter.for_target(target, **(TINY_DRAFTER if tiny else {"preset": "qwen3-8b"}))
     drafter.reset_parameters(zero_init=False)
     return drafter.to(dtype).eval()
 

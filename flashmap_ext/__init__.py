@@ -2,7 +2,7 @@
 
 Public API:
     verify, sample          fused acceptance step and the plain sampler (DESIGN.md §3.1)
-    draft_block             one FlashMap drafting call (DESIGN.md §3.2)
+    draft_block             one drafting call for every drafter (DESIGN.md §3.2)
     FlashMapDrafter         the flow-map DiT drafter (DESIGN.md §5)
     DFlashDrafter           block-diffusion baseline drafter (DFlash)
     Eagle3Drafter           autoregressive baseline drafter (EAGLE-3)
@@ -23,10 +23,12 @@ except ImportError as _err:  # not built yet (a fresh clone, or `make` still com
     raise ImportError("flashmap_ext._C, the compiled op library, is not built in this checkout: run `make build` "
                       "(or `pip install --no-build-isolation .`) and wait for it to finish") from _err
 from flashmap_ext import _aliases  # noqa: F401,E402
+from flashmap_ext.drafters.common.base import DraftBlock
 from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
-from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapDrafter, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.ops import VerifyOutput, sample, verify
 from flashmap_ext.speculate import GenerateOutput, GenerateStats, Timer, TreeSpec, generate, generate_tree
 from flashmap_ext.target import Target, load_target

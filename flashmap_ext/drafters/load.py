@@ -39,8 +39,7 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
     dtype = dtype or hf_causal_lm(target).get_input_embeddings().weight.dtype
     if path == "random":
         torch.manual_seed(0)
-        drafter = FlashMapDrafter.for_target(target, n_layers=2, width=128, heads=4, block_size=8)
-        drafter.reset_parameters(zero_init=False)  # adaLN-Zero would draft the same id everywhere
+        drafter = FlashMapDrafter.for_target(target, "cpu-tiny", init="random")  # adaLN-Zero: one id everywhere
     elif path == "random-eagle3":
         torch.manual_seed(0)
         drafter = Eagle3Drafter.for_target(target, num_draft_tokens=7)

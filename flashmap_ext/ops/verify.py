@@ -192,7 +192,8 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
             argument at once; [B] tensors on CUDA are checked by the kernel without a host sync: the
             row gets status bit 16 (raised when check=True).
         seed: scalar or [B] int64 — Philox key of the row's coins.
-        position: scalar or [B] int64 — absolute position of slot 0; slot i's coins use counter
+        position: scalar or [B] int64 — absolute position of slot 0, the anchor (as
+            `draft_block`'s position: the row's committed length); slot i's coins use counter
             (position + i, stream), streams ACCEPT = 0 and RESAMPLE = 1 (the drafter owns 2). Never
             keyed by batch row: a row's output does not depend on its batch-mates.
         draft_probs: optional [B, K, V] fp32 — the q each draft was really sampled from. In a sampling

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from flashmap_ext.target.taps import final_norm, tap_hooks
+from flashmap_ext.target.taps import decoder_layers, final_norm, tap_hooks
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -157,13 +157,3 @@ def hf_causal_lm(target: Any) -> nn.Module:
             return obj
     raise TypeError(f"target: expected a transformers causal LM (or an adapter with `.model`), "
                     f"got {type(target).__name__}")
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of an HF causal LM (`get_decoder().layers`): the modules taps hook."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(decoder, "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder layers "
-                        "(expected get_decoder().layers)")
-    return layers

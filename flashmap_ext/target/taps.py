@@ -20,6 +20,16 @@ def tap_module(layers: nn.ModuleList, norm: Optional[nn.Module], i: int) -> nn.M
     return norm if i == len(layers) - 1 and norm is not None else layers[i]
 
 
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of an HF causal LM (`get_decoder().layers`): the modules taps hook."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(model).__name__}: cannot find the decoder layers "
+                        "(expected get_decoder().layers)")
+    return layers
+
+
 def final_norm(model: nn.Module) -> Optional[nn.Module]:
     """The decoder's final norm (`get_decoder().norm`), or None."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
@@ -51,6 +61,40 @@ def tap_hooks(layers: Sequence[nn.Module], layer_ids: Sequence[int], captured: l
     finally:
         for h in handles:
             h.remove()
+
+
+class TapCapture:
+    """What `capture_taps` yields: after a forward inside the block, `taps` holds that forward's taps."""
+
+    def __init__(self, layer_ids: Sequence[int]):
+        self.layer_ids = tuple(layer_ids)
+        self.captured: list = [None] * len(self.layer_ids)
+
+    @property
+    def taps(self) -> torch.Tensor:
+        """[B, T, len(layer_ids)·d] in the model's dtype: the last forward's taps, concatenated in
+        `layer_ids` order (T = that forward's new tokens). RuntimeError before any forward."""
+        if any(t is None for t in self.captured):
+            raise RuntimeError("capture_taps: no forward ran inside the `with` block yet")
+        return torch.cat(self.captured, dim=-1)
+
+
+@contextlib.contextmanager
+def capture_taps(model: nn.Module, layer_ids: Sequence[int]):
+    """Captures taps from any HF causal LM (`get_decoder().layers`: Qwen3, Qwen2, Llama, ...).
+
+        with capture_taps(model, drafter.target_layer_ids) as capture:
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        taps = capture.taps          # [B, T, n_taps·d]: what drafter.extend_memory takes
+
+    Index convention (the drafters' `target_layer_ids`): tap i is 0-based decoder layer i's output,
+    HF `output_hidden_states=True`'s `hidden_states[i + 1]`; for the last layer that is after the final
+    norm, as HF gives it. Forward hooks, removed on exit: nothing else of the model changes, and no other
+    layer's hidden states are kept. Raises ValueError naming an id outside [0, num_layers).
+    """
+    capture = TapCapture(layer_ids)
+    with tap_hooks(decoder_layers(model), capture.layer_ids, capture.captured, final_norm(model)):
+        yield capture
 
 
 @torch.inference_mode()

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import copy
 
+from flashmap_ext.drafters.flashmap.config import SHAPES
+
 PRESETS: dict[str, dict[str, dict]] = {
     "qwen3-8b": {
         "data": dict(max_length=3072, num_anchors=512, batch_size=4, accum=1),
-        "flashmap": dict(n_layers=6, width=2048, heads=16, block_size=16),
+        "flashmap": dict(SHAPES["qwen3-8b"]),
         "dflash": dict(num_hidden_layers=5, block_size=16),
         "flow": dict(steps=39_000, lr=6e-4, warmup=0.04, save_every=1000),
         "distill": dict(steps=23_000, lr=5e-5, warmup=0.04, save_every=1000),
@@ -26,7 +28,7 @@ PRESETS: dict[str, dict[str, dict]] = {
     },
     "cpu-small": {
         "data": dict(max_length=1024, num_anchors=64, batch_size=4, accum=1),
-        "flashmap": dict(n_layers=2, width=512, heads=8, block_size=16),
+        "flashmap": dict(SHAPES["cpu-small"]),
         "dflash": dict(num_hidden_layers=2, block_size=16),
         "flow": dict(steps=3000, lr=6e-4, warmup=0.04, save_every=250),
         "distill": dict(steps=1500, lr=1e-4, warmup=0.04, save_every=250),
@@ -36,7 +38,7 @@ PRESETS: dict[str, dict[str, dict]] = {
     },
     "cpu-tiny": {
         "data": dict(max_length=256, num_anchors=16, batch_size=4, accum=1),
-        "flashmap": dict(n_layers=2, width=128, heads=4, block_size=8),
+        "flashmap": dict(SHAPES["cpu-tiny"]),
         "dflash": dict(num_hidden_layers=1, block_size=8),
         "flow": dict(steps=300, lr=1e-3, warmup=0.04, save_every=100),
         "distill": dict(steps=150, lr=3e-4, warmup=0.04, save_every=100),

@@ -6,13 +6,16 @@ Conventions shared by all drafters:
   output, as in HF and z-lab's DFlash).
 - "memory" is the drafter's incremental context cache (DESIGN.md §5.3). It holds one entry per committed
   position whose target KV is valid, i.e. every committed token except the current anchor.
+- K = `num_draft_tokens`, the most drafts one call proposes (the verify block is anchor + K): FlashMap's
+  `block_size`, DFlash's `block_size − 1` (its block counts the anchor), EAGLE-3's chain length.
+  `flashmap_ext.draft_block` (drafters/drafting.py) is the one public drafting call over this protocol.
 - Drafts never see the verifier's randomness: drafter noise comes from its own Philox stream keyed by
   (seed, position) (DESIGN.md §3.1).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -48,6 +51,42 @@ class BlockDrafter(Protocol):
         seed, position: [B] int64, the request seed and the absolute position of the anchor.
         Returns draft_tokens [B, num_tokens] int64 (-1 = no proposal for that slot and the rest).
         """
+
+
+class DraftBlock(NamedTuple):
+    """What `draft_block` returns for every drafter: tokens [B, K] int64 target ids (−1 = no proposal
+    for that slot and the rest); logits [B, K, V_s] fp32 over the draft vocabulary's rows (the last
+    network evaluation for FlashMap), or None."""
+    tokens: torch.Tensor
+    logits: torch.Tensor | None
+
+
+def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device,
+            name: str = "seed/position") -> torch.Tensor:
+    """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
+    it already lives there), an int is filled in on the device (no host-to-device transfer).
+    Raises ValueError naming `name` for a non-integer tensor or one that is neither [B] nor [1]."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool \
+                or value.numel() not in (1, batch_size) or value.dim() > 1:
+            raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
+                             f"{list(value.shape)} {value.dtype}")
+        return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
+    return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)
+
+
+def truncated(current: list, lengths) -> list:
+    """`lengths` ([B] ints: a list or an integer tensor, a CUDA one copied to the host) as a list of ints,
+    checked against the `current` row lengths: ValueError naming `lengths` unless each lies in
+    [0, current[b]]."""
+    new = torch.as_tensor(lengths).reshape(-1).cpu()
+    if new.is_floating_point() or new.dtype == torch.bool or new.numel() != len(current):
+        raise ValueError(f"lengths: expected [B={len(current)}] integers, got {list(new.shape)} {new.dtype}")
+    new = new.tolist()
+    if any(not 0 <= n <= c for n, c in zip(new, current)):
+        raise ValueError(f"lengths: each row's new length must lie in [0, its length]; got {new} for rows of "
+                         f"{list(current)} (truncate cuts, extend_memory appends)")
+    return new
 
 
 class TargetMismatch(ValueError):

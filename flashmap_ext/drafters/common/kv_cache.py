@@ -1,22 +1,40 @@
 """A growable per-layer K/V cache for drafters (committed positions only; rejected ones never enter)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from flashmap_ext.drafters.common.base import truncated
 
-@dataclass
+
 class KVCache:
-    """Cached context K/V per layer, normed and rotated: buffers [B, G, capacity, hd] of which the first
-    `length` positions (the committed positions so far) are valid. Capacity doubles when full, so
-    appending is amortised O(new tokens) instead of a full copy per round (DynamicCache's torch.cat)."""
-    key_buffers: list[torch.Tensor]
-    value_buffers: list[torch.Tensor]
-    length: int = 0
+    """Cached context K/V per layer, normed and rotated: buffers [B, G, capacity, hd]; row b's first
+    lengths[b] positions (its committed positions so far) are valid, the rest scratch (rows may differ:
+    a ragged batch). Capacity doubles when full, so appending is amortised O(new tokens) instead of a
+    full copy per round (DynamicCache's torch.cat)."""
+
+    def __init__(self, key_buffers: list[torch.Tensor], value_buffers: list[torch.Tensor], length: int = 0):
+        self.key_buffers, self.value_buffers = key_buffers, value_buffers
+        #: committed positions per row as Python ints (no device sync; torch.compile sees constants)
+        self.rows = [int(length)] * key_buffers[0].shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] int64 (CPU): committed positions per row."""
+        return torch.tensor(self.rows, dtype=torch.int64)
+
+    @property
+    def length(self) -> int:
+        """The longest row's committed positions (the buffers' high-water mark)."""
+        return max(self.rows, default=0)
+
+    @property
+    def ragged(self) -> bool:
+        """True when the rows hold different lengths."""
+        return len(set(self.rows)) > 1
 
     @property
     def keys(self) -> list[torch.Tensor]:
+        """Per layer [B, G, length, hd]; row b's positions at and after lengths[b] are scratch."""
         return [k[:, :, :self.length] for k in self.key_buffers]
 
     @property
@@ -27,7 +45,7 @@ class KVCache:
     def empty(cls, layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
               device: torch.device | str, capacity: int = 64) -> "KVCache":
         """An empty cache of `layers` layers with room for `capacity` positions before growing."""
-        new = lambda: torch.empty(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # noqa: E731
+        new = lambda: torch.zeros(batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # noqa: E731
         return cls([new() for _ in range(layers)], [new() for _ in range(layers)])
 
     @property
@@ -35,18 +53,26 @@ class KVCache:
         return self.key_buffers[0].shape[0]
 
     def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """kv: per layer (k, v) [B, G, T, hd] of T new positions."""
-        end = self.length + kv[0][0].shape[2]
+        """kv: per layer (k, v) [B, G, T, hd] of T new positions of every row, row b's from lengths[b] on."""
+        n = kv[0][0].shape[2]
+        end = self.length + n
+        rows = [(slice(None), self.length)] if not self.ragged else list(enumerate(self.rows))
         for i, (k, v) in enumerate(kv):
             if end > self.key_buffers[i].shape[2]:
                 self.key_buffers[i] = _grow(self.key_buffers[i], end)
                 self.value_buffers[i] = _grow(self.value_buffers[i], end)
-            self.key_buffers[i][:, :, self.length:end] = k
-            self.value_buffers[i][:, :, self.length:end] = v
-        self.length = end
+            for b, s in rows:
+                self.key_buffers[i][b, :, s:s + n] = k[b]
+                self.value_buffers[i][b, :, s:s + n] = v[b]
+        self.rows = [r + n for r in self.rows]
+
+    def truncate(self, lengths) -> None:
+        """Cuts row b back to its first lengths[b] positions ([B] ints, each <= the row's length;
+        ValueError naming `lengths` otherwise)."""
+        self.rows = truncated(self.rows, lengths)
 
 
 def _grow(buf: torch.Tensor, needed: int) -> torch.Tensor:
-    new = buf.new_empty(*buf.shape[:2], max(needed, 2 * buf.shape[2]), buf.shape[3])
+    new = buf.new_zeros(*buf.shape[:2], max(needed, 2 * buf.shape[2]), buf.shape[3])
     new[:, :, :buf.shape[2]] = buf
     return new

@@ -60,3 +60,14 @@ def train_attention_mask(anchor_pos: torch.Tensor, length: int, block_size: int,
     block_of = torch.arange(a * block_size, device=device) // block_size
     own = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)                    # [B, A·bs, A·bs]
     return torch.cat([context, own], dim=2)[:, None]
+
+
+def ragged_structure(lengths: torch.Tensor, start: int, window: int | None, block_size: int) -> torch.Tensor:
+    """bool [B, 1, bs, max(lengths) − start + bs] for inference over rows of different lengths: the block
+    of row b reads its context entries j < lengths[b] (j >= lengths[b] − W with a window W) among
+    start..max(lengths) − 1, and its whole block. lengths [B] int64 (CPU)."""
+    j = torch.arange(start, int(lengths.max()))[None]
+    low = lengths - window if window is not None else torch.zeros_like(lengths)
+    context = (j < lengths[:, None]) & (j >= low[:, None])
+    visible = torch.cat([context, torch.ones(len(lengths), block_size, dtype=torch.bool)], dim=1)
+    return visible[:, None, None, :].expand(-1, 1, block_size, -1)

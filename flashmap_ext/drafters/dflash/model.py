@@ -23,7 +23,12 @@ from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.common.window import window_start
-from flashmap_ext.drafters.dflash.blocks import attention_rule, train_attention_mask, train_block_inputs
+from flashmap_ext.drafters.dflash.blocks import (
+    attention_rule,
+    ragged_structure,
+    train_attention_mask,
+    train_block_inputs,
+)
 from flashmap_ext.drafters.dflash.config import DFlashConfig, build_target_layer_ids
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
@@ -98,18 +103,27 @@ class DFlashDrafter(ReadsTarget, nn.Module):
             raise ValueError("DFlash needs target taps to extend its memory")
         b = memory.batch
         self._check_taps(taps, b, token_ids.shape[1] if token_ids is not None else taps.shape[1])
-        positions = memory.length + torch.arange(taps.shape[1], device=taps.device).expand(b, -1)
-        memory.append(self._context_kv(taps, positions))
+        positions = torch.tensor(memory.rows, device=taps.device)[:, None] + torch.arange(taps.shape[1],
+                                                                                          device=taps.device)
+        memory.append(self._context_kv(taps, positions))  # row b's from its own length on (ragged rows)
 
     @torch.no_grad()
     def draft(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
               seed: torch.Tensor | None = None, position: torch.Tensor) -> torch.Tensor:
         """Greedy drafts [B, num_tokens] int64 (DFlash is deterministic: `seed` is unused). The full
         block is always run (as in training) and its first `num_tokens` slots are returned."""
+        return self.draft_with_logits(memory, anchor_tokens, num_tokens=num_tokens, position=position)[0]
+
+    @torch.no_grad()
+    def draft_with_logits(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
+                          seed: torch.Tensor | None = None,
+                          position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draft` and its logits: (tokens [B, num_tokens] int64, logits [B, num_tokens, V_d] over the
+        draft vocabulary's rows, in the weights' dtype)."""
         if not 0 <= num_tokens <= self.num_draft_tokens:
             raise ValueError(f"num_tokens must be in [0, {self.num_draft_tokens}], got {num_tokens}")
-        hidden = self.block_hidden(memory, anchor_tokens, position)[:, :num_tokens]
-        return self.vocab.to_target(self.vocab_logits(hidden).argmax(-1))
+        logits = self.vocab_logits(self.block_hidden(memory, anchor_tokens, position)[:, :num_tokens])
+        return self.vocab.to_target(logits.argmax(-1)), logits
 
     # --- draft vocabulary ----------------------------------------------------------------------------
     def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
@@ -154,8 +168,8 @@ class DFlashDrafter(ReadsTarget, nn.Module):
 
     def block_hidden(self, memory: DFlashMemory, anchor_tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B, block_size−1, d] of slots 1…block_size−1. Full-attention
-        bidirectional layers see all of `memory` (its last `config.context_window` entries with a
-        window) and the whole block; causal / sliding-window layers (`DFlashConfig.layer_attention`)
+        bidirectional layers see all of row b's lengths[b] memory entries (their last
+        `config.context_window` with a window) and the whole block; causal / sliding-window layers (`DFlashConfig.layer_attention`)
         are masked by absolute position (memory index = position)."""
         bs, b = self.config.block_size, anchor_tokens.shape[0]
         if anchor_tokens.dim() != 1 or position.shape != anchor_tokens.shape:
@@ -168,9 +182,11 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         x = self._embed(ids)
         block_pos = position[:, None] + torch.arange(bs, device=position.device)
         cos, sin = self.rotary(block_pos, x.dtype)
-        start = window_start(memory.length, self.config.context_window)
+        window = self.config.context_window
+        start = window_start(min(memory.rows), window)
         ctx_pos = torch.arange(start, memory.length, device=position.device).expand(b, -1)
-        masks = self._layer_masks(block_pos, torch.cat([ctx_pos, block_pos], 1), None)
+        structure = ragged_structure(memory.lengths, start, window, bs).to(x.device) if memory.ragged else None
+        masks = self._layer_masks(block_pos, torch.cat([ctx_pos, block_pos], 1), structure)
         for layer, k, v, mask in zip(self.layers, memory.keys, memory.values, masks):
             x = layer(x, cos, sin, k[:, :, start:], v[:, :, start:], mask)
         return self.norm(x)[:, 1:]

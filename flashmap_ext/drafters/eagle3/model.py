@@ -40,6 +40,11 @@ class Eagle3Memory:
     cache: KVCache
     pending: torch.Tensor | None = None
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] int64 (CPU): committed positions per row (the cached pairs and the pending one)."""
+        return self.cache.lengths + (self.pending is not None)
+
 
 class Eagle3Layer(nn.Module):
     """The EAGLE-3 decoder layer (`midlayer`): attention over [emb ‖ hidden] (2·d) and a SwiGLU MLP."""
@@ -172,9 +177,18 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     def draft(self, memory: Eagle3Memory, anchor_tokens: torch.Tensor, *, num_tokens: int,
               seed: torch.Tensor | None = None, position: torch.Tensor) -> torch.Tensor:
         """Greedy chain of `num_tokens` target ids [B, num_tokens] (deterministic: `seed` unused)."""
+        return self.draft_with_logits(memory, anchor_tokens, num_tokens=num_tokens, position=position)[0]
+
+    @torch.no_grad()
+    def draft_with_logits(self, memory: Eagle3Memory, anchor_tokens: torch.Tensor, *, num_tokens: int,
+                          seed: torch.Tensor | None = None,
+                          position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draft` and its logits: (tokens [B, num_tokens] int64, logits [B, num_tokens, V_d] over the
+        draft vocabulary, in the weights' dtype)."""
         if not 0 <= num_tokens <= self.num_draft_tokens:
             raise ValueError(f"num_tokens must be in [0, {self.num_draft_tokens}], got {num_tokens}")
-        return self.chain(memory, anchor_tokens, position, num_tokens)[1]
+        logits, tokens = self.chain(memory, anchor_tokens, position, num_tokens)
+        return tokens, logits
 
     def chain(self, memory: Eagle3Memory, anchor_tokens: torch.Tensor, position: torch.Tensor, steps: int,
               forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

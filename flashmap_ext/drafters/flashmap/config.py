@@ -150,6 +150,31 @@ _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "in
 SCHEMA = {f.name: _TYPES[f.type] for f in dataclasses.fields(FlashMapConfig)}
 
 
+#: Named drafter sizes (`FlashMapDrafter.for_target(target, "NAME")`, `flashmap train --preset NAME`):
+#: the papers' Qwen3-8B drafter (≈0.5 B trainable parameters at d_target 4096) and two CPU-sized ones.
+SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-8b": dict(n_layers=6, width=2048, heads=16, block_size=16),
+    "cpu-small": dict(n_layers=2, width=512, heads=8, block_size=16),
+    "cpu-tiny": dict(n_layers=2, width=128, heads=4, block_size=8),
+}
+#: The fields that size a drafter: `for_target` takes them all or a `SHAPES` name, never a guess.
+SIZE_FIELDS = ("n_layers", "width", "heads")
+
+
+def shape_fields(preset: str | None, fields: dict) -> dict:
+    """`SHAPES[preset]` updated by `fields`; ValueError naming `preset` for an unknown name, or when there
+    is no preset and `fields` lacks one of SIZE_FIELDS (the config defaults are the Qwen3-8B drafter's)."""
+    if preset is not None:
+        if preset not in SHAPES:
+            raise ValueError(f"preset: expected one of {sorted(SHAPES)}, got {preset!r}")
+        return {**SHAPES[preset], **fields}
+    missing = [f for f in SIZE_FIELDS if f not in fields]
+    if missing:
+        raise ValueError(f"preset: pass a drafter size, a preset name ({', '.join(sorted(SHAPES))}) or all of "
+                         f"{', '.join(SIZE_FIELDS)} (missing {', '.join(missing)}); nothing is guessed")
+    return dict(fields)
+
+
 def default_tap_layers(num_layers: int, n_taps: int = 5) -> tuple[int, ...]:
     """`n_taps` layer ids spread uniformly from 1 to L−3 (rounded, deduplicated, clamped to [0, L−1]).
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters.flashmap.flow import flow_map_jump
-from flashmap_ext.drafters.flashmap.fused import fused_draft_block, graphs_enabled
+from flashmap_ext.drafters.flashmap.fused import fused_draft_block, fused_reads, graphs_enabled
 from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, per_row
 
 
@@ -44,7 +44,7 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
             and not bool(((anchor_tokens >= 0) & (anchor_tokens < c.vocab_size)).all())):
         raise ValueError(f"anchor_tokens: expected ids in [0, {c.vocab_size}) (the target's vocabulary), got "
                          f"{anchor_tokens.tolist()[:8]}")  # on CUDA: no host sync; the embedding lookup asserts
-    packed = drafter.fused_weights() if anchor_tokens.is_cuda else None
+    packed = drafter.fused_weights() if anchor_tokens.is_cuda and fused_reads(memory, c.context_window) else None
     if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/dit/test_dit_fused.py)
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
                                  position=position, return_logits=return_logits, graph=graphs_enabled(drafter))

@@ -117,9 +117,8 @@ def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: to
         taps = ops.rms_norm(taps.reshape(B, T, -1, c.d_target), p.tap_in_norm, eps=c.norm_eps).view(B, T, -1)
     entries = ops.linear(taps, p.tap_w, p.tap_b)
     entries = ops.rms_norm(entries.unsqueeze(-2), p.tap_norm, eps=c.norm_eps).squeeze(-2)
-    start = torch.full((B,), memory.length, dtype=torch.int32, device=entries.device)
-    _write_entries(p, memory, entries, start)
-    memory.length += T
+    _write_entries(p, memory, entries, memory.lengths.to(entries.device, torch.int32))  # per-row offsets
+    memory.grow(T)
 
 
 def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.Tensor, memory_kv,
@@ -186,6 +185,12 @@ def fused_draft_step(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: t
     return fused_denoise(p, memory, lengths, mid, 0.5, 1.0, return_logits=return_logits, start=start)
 
 
+def fused_reads(memory: FlashMapMemory, window: Optional[int]) -> bool:
+    """Whether the fused step can read `memory`: one context-window start for all rows (equal lengths, or
+    every row within the window)."""
+    return not (memory.ragged and window_start(memory.length, window))
+
+
 def graphs_enabled(drafter: nn.Module) -> bool:
     """Whether `draft_block` may replay the fused step as a CUDA graph: `drafter.allow_graphs`, the
     environment (FLASHMAP_CUDA_GRAPHS=0 turns graphs off) and not while torch.compile traces."""
@@ -215,13 +220,16 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
         seed, position = per_row(seed, B, device, "seed"), per_row(position, B, device, "position")
     memory.reserve(memory.length + 1)
     start = window_start(memory.length, d.config.context_window)
+    if not fused_reads(memory, d.config.context_window):  # the kernels read every row from one start entry
+        raise ValueError("memory: the fused step reads one context window for all rows; rows of different "
+                         "lengths past the window take the reference path (draft_block chooses it)")
     if (graph and start == 0 and not return_logits and anchor_tokens.is_cuda
             and not torch.cuda.is_current_stream_capturing()):
         g = draft_graph(p, memory, B, steps, seeded=noise is None)
         return DraftBlock(g(memory, anchor_tokens, noise, seed=seed, position=position).clone(), None)
     if noise is None:
         noise = d.sample_noise(seed, position)
-    lengths = torch.full((B,), memory.length, dtype=torch.int32, device=device)
+    lengths = memory.lengths.to(device, torch.int32)
     out = fused_draft_step(p, memory, anchor_tokens, noise.float(), lengths, steps=steps,
                            return_logits=return_logits, start=start)
     return DraftBlock(d.to_target_ids(out.tokens), out.logits)
@@ -310,7 +318,7 @@ class FusedDraftGraph:
                 self.position.copy_(position)
             else:
                 self.z.copy_(z)
-            self.lengths.fill_(memory.length)
+            self.lengths.copy_(memory.lengths)
         with torch.cuda.device(self.tokens.device):  # replay on the captured device's current stream
             self.graph.replay()
         return self.tokens

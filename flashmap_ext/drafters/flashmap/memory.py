@@ -6,36 +6,68 @@ entry's absolute position), so each committed position is projected once per lay
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
+from flashmap_ext.drafters.common.base import DraftBlock, per_row, truncated  # noqa: F401  (their home is common/)
 from flashmap_ext.drafters.common.window import visible_context
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass
 class FlashMapMemory:
-    """Cross-attention K/V of committed positions 0..length−1 for B sequences of equal length.
+    """Cross-attention K/V of B sequences; row b holds its committed positions 0..lengths[b]−1 (rows may
+    differ: a ragged batch, DESIGN.md §5.3).
 
-    k, v: [n_layers, B, h, capacity, hd] in the drafter's dtype; entries at and after `length` are
-    scratch (the anchor of the current draft is written at index `length`, never counted).
-    Rejected positions never enter: the decoding loop only calls `extend_memory` with committed tokens.
+    k, v: [n_layers, B, h, capacity, hd] in the drafter's dtype; row b's entries at and after lengths[b]
+    are scratch (the anchor of the current draft is written at index lengths[b], never counted).
+    lengths: [B] int64 on the CPU (each row's anchor position; read without a device sync).
+    Rejected positions never enter: `extend_memory` appends T positions to every row, `truncate` then
+    cuts each row back to the positions it committed.
     """
-    k: torch.Tensor
-    v: torch.Tensor
-    length: int = 0
-    #: CUDA graphs of the fused draft step captured against k and v (fused.py): they
-    #: read the buffers by address, so `reserve` drops them when it reallocates.
-    draft_graphs: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, length: int = 0, lengths=None):
+        self.k, self.v = k, v
+        #: row lengths as Python ints: no device sync, and torch.compile sees constants
+        self.rows = [int(length)] * k.shape[1] if lengths is None else [int(n) for n in lengths]
+        #: CUDA graphs of the fused draft step captured against k and v (fused.py): they
+        #: read the buffers by address, so `reserve` drops them when it reallocates.
+        self.draft_graphs: dict = {}
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, heads: int, head_dim: int, device: torch.device,
               dtype: torch.dtype, capacity: int = 64) -> "FlashMapMemory":
         shape = (n_layers, batch_size, heads, capacity, head_dim)
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] int64 (CPU): committed entries per row = the absolute position of each row's anchor."""
+        return torch.tensor(self.rows, dtype=torch.int64)
+
+    @property
+    def length(self) -> int:
+        """The longest row's committed entries (the buffers' high-water mark); setting it sets every row's."""
+        return max(self.rows, default=0)
+
+    @length.setter
+    def length(self, n: int) -> None:
+        self.rows = [int(n)] * len(self.rows)
+
+    @property
+    def ragged(self) -> bool:
+        """True when the rows hold different lengths."""
+        return len(set(self.rows)) > 1
+
+    def grow(self, n: int) -> None:
+        """Counts n more committed entries in every row (after they were written)."""
+        self.rows = [r + n for r in self.rows]
+
+    def truncate(self, lengths) -> None:
+        """Cuts row b back to its first lengths[b] entries ([B] ints, each <= the row's length; ValueError
+        naming `lengths` otherwise): what a round keeps after `extend_memory` appended its whole block."""
+        self.rows = truncated(self.rows, lengths)
 
     @property
     def batch_size(self) -> int:
@@ -57,13 +89,17 @@ class FlashMapMemory:
         self.v = torch.nn.functional.pad(self.v, pad)
         self.draft_graphs.clear()
 
-    def write(self, start: int, kv: list[KV]) -> None:
-        """Writes per-layer K/V [B, h, T, hd] at entries start..start+T−1 (does not change `length`)."""
+    def write(self, start, kv: list[KV]) -> None:
+        """Writes per-layer K/V [B, h, T, hd] at entries start..start+T−1 of every row (an int), or of row
+        b from start[b] (a list of B ints); does not change the lengths."""
         n = kv[0][0].shape[2]
-        self.reserve(start + n)
+        starts = [int(start)] * self.batch_size if isinstance(start, int) else list(start)
+        self.reserve(max(starts) + n)
+        rows = [(slice(None), starts[0])] if len(set(starts)) == 1 else list(enumerate(starts))
         for layer, (k, v) in enumerate(kv):
-            self.k[layer, :, :, start:start + n] = k
-            self.v[layer, :, :, start:start + n] = v
+            for b, s in rows:
+                self.k[layer, b, :, s:s + n] = k[b]
+                self.v[layer, b, :, s:s + n] = v[b]
 
     def layer_kv(self, layer: int, n: int, start: int = 0) -> KV:
         """Views of entries start..n−1 of one layer: [B, h, n − start, hd] each."""
@@ -105,21 +141,11 @@ class TrainMemory:
         return mask[:, :, None, :].expand(B, A, block_size, T + A).reshape(B, 1, A * block_size, T + A)
 
 
-class DraftBlock(NamedTuple):
-    """tokens [B, K] int64 target ids; logits [B, K, V_s] fp32 of the last evaluation, or None."""
-    tokens: torch.Tensor
-    logits: torch.Tensor | None
-
-
-def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device,
-            name: str = "seed/position") -> torch.Tensor:
-    """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
-    it already lives there), an int is filled in on the device (no host-to-device transfer).
-    Raises ValueError naming `name` for a non-integer tensor or one that is neither [B] nor [1]."""
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool \
-                or value.numel() not in (1, batch_size) or value.dim() > 1:
-            raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
-                             f"{list(value.shape)} {value.dtype}")
-        return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
-    return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)
+def ragged_mask(lengths: torch.Tensor, start: int, window: int | None, num_slots: int) -> torch.Tensor:
+    """bool [B, 1, K, max(lengths) + 1 − start]: which of the entries start..max(lengths) (the anchors'
+    scratch index included) row b's K slots read — its committed entries within the context window,
+    and its anchor at index lengths[b]. lengths [B] int64 (CPU)."""
+    j = torch.arange(start, int(lengths.max()) + 1)[None]
+    low = lengths - window if window is not None else torch.zeros_like(lengths)
+    mask = (j <= lengths[:, None]) & (j >= low[:, None])
+    return mask[:, None, None, :].expand(-1, 1, num_slots, -1)

@@ -24,7 +24,7 @@ from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.common.window import window_start
 from flashmap_ext.drafters.flashmap import fused
 from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, TimestepEmbedder
-from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers
+from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers, shape_fields
 from flashmap_ext.drafters.flashmap.draft import draft_block
 from flashmap_ext.drafters.flashmap.flow import (
     d_space_noise,
@@ -33,7 +33,7 @@ from flashmap_ext.drafters.flashmap.flow import (
     reader_log_likelihood,
     whitened_rows,
 )
-from flashmap_ext.drafters.flashmap.memory import KV, FlashMapMemory, TrainMemory
+from flashmap_ext.drafters.flashmap.memory import KV, FlashMapMemory, TrainMemory, ragged_mask
 from flashmap_ext.rng import drafter_xi
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
@@ -102,16 +102,30 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def for_target(cls, target: Any, **overrides: Any) -> "FlashMapDrafter":
-        """A fresh drafter shaped for `target` (HF causal LM or adapter): d_target, vocab_size and 5 tap
-        layers spread from 1 to L−3 come from the target; `overrides` set any other config field."""
+    def for_target(cls, target: Any, preset: str | None = None, *, init: str = "zero",
+                   **fields: Any) -> "FlashMapDrafter":
+        """A fresh drafter for `target` (HF causal LM or adapter) on the target's device.
+
+        preset: a size from `config.SHAPES` ("qwen3-8b": 6 layers, width 2048, K 16, ≈0.5 B parameters at
+            d_target 4096; "cpu-small"; "cpu-tiny"), or None to give all of n_layers, width, heads in
+            `fields` (nothing is guessed: ValueError naming `preset` otherwise).
+        init: "zero" (adaLN-Zero: every block starts as the identity, the logits at 0, so an untrained
+            drafter proposes one id everywhere; the start of training) or "random" (random gates, so
+            every input matters: experiments and plumbing runs, as `--drafter random`).
+        fields: any FlashMapConfig field. d_target, vocab_size and 5 tap layers spread from 1 to L−3 come
+            from the target unless given.
+        """
+        if init not in ("zero", "random"):
+            raise ValueError(f"init: expected 'zero' or 'random', got {init!r}")
         model = hf_causal_lm(target)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         emb = model.get_input_embeddings().weight
-        fields = dict(d_target=emb.shape[1], vocab_size=emb.shape[0],
-                      target_layer_ids=default_tap_layers(cfg.num_hidden_layers))
-        fields.update(overrides)
-        return cls(FlashMapConfig(**fields)).to(emb.device).attach_target(target)
+        shape = dict(d_target=emb.shape[1], vocab_size=emb.shape[0],
+                     target_layer_ids=default_tap_layers(cfg.num_hidden_layers))
+        drafter = cls(FlashMapConfig(**{**shape, **shape_fields(preset, fields)}))
+        if init == "random":
+            drafter.reset_parameters(zero_init=False)
+        return drafter.to(emb.device).attach_target(target)
 
     def reset_parameters(self, zero_init: bool = True) -> None:
         """DiT init: xavier-uniform Linear weights, zero biases, N(0, 0.02) time-MLP and slot positions.
@@ -293,24 +307,28 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         if packed is not None:
             return fused.fused_extend_memory(packed, memory, token_ids, taps)
         entries = self._context_entries(taps)
-        T = token_ids.shape[1]
-        pos = (memory.length + torch.arange(T, device=entries.device)).expand(memory.batch_size, T)
-        memory.write(memory.length, self._layer_kvs(entries, pos))
-        memory.length += T
+        starts = memory.rows  # row b's T positions start at its own length (a ragged batch)
+        pos = torch.tensor(starts, device=entries.device)[:, None] + torch.arange(token_ids.shape[1],
+                                                                                  device=entries.device)
+        memory.write(starts, self._layer_kvs(entries, pos))
+        memory.grow(token_ids.shape[1])
 
     def denoise(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, slot_inputs: torch.Tensor,
                 tau_s: torch.Tensor | float, tau_t: torch.Tensor | float) -> torch.Tensor:
         """One network evaluation at inference: logits [B, K, V_s] fp32 of δ_{s,t} for d-space slot
-        states slot_inputs [B, K, d_target]; the anchor [B] sits after the memory's committed entries,
-        of which the last `config.context_window` (all: None) are read."""
-        B, K, n = anchor_tokens.shape[0], self.config.block_size, memory.length
+        states slot_inputs [B, K, d_target]; row b's anchor [B] sits after its lengths[b] committed
+        entries, of which the last `config.context_window` (all: None) are read."""
+        B, K, n, dev = anchor_tokens.shape[0], self.config.block_size, memory.length, anchor_tokens.device
+        lengths = torch.tensor(memory.rows, device=dev)
         anchor = self._anchor_entries(anchor_tokens)[:, None]
-        memory.write(n, self._layer_kvs(anchor, torch.full((B, 1), n, device=anchor.device)))
-        tau_s, tau_t = (torch.as_tensor(x, dtype=torch.float32, device=anchor.device).expand(B) for x in (tau_s, tau_t))
+        memory.write(memory.rows, self._layer_kvs(anchor, lengths[:, None]))
+        tau_s, tau_t = (torch.as_tensor(x, dtype=torch.float32, device=dev).expand(B) for x in (tau_s, tau_t))
         c = self._cond(tau_s, tau_t)[:, None]
-        q_pos = (n + 1 + torch.arange(K, device=anchor.device)).expand(B, K)
-        start = window_start(n, self.config.context_window)
-        hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1, start), q_pos, None)
+        q_pos = lengths[:, None] + 1 + torch.arange(K, device=dev)
+        start = window_start(min(memory.rows), self.config.context_window)
+        mask = ragged_mask(memory.lengths, start, self.config.context_window, K) if memory.ragged else None
+        hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1, start), q_pos,
+                             None if mask is None else mask.to(dev))
         return self.logits_from_hidden(hidden[:, 0], self.state_term(slot_inputs, tau_s))
 
     def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,

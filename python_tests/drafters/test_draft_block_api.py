@@ -1,0 +1,101 @@
+"""`flashmap_ext.draft_block`, one drafting call for FlashMap, DFlash and EAGLE-3 chains, and
+`FlashMapDrafter.for_target`'s presets and init (issue 28 items 1 and 5). Tiny random targets, CPU."""
+import pytest
+import torch
+
+import flashmap_ext as fm
+from conftest import tiny_qwen3
+from flashmap_ext.drafters.flashmap.config import SHAPES
+
+S = 9  # prompt tokens: the anchor is the last one, at position S - 1
+
+
+def _drafters(model):
+    torch.manual_seed(1)
+    flash = fm.FlashMapDrafter.for_target(model, "cpu-tiny", init="random", target_layer_ids=(0, 2))
+    dflash = fm.DFlashDrafter.for_target(model, mask_token_id=110, num_hidden_layers=1, block_size=6,
+                                         target_layer_ids=[0, 2], dtype=torch.float32)
+    eagle = fm.Eagle3Drafter.for_target(model, num_draft_tokens=4, dtype=torch.float32)
+    return {"flashmap": flash.eval(), "dflash": dflash.eval(), "eagle3": eagle.eval()}
+
+
+def _memory(model, drafter, ids):
+    """The drafter's memory of ids[:, :-1], its taps read from HF's own hidden states (tap i = hidden_states[i + 1])."""
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+    taps = torch.cat([hidden[i + 1] for i in drafter.target_layer_ids], dim=-1)
+    memory = drafter.new_memory(ids.shape[0], "cpu")
+    drafter.extend_memory(memory, ids[:, :-1], taps[:, :-1])
+    return memory
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_qwen3()
+    ids = torch.randint(0, 100, (2, S), generator=torch.Generator().manual_seed(3))
+    return model, ids, _drafters(model)
+
+
+@pytest.mark.parametrize("kind, K", [("flashmap", 8), ("dflash", 5), ("eagle3", 4)])
+def test_draft_block_one_call_for_every_drafter(setup, kind, K):
+    model, ids, drafters = setup
+    drafter = drafters[kind]
+    assert drafter.num_draft_tokens == K  # FlashMap: block_size; DFlash: block_size - 1; EAGLE-3: its chain
+    memory = _memory(model, drafter, ids)
+    seed, position = torch.tensor([5, 6]), torch.full((2,), S - 1)
+    block = fm.draft_block(drafter, memory, ids[:, -1], seed=seed, position=position, return_logits=True)
+    assert isinstance(block, fm.DraftBlock)
+    assert block.tokens.shape == (2, K) and block.tokens.dtype == torch.int64
+    assert block.logits.shape[:2] == (2, K) and block.logits.dtype == torch.float32
+    assert torch.equal(block.tokens, block.logits.argmax(-1))  # full draft vocabulary: row i is target id i
+    short = fm.draft_block(drafter, memory, ids[:, -1], num_tokens=2, seed=seed, position=S - 1)
+    assert torch.equal(short.tokens, block.tokens[:, :2]) and short.logits is None
+
+
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
+def test_draft_block_refuses_a_position_the_memory_disagrees_with(setup, kind):
+    model, ids, drafters = setup
+    memory = _memory(model, drafters[kind], ids)
+    with pytest.raises(ValueError, match="position"):
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S)  # an extend_memory too few
+    with pytest.raises(ValueError, match="num_tokens"):
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1, num_tokens=9)
+
+
+def test_draft_block_steps_and_noise_are_flashmap_only(setup):
+    model, ids, drafters = setup
+    memory = _memory(model, drafters["dflash"], ids)
+    for kwargs in (dict(steps=2), dict(noise=torch.zeros(2, 5, 64))):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            fm.draft_block(drafters["dflash"], memory, ids[:, -1], position=S - 1, **kwargs)
+    with pytest.raises(ValueError, match="position"):
+        fm.draft_block(drafters["dflash"], memory, ids[:, -1])
+
+
+def test_for_target_takes_a_preset_or_explicit_sizes_and_never_guesses():
+    model = tiny_qwen3()
+    with pytest.raises(ValueError, match="preset"):
+        fm.FlashMapDrafter.for_target(model)
+    with pytest.raises(ValueError, match="preset.*heads"):
+        fm.FlashMapDrafter.for_target(model, n_layers=1, width=32)
+    with pytest.raises(ValueError, match="preset"):
+        fm.FlashMapDrafter.for_target(model, "qwen3-0.6b")
+    with pytest.raises(ValueError, match="init"):
+        fm.FlashMapDrafter.for_target(model, "cpu-tiny", init="xavier")
+    c = fm.FlashMapDrafter.for_target(model, "cpu-tiny", block_size=4).config
+    assert (c.n_layers, c.width, c.heads, c.block_size) == (SHAPES["cpu-tiny"]["n_layers"],
+                                                            SHAPES["cpu-tiny"]["width"], SHAPES["cpu-tiny"]["heads"], 4)
+    assert (c.d_target, c.vocab_size) == (64, 111)
+
+
+def test_for_target_init_zero_drafts_one_id_random_drafts_many():
+    model = tiny_qwen3()
+    ids = torch.randint(0, 100, (1, S), generator=torch.Generator().manual_seed(4))
+    drafts = {}
+    for init in ("zero", "random"):
+        torch.manual_seed(2)
+        drafter = fm.FlashMapDrafter.for_target(model, "cpu-tiny", init=init, target_layer_ids=(0, 2)).eval()
+        memory = _memory(model, drafter, ids)
+        drafts[init] = fm.draft_block(drafter, memory, ids[:, -1], seed=1, position=S - 1).tokens
+    assert drafts["zero"].unique().numel() == 1    # adaLN-Zero: every logit 0, argmax = id 0 in every slot
+    assert drafts["random"].unique().numel() > 1
