@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from flashmap_ext import ops
+from flashmap_ext.batched import embeddable, generate_rows
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
 from flashmap_ext.target import Target
 from flashmap_ext.tree import TreeSpec, tree_round
@@ -37,8 +38,11 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     Args:
         target: a `Target` or any HF causal LM (wrapped on the fly).
         drafter: a `BlockDrafter` (drafters/common/base.py), or None for the autoregressive baseline.
-        input_ids: the prompt, [S] or [1, S] int64 tensor or a list of ints, 1 <= S.
-        max_new_tokens: exact budget (>= 0); fewer tokens only when a stop token is emitted.
+        input_ids: the prompt, [S] or [1, S] int64 tensor or a list of ints, 1 <= S; or a list of B
+            prompts (each a list of ints or an [S_b] tensor; lengths may differ): one batch (batched.py),
+            a list of B GenerateOutputs back, row b as its own call with `seed[b]`, `max_new_tokens[b]`.
+        max_new_tokens: exact budget (>= 0); fewer tokens only when a stop token is emitted. A batch
+            takes an int or one per prompt (as does `seed`).
         temperature, top_k, top_p: target sampling (T = 0 greedy; top_k 0 / top_p 1 = off).
         seed: request seed of the verifier's (and drafter's) counter-based RNG.
         stop_token_ids: generation ends right after the first of these (it is included); a single id
@@ -58,6 +62,9 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             tree without a tree drafter.
     """
     target = target if isinstance(target, Target) else Target(target)
+    if is_prompt_list(input_ids):
+        return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                               stop_token_ids, tree, valid_vocab, on_tokens, timer)
     prompt = check_prompt(target, input_ids, max_new_tokens)
     req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens, _stop_set(stop_token_ids),
                   on_tokens, target.device)
@@ -75,6 +82,36 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     stats.new_tokens = len(state.tokens)
     stats.total_time_s = timer.now(target.device) - start
     return GenerateOutput(state.tokens, stats)
+
+
+def is_prompt_list(input_ids) -> bool:
+    """True for a non-empty list or tuple of prompts (sequences or 1-D tensors), not one prompt of ints."""
+    return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and all(
+        isinstance(p, (list, tuple)) or isinstance(p, torch.Tensor) and p.dim() >= 1 for p in input_ids)
+
+
+def per_prompt(value, batch: int, name: str) -> list:
+    """An int for every prompt, or a list/tuple of `batch` of them; ValueError naming `name` otherwise."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != batch:
+            raise ValueError(f"{name}: expected one value per prompt ({batch}), got {len(value)}")
+        return list(value)
+    return [value] * batch
+
+
+def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
+                    tree, valid_vocab, on_tokens, timer) -> list:
+    """`generate` over a list of prompts: one GenerateOutput per prompt (batched.py)."""
+    if tree is not None:
+        raise ValueError("tree: tree drafting runs one prompt at a time; pass a single prompt")
+    if on_tokens is not None:
+        raise ValueError("on_tokens: streaming runs one prompt at a time; pass a single prompt")
+    budgets, seeds = per_prompt(max_new_tokens, len(prompts), "max_new_tokens"), per_prompt(seed, len(prompts), "seed")
+    checked = [check_prompt(target, p, m) for p, m in zip(prompts, budgets)]
+    stop = _stop_set(stop_token_ids)
+    requests = [Request(temperature, top_k, top_p, s, valid_vocab, m, stop, None, target.device)
+                for s, m in zip(seeds, budgets)]
+    return generate_rows(target, drafter, checked, requests, timer or Timer())
 
 
 def generate_tree(target, drafter, input_ids, max_new_tokens: int, *args, depth: int = 7, topk: int = 10,
@@ -109,7 +146,7 @@ def chain_round(target: Target, drafter, state: State, req: Request, stats: Gene
     drafts = _draft(drafter, state, req)
     t1 = timer.mark("draft", dev)
     k = drafts.shape[1]
-    block = torch.cat([state.anchor[:, None], _embeddable(drafts, target.vocab_size)], dim=1)
+    block = torch.cat([state.anchor[:, None], embeddable(drafts, target.vocab_size)], dim=1)
     out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=state.tap_ids)
     timer.mark("forward", dev)
     res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
@@ -140,11 +177,6 @@ def _draft(drafter, state: State, req: Request) -> torch.Tensor:
     if drafts.dim() != 2 or drafts.shape[0] != 1 or drafts.shape[1] > k:  # fewer: e.g. a short n-gram match
         raise ValueError(f"drafter returned draft_tokens of shape {tuple(drafts.shape)}, expected (1, n <= {k})")
     return drafts.to(torch.int64)
-
-
-def _embeddable(drafts: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Drafts with invalid ids (-1, >= V) replaced by 0 for the forward; `verify` rejects those slots."""
-    return torch.where((drafts >= 0) & (drafts < vocab_size), drafts, 0)
 
 
 def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:

@@ -44,6 +44,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
                         "else torch's default)")
+    p.add_argument("--batch-size", type=int, default=0,
+                   help="B >= 1: the batch throughput run instead (bench/batch.py): AR, FlashMap-1/2 and DFlash "
+                        "over batches of B prompts, tokens/s vs batched AR, written to OUT/batch-B.json and .md")
     p.add_argument("--out", default="runs/bench", help="output dir (results.json, results.md, *.png)")
     p.set_defaults(func=run)
 
@@ -66,7 +69,7 @@ def check_args(args) -> None:
     from flashmap_ext.assets.datasets import check_spec
     from flashmap_ext.assets.models import AssetError
     for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-                            ("--shuffle-n", args.shuffle_n, 0)):
+                            ("--shuffle-n", args.shuffle_n, 0), ("--batch-size", args.batch_size, 0)):
         if value < low:
             raise ValueError(f"{opt}: must be >= {low} (got {value})")
     names = [d.strip() for d in args.datasets.split(",") if d.strip()]
@@ -91,6 +94,11 @@ def run(args) -> int:
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
                       shapes=args.shapes, auto=args.auto, recalibrate=args.recalibrate,
                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
+    if args.batch_size:
+        from flashmap_ext.bench.batch import markdown as batch_markdown
+        from flashmap_ext.bench.batch import run_batch
+        print(batch_markdown(run_batch(cfg, args.batch_size)))
+        return 0
     results = run_bench(cfg)
     from flashmap_ext.bench.report import markdown
     print(markdown(results))

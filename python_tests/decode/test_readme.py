@@ -71,7 +71,7 @@ def test_python_snippet_runs_and_prints(tmp_path, monkeypatch):
     with contextlib.redirect_stdout(out):
         exec(compile(code, "README.md", "exec"), {})
     printed = out.getvalue()
-    for promised in ("verify:", "sample:", "γ ", "tokens/s", "drafted block:", "auto:"):
+    for promised in ("verify:", "sample:", "γ ", "tokens/s", "drafted block:", "auto:", "batch: [32, 8]"):
         assert promised in printed, printed
     block = re.search(r"drafted block: \[\[([\d, ]+)\]\]", printed)
     assert block and len(block.group(1).split(",")) == 8
@@ -169,3 +169,37 @@ def test_prose_names_no_old_module_path_and_readme_paths_exist():
     cited = set(re.findall(r"`((?:python_tests|python_tests_vllm|flashmap_ext|scripts|benches|csrc|docs)/[\w./-]+)`",
                            README))
     assert len(cited) > 5 and not [p for p in sorted(cited) if not (ROOT / p).exists()]
+
+
+@pytest.mark.parametrize("kind, steps", [("flashmap", 1), ("flashmap", 2), ("dflash", None), ("eagle3", None)])
+def test_own_decoder_loop_runs_as_written_and_equals_greedy(kind, steps):
+    """The "Use it in your own decoder" block, exec'd as written, then called on a tiny random Qwen3 for one
+    prompt and a ragged batch of two: each row equals plain greedy decoding (full recompute per token)."""
+    from conftest import tiny_qwen3
+    from drafter_doubles import greedy_continuation, random_flashmap
+    (block,) = fenced_blocks("python", section("Use it in your own decoder"))
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    model = tiny_qwen3()
+    if kind == "flashmap":
+        drafter = random_flashmap(model, 6, (0, 2)).eval()
+        drafter.config.draft_steps = steps
+    elif kind == "eagle3":
+        from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+        drafter = Eagle3Drafter.for_target(model, num_draft_tokens=4, dtype=torch.float32).eval()
+    else:
+        drafter = fm_dflash(model)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 111, (n,), generator=g).tolist() for n in (7, 13)]
+    for batch in ([prompts[1]], prompts):
+        out = scope["speculative_greedy"](model, drafter, batch, 20)
+        assert [len(o) for o in out] == [20] * len(batch)
+        for prompt, row in zip(batch, out):
+            assert row == greedy_continuation(model, prompt, 20).tolist()
+
+
+def fm_dflash(model):
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    torch.manual_seed(1)
+    return DFlashDrafter.for_target(model, mask_token_id=110, num_hidden_layers=1, block_size=5,
+                                    target_layer_ids=[0, 2], dtype=torch.float32).eval()

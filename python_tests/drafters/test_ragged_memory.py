@@ -2,7 +2,7 @@
 extend (`extend_memory` appends T positions to every row, each from its own length) and `truncate`.
 Each row of a ragged batch of 4 must draft what it drafts alone in a batch-1 memory: tokens exactly,
 logits within fp32 tolerance (a batch of 4 with masks rounds differently from a solo run). FlashMap
-1 and 2 steps (reference path, fused ops on CPU, a context window) and DFlash. Tiny random Qwen3, CPU."""
+1 and 2 steps (reference path, fused ops on CPU, a context window), DFlash and EAGLE-3. Tiny random Qwen3, CPU."""
 import pytest
 import torch
 
@@ -88,6 +88,11 @@ def _flashmap(model, window=None):
     return d.eval()
 
 
+def _eagle3(model, window=None):
+    torch.manual_seed(1)
+    return fm.Eagle3Drafter.for_target(model, num_draft_tokens=4, dtype=torch.float32).eval()
+
+
 def _dflash(model, window=None):
     torch.manual_seed(1)
     return fm.DFlashDrafter.for_target(model, mask_token_id=110, num_hidden_layers=2, block_size=6,
@@ -96,12 +101,12 @@ def _dflash(model, window=None):
 
 CASES = [("flashmap", 1, "reference", None), ("flashmap", 2, "reference", None), ("flashmap", 1, "fused", None),
          ("flashmap", 2, "fused", None), ("flashmap", 2, "reference", 6), ("dflash", None, "reference", None),
-         ("dflash", None, "reference", 6)]
+         ("dflash", None, "reference", 6), ("eagle3", None, "reference", None)]
 
 
 @pytest.mark.parametrize("kind, steps, path, window", CASES)
 def test_each_row_of_a_ragged_batch_drafts_what_it_drafts_alone(model, rows, kind, steps, path, window):
-    drafter = (_flashmap if kind == "flashmap" else _dflash)(model, window)
+    drafter = {"flashmap": _flashmap, "dflash": _dflash, "eagle3": _eagle3}[kind](model, window)
     steps = steps if kind == "flashmap" else None
     together = _two_rounds(drafter, rows, [0, 1, 2, 3], steps, path)
     for b in range(4):

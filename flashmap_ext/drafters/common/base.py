@@ -89,6 +89,40 @@ def truncated(current: list, lengths) -> list:
     return new
 
 
+class RaggedRows:
+    """Mixin of the drafter memories: `rows`, the committed positions of each row as Python ints (no device
+    sync; torch.compile sees constants), which may differ (a ragged batch)."""
+    rows: list
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] int64 (CPU): committed positions per row = the absolute position of each row's anchor."""
+        return torch.tensor(self.rows, dtype=torch.int64)
+
+    @property
+    def length(self) -> int:
+        """The longest row's committed positions (the buffers' high-water mark); setting it sets every row's."""
+        return max(self.rows, default=0)
+
+    @length.setter
+    def length(self, n: int) -> None:
+        self.rows = [int(n)] * len(self.rows)
+
+    @property
+    def ragged(self) -> bool:
+        """True when the rows hold different lengths."""
+        return len(set(self.rows)) > 1
+
+    def grow(self, n: int) -> None:
+        """Counts n more committed positions in every row (after they were written)."""
+        self.rows = [r + n for r in self.rows]
+
+    def truncate(self, lengths) -> None:
+        """Cuts row b back to its first lengths[b] positions ([B] ints, each <= the row's length; ValueError
+        naming `lengths` otherwise): what a round keeps after `extend_memory` appended its whole block."""
+        self.rows = truncated(self.rows, lengths)
+
+
 class TargetMismatch(ValueError):
     """A drafter built for another target: a config field (hidden size, vocabulary, tap layers) does not
     match the target it is attached to; one line naming each mismatching field and both values."""

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from flashmap_ext.drafters.common.base import truncated
+from flashmap_ext.drafters.common.base import RaggedRows
 
 
-class KVCache:
+class KVCache(RaggedRows):
     """Cached context K/V per layer, normed and rotated: buffers [B, G, capacity, hd]; row b's first
     lengths[b] positions (its committed positions so far) are valid, the rest scratch (rows may differ:
     a ragged batch). Capacity doubles when full, so appending is amortised O(new tokens) instead of a
@@ -16,21 +16,6 @@ class KVCache:
         self.key_buffers, self.value_buffers = key_buffers, value_buffers
         #: committed positions per row as Python ints (no device sync; torch.compile sees constants)
         self.rows = [int(length)] * key_buffers[0].shape[0]
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """[B] int64 (CPU): committed positions per row."""
-        return torch.tensor(self.rows, dtype=torch.int64)
-
-    @property
-    def length(self) -> int:
-        """The longest row's committed positions (the buffers' high-water mark)."""
-        return max(self.rows, default=0)
-
-    @property
-    def ragged(self) -> bool:
-        """True when the rows hold different lengths."""
-        return len(set(self.rows)) > 1
 
     @property
     def keys(self) -> list[torch.Tensor]:
@@ -64,12 +49,7 @@ class KVCache:
             for b, s in rows:
                 self.key_buffers[i][b, :, s:s + n] = k[b]
                 self.value_buffers[i][b, :, s:s + n] = v[b]
-        self.rows = [r + n for r in self.rows]
-
-    def truncate(self, lengths) -> None:
-        """Cuts row b back to its first lengths[b] positions ([B] ints, each <= the row's length;
-        ValueError naming `lengths` otherwise)."""
-        self.rows = truncated(self.rows, lengths)
+        self.grow(n)
 
 
 def _grow(buf: torch.Tensor, needed: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget
+from flashmap_ext.drafters.common.base import ReadsTarget, truncated
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
@@ -35,15 +35,43 @@ from flashmap_ext.target.tables import TargetTables
 
 @dataclass
 class Eagle3Memory:
-    """K/V of the committed pairs (positions 0 … L−1) and g of the last committed position [B, 1, d],
-    waiting for the token after it (the anchor) to form a pair."""
+    """K/V of the committed pairs (positions 0 … L−2 of a row with L committed positions) and g of the last
+    committed position [B, 1, d], waiting for the token after it (the anchor) to form a pair. `g` keeps
+    every committed position's g [B, capacity, d] (left-aligned per row), so `truncate` can restore the
+    pending one; rows may hold different lengths (a ragged batch)."""
     cache: KVCache
     pending: torch.Tensor | None = None
+    g: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> list:
+        """Committed positions per row (Python ints): the pairs, plus the pending position."""
+        return [n + (self.pending is not None) for n in self.cache.rows]
 
     @property
     def lengths(self) -> torch.Tensor:
         """[B] int64 (CPU): committed positions per row (the cached pairs and the pending one)."""
-        return self.cache.lengths + (self.pending is not None)
+        return torch.tensor(self.rows, dtype=torch.int64)
+
+    def write_g(self, g: torch.Tensor) -> None:
+        """Stores g [B, T, d] of T new positions, row b's from its own length on (before they are counted)."""
+        starts, T = self.rows, g.shape[1]
+        end = max(starts) + T
+        if self.g is None or self.g.shape[1] < end:
+            grown = g.new_zeros(g.shape[0], max(end, 2 * (0 if self.g is None else self.g.shape[1])), g.shape[2])
+            if self.g is not None:
+                grown[:, :self.g.shape[1]] = self.g
+            self.g = grown
+        for b, s in enumerate(starts):
+            self.g[b, s:s + T] = g[b]
+
+    def truncate(self, lengths) -> None:
+        """Cuts row b back to its first lengths[b] >= 1 positions (ValueError naming `lengths` otherwise)."""
+        new = truncated(self.rows, lengths)
+        if min(new) < 1:
+            raise ValueError(f"lengths: an EAGLE-3 memory keeps at least one position per row, got {new}")
+        self.cache.truncate([n - 1 for n in new])
+        self.pending = self.g[torch.arange(len(new)), torch.tensor(new) - 1][:, None]
 
 
 class Eagle3Layer(nn.Module):
@@ -145,7 +173,7 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         return self.config.target_layer_ids
 
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> Eagle3Memory:
-        """Empty memory for `batch_size` sequences (all rows share one length)."""
+        """Empty memory for `batch_size` sequences (rows may come to hold different lengths: `truncate`)."""
         c, w = self.config, self.fc.weight
         cache = KVCache.empty(1, batch_size, c.num_key_value_heads, c.head_dim, w.dtype, device or w.device)
         return Eagle3Memory(cache)
@@ -162,15 +190,16 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         if t == 0:
             return
         g = self.fuse(taps)
-        if memory.pending is not None:
-            g, nxt = torch.cat([memory.pending, g], dim=1), token_ids
+        memory.write_g(g)
+        if memory.pending is not None:  # row b's pairs (g_s, x_{s+1}) for s = rows[b] − 1 … rows[b] + t − 2
+            pairs_g, nxt = torch.cat([memory.pending, g], dim=1)[:, :t], token_ids
         else:
-            nxt = token_ids[:, 1:]
+            pairs_g, nxt = g[:, :t - 1], token_ids[:, 1:]
         n = nxt.shape[1]
         if n:
-            pos = memory.cache.length + torch.arange(n, device=g.device).expand(b, -1)
+            pos = torch.tensor(memory.cache.rows, device=g.device)[:, None] + torch.arange(n, device=g.device)
             cos, sin = self.rotary(pos, g.dtype)
-            memory.cache.append([self.midlayer.kv(g[:, :n], self.tables.embed(nxt, g.dtype), cos, sin)])
+            memory.cache.append([self.midlayer.kv(pairs_g, self.tables.embed(nxt, g.dtype), cos, sin)])
         memory.pending = g[:, -1:]
 
     @torch.no_grad()
@@ -203,11 +232,17 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
             raise ValueError("anchor_tokens and position must both be [B]")
         hidden, token = memory.pending, anchor_tokens
         keys, values = memory.cache.keys[0], memory.cache.values[0]
+        visible = None  # rows of different lengths: each step sees its row's pairs and its own chain
+        if memory.cache.ragged:
+            visible = torch.arange(keys.shape[2])[None] < memory.cache.lengths[:, None]
         logits, drafts = [], []
         for j in range(steps):
             cos, sin = self.rotary((position - 1 + j)[:, None], hidden.dtype)
             emb = self.tables.embed(token[:, None], hidden.dtype)
-            out, k, v = self.midlayer(hidden, emb, cos, sin, keys, values)
+            mask = None
+            if visible is not None:
+                mask = torch.cat([visible, visible.new_ones(len(visible), j + 1)], 1)[:, None, None].to(keys.device)
+            out, k, v = self.midlayer(hidden, emb, cos, sin, keys, values, mask)
             keys, values = torch.cat([keys, k], dim=2), torch.cat([values, v], dim=2)
             logits.append(self.draft_logits(out)[:, 0])
             hidden = self.carry(out)

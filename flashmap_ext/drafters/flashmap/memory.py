@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from flashmap_ext.drafters.common.base import DraftBlock, per_row, truncated  # noqa: F401  (their home is common/)
+from flashmap_ext.drafters.common.base import DraftBlock, RaggedRows, per_row  # noqa: F401  (their home is common/)
 from flashmap_ext.drafters.common.window import visible_context
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-class FlashMapMemory:
+class FlashMapMemory(RaggedRows):
     """Cross-attention K/V of B sequences; row b holds its committed positions 0..lengths[b]−1 (rows may
     differ: a ragged batch, DESIGN.md §5.3).
 
@@ -40,34 +40,6 @@ class FlashMapMemory:
               dtype: torch.dtype, capacity: int = 64) -> "FlashMapMemory":
         shape = (n_layers, batch_size, heads, capacity, head_dim)
         return cls(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        """[B] int64 (CPU): committed entries per row = the absolute position of each row's anchor."""
-        return torch.tensor(self.rows, dtype=torch.int64)
-
-    @property
-    def length(self) -> int:
-        """The longest row's committed entries (the buffers' high-water mark); setting it sets every row's."""
-        return max(self.rows, default=0)
-
-    @length.setter
-    def length(self, n: int) -> None:
-        self.rows = [int(n)] * len(self.rows)
-
-    @property
-    def ragged(self) -> bool:
-        """True when the rows hold different lengths."""
-        return len(set(self.rows)) > 1
-
-    def grow(self, n: int) -> None:
-        """Counts n more committed entries in every row (after they were written)."""
-        self.rows = [r + n for r in self.rows]
-
-    def truncate(self, lengths) -> None:
-        """Cuts row b back to its first lengths[b] entries ([B] ints, each <= the row's length; ValueError
-        naming `lengths` otherwise): what a round keeps after `extend_memory` appended its whole block."""
-        self.rows = truncated(self.rows, lengths)
 
     @property
     def batch_size(self) -> int:
