@@ -91,9 +91,10 @@ class Target:
             num_logits: number of trailing positions whose logits are computed (1 <= n <= T).
             tap_layer_ids: 0-based decoder layers whose outputs are returned (HF hidden_states[i + 1]: the
                 last layer's is taken after the final norm, as HF and z-lab's DFlash do).
-            attention_mask: None (causal) or an additive float mask [1, 1, T, cached + T] in the model's
-                dtype (0 = visible, dtype-min = hidden), used as is (sdpa / eager attention).
-            position_ids: None (cached .. cached + T - 1) or [1, T] int64 absolute positions (RoPE).
+            attention_mask: None (causal), a padding mask [B, cached + T] int64 (1 = real position: a
+                ragged batch, target/ragged.py), or an additive float mask [1, 1, T, cached + T] in the
+                model's dtype (0 = visible, dtype-min = hidden), used as is (sdpa / eager attention).
+            position_ids: None (cached .. cached + T - 1) or [B, T] int64 absolute positions (RoPE).
         Returns:
             TargetOutput(logits [B, num_logits, V], taps [B, T, len(ids) * d] concatenated in id order).
         Raises:
@@ -102,7 +103,7 @@ class Target:
         if not 1 <= num_logits <= input_ids.shape[1]:
             raise ValueError(f"num_logits must be in [1, {input_ids.shape[1]}] (got {num_logits})")
         attn = str(getattr(self.model.config, "_attn_implementation", None))
-        if attention_mask is not None and "flash" in attn:
+        if attention_mask is not None and attention_mask.dim() == 4 and "flash" in attn:
             raise ValueError(f"a custom attention mask (tree attention) needs sdpa or eager attention, "
                              f"not {attn}")
         captured: list = [None] * len(tap_layer_ids)
