@@ -151,7 +151,7 @@ def test_prompt_longer_than_context_raises(model, prompt_len, budget):
 
 def test_bad_inputs_raise(model):
     with pytest.raises(ValueError, match="batch size 1"):
-        generate(model, None, [[1, 2], [3, 4]], 4)
+        generate(model, None, torch.tensor([[1, 2], [3, 4]]), 4)  # a list of prompts is a batch
     with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 111\)"):
         generate(model, None, [1, 111], 4)
     with pytest.raises(ValueError, match="temperature"):
