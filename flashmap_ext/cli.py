@@ -10,7 +10,7 @@ import sys
 
 from flashmap_ext.assets.models import AssetError  # missing/unknown offline assets are user errors too
 
-COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval", "convert"]
+COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo", "eval", "convert", "testbed"]
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,0 +1,107 @@
+"""Held-out learning curves and the testbed's table data (DESIGN.md §13; definitions in synthetic/testbed.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from flashmap_ext.bench.methods import PerSlotNoiseDrafter, StepsDrafter
+from flashmap_ext.drafters.load import load_drafter
+from flashmap_ext.evaluate.heldout import add_taps
+from flashmap_ext.synthetic.language import Language
+from flashmap_ext.synthetic.target import load_spec
+from flashmap_ext.synthetic.testbed import (
+    KINDS,
+    ceiling_tallies,
+    drafter_drafts,
+    draw_diversity,
+    gamma_interval,
+    heldout_sequences,
+    paired_delta,
+    score_drafts,
+)
+from flashmap_ext.target.load import load_target
+
+FLAT = 0.01  # a curve has flattened when its last point's held-out γ (T = 1) gains < 1 % over the one before
+
+
+def _drafters(runs: dict[str, Path], target) -> dict:
+    """{row name: drafter} of the table: the flow model's one Euler step (the control), the map at 1 and 2 steps,
+    DFlash and EAGLE-3."""
+    flow = load_drafter(str(runs["flow"] / "drafter"), target, "flashmap", dtype=torch.float32)
+    fmap = load_drafter(str(runs["map"] / "drafter"), target, "flashmap", dtype=torch.float32)
+    return {"flow-1": StepsDrafter(flow, 1), "FlashMap-1": StepsDrafter(fmap, 1), "FlashMap-2": StepsDrafter(fmap, 2),
+            "DFlash": load_drafter(str(runs["dflash"] / "drafter"), target, "dflash", dtype=torch.float32),
+            "EAGLE-3": load_drafter(str(runs["eagle3"] / "drafter"), target, "eagle3", dtype=torch.float32)}
+
+
+def _setup(target_dir: Path, prompts: int, seed: int):
+    target, _ = load_target(str(target_dir), dtype="fp32", device="cpu")
+    lang = Language(load_spec(target_dir))
+    seqs = heldout_sequences(lang, prompts, seed)
+    add_taps(target, seqs, [1, 2, 3])
+    return target, lang, seqs
+
+
+def learning_curves(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> dict:
+    """{run: {"steps": [...], "gamma_t1": [...], "slot1": [...], "flat": bool}} on a small held-out set
+    (8 sequences, every 3rd anchor) at each saved checkpoint; flow and map drafted at 1 step."""
+    target, lang, seqs = _setup(target_dir, 8, seed)
+    k, out = opts["block_size"], {}
+    for name, run in runs.items():
+        kind = {"flow": "flashmap", "map": "flashmap"}.get(name, name)
+        drafter = load_drafter(str(run / "drafter"), target, kind, dtype=torch.float32)
+        probe = StepsDrafter(drafter, 1) if kind == "flashmap" else drafter
+        curve = {"steps": [], "gamma_t1": [], "slot1": []}
+        for ckpt in sorted((run / "checkpoints").glob("step-*[0-9]")):
+            drafter.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
+            drafter.drop_packed() if hasattr(drafter, "drop_packed") else None
+            tally = score_drafts(lang, seqs, drafter_drafts(probe, seqs, k, 3), k)
+            curve["steps"].append(int(ckpt.name.split("-")[1]))
+            curve["gamma_t1"].append(float(tally.gamma("all", 1)))
+            curve["slot1"].append(float(tally.slot_rates("all", 0)[0]))
+        g = curve["gamma_t1"]
+        curve["flat"] = bool(len(g) >= 2 and g[-1] < g[-2] * (1 + FLAT))
+        out[name] = curve
+    return out
+
+
+def _row(tally) -> dict:
+    row = {}
+    for kind in KINDS:
+        for t in (0, 1):
+            row[f"{kind}/t{t}"] = {"gamma": float(tally.gamma(kind, t)), "interval": gamma_interval(tally, kind, t)}
+    row["slots_t0"], row["slots_t1"] = tally.slot_rates("all", 0), tally.slot_rates("all", 1)
+    return row
+
+
+def measure(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> dict:
+    """The table's data: rows per drafter and ideal drafter, paired differences, shuffle test, draw diversity."""
+    target, lang, seqs = _setup(target_dir, opts["prompts"], seed)
+    k, stride = opts["block_size"], opts["stride"]
+    drafters = _drafters(runs, target)
+    drafts = {name: drafter_drafts(d, seqs, k, stride) for name, d in drafters.items()}
+    tallies = {name: score_drafts(lang, seqs, d, k) for name, d in drafts.items()}
+    ceilings = ceiling_tallies(lang, seqs, k, stride)
+    fmap = drafters["FlashMap-1"].inner
+    shuffle, diversity = {}, {}
+    for steps in (1, 2):
+        name = f"FlashMap-{steps}"
+        per_slot = score_drafts(lang, seqs, drafter_drafts(PerSlotNoiseDrafter(fmap, steps), seqs, k, stride), k)
+        shuffle[name] = {f"{kind}/t{t}": paired_delta(tallies[name], per_slot, kind, t)
+                         for kind in ("all", "bimodal") for t in (0, 1)}
+        draws = [drafts[name]] + [drafter_drafts(StepsDrafter(fmap, steps), seqs, k, stride, seed=s)
+                                  for s in range(1, opts["draws"])]
+        diversity[name] = draw_diversity(lang, seqs, draws)
+    deltas = {f"{a} - {b}": {f"{kind}/t{t}": paired_delta(tallies[a], tallies[b], kind, t)
+                             for kind in KINDS for t in (0, 1)}
+              for a, b in (("FlashMap-1", "DFlash"), ("FlashMap-2", "FlashMap-1"), ("FlashMap-2", "DFlash"),
+                           ("flow-1", "DFlash"))}
+    params = {name: sum(p.numel() for p in getattr(d, "inner", d).parameters() if p.requires_grad)
+              for name, d in drafters.items()}
+    return {"rows": {name: _row(t) for name, t in tallies.items()},
+            "ceilings": {name: _row(t) for name, t in ceilings.items()},
+            "deltas": deltas, "shuffle": shuffle, "diversity": diversity, "parameters": params,
+            "anchors": int(sum(t.counts("all", 0)[:, 1].sum() for t in list(tallies.values())[:1])),
+            "prompts": len(seqs)}

@@ -1,0 +1,83 @@
+"""The stages of `flashmap testbed run` (DESIGN.md §13): target, corpus, features, four trainings with the
+project's own CLI, learning curves, the measurement and the report. A stage whose output exists is skipped."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from flashmap_ext.synthetic import report
+from flashmap_ext.synthetic.language import Language
+from flashmap_ext.synthetic.target import TargetRecipe, conversation, load_spec, train_target
+
+TAPS = "1,2,3"
+CORPUS_SEED, HELDOUT_SEED, CURVE_SEED = 3, 2, 4
+
+
+def _stage_args(target: Path, feats: Path, run: Path, opts: dict, steps: int) -> list[str]:
+    every = max(1, steps // opts["curve_points"])
+    return ["--target", str(target), "--features", str(feats), "--out", str(run), "--preset", "cpu-tiny",
+            "--steps", str(steps), "--save-every", str(every), "--device", "cpu",
+            "--no-progress", "--log-every", str(max(1, steps // 50))]
+
+
+def train_drafters(out: Path, target: Path, opts: dict, flashmap: Callable) -> dict[str, Path]:
+    """Trains flow, map, DFlash and EAGLE-3 (skipping finished runs); {name: run directory}."""
+    k, steps, feats = opts["block_size"], opts["steps"], out / "feats"
+    vocab = Language(load_spec(target)).vocab_size
+    shape = ["--layers", "2", "--width", "64", "--heads", "4"]
+    taps = ["--tap-layers", TAPS]  # the student of `distill` keeps its teacher's
+    runs = {"flow": ["train", "flow", *taps, *shape, "--block-size", str(k), "--tau0-frac", "0.5", "--slot-decay", "auto"],
+            "map": ["distill", "--teacher", str(out / "flow" / "drafter")],
+            "dflash": ["train", "dflash", *taps, "--layers", "2", "--block-size", str(k + 1), "--mask-token-id", str(vocab)],
+            "eagle3": ["train", "eagle3", *taps, "--draft-tokens", str(k)]}
+    for name, argv in runs.items():
+        if not (out / name / "drafter" / "config.json").is_file():
+            flashmap(*argv, *_stage_args(target, feats, out / name, opts, steps // 2 if name == "map" else steps))
+    return {name: out / name for name in runs}
+
+
+def prepare(out: Path, opts: dict, flashmap: Callable) -> Path:
+    """The target (trained unless present), the training corpus and its feature cache; returns the target dir."""
+    from flashmap_ext.synthetic.language import sample_corpus
+    target = out / "target"
+    if not (target / "testbed.json").is_file():
+        train_target(target, recipe=TargetRecipe(steps=opts["target_steps"]))
+    lang = Language(load_spec(target))
+    data = out / "train.jsonl"
+    if not data.is_file():
+        seqs = sample_corpus(lang, opts["train_sequences"], CORPUS_SEED)
+        data.write_text("".join(json.dumps(conversation(lang, s)) + "\n" for s in seqs))
+    if not (out / "feats" / "index.jsonl").is_file() or not (out / "feats.done").is_file():
+        flashmap("features", "--target", str(target), "--data", str(data), "--out", str(out / "feats"),
+                 "--layers", TAPS, "--dtype", "fp32", "--max-length", "256", "--device", "cpu", "--no-progress")
+        (out / "feats.done").write_text("ok\n")
+    return target
+
+
+def run_testbed(out: Path, opts: dict, flashmap: Callable) -> dict:
+    """All stages; writes results.json, results.md and curves.png in `out` and returns the results."""
+    from flashmap_ext.synthetic.measure import learning_curves, measure
+    out.mkdir(parents=True, exist_ok=True)
+    target = prepare(out, opts, flashmap)
+    runs = train_drafters(out, target, opts, flashmap)
+    torch.set_num_threads(1)
+    curves = learning_curves(target, runs, opts, CURVE_SEED)
+    results = measure(target, runs, opts, HELDOUT_SEED)
+    results["curves"] = curves
+    results["target"] = json.loads((target / "testbed.json").read_text())
+    results["options"] = {k: v for k, v in opts.items() if k not in ("func",) and not callable(v)}
+    results["summary"] = report.summary(results)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=_jsonable) + "\n")
+    (out / "results.md").write_text(report.markdown(results))
+    report.plot_curves(curves, out / "curves.png")
+    return results
+
+
+def _jsonable(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)

@@ -1,0 +1,63 @@
+"""The testbed's scoring and command line: a drafter that drafts the ideal drafts scores the exact ceilings; bad
+options are refused in one line naming the flag."""
+from __future__ import annotations
+
+import pytest
+
+from flashmap_ext.cli import main
+from flashmap_ext.evaluate.heldout import anchors
+from flashmap_ext.synthetic.ceilings import argmax, greedy_chain, marginals
+from flashmap_ext.synthetic.language import Language, LanguageSpec, Parser
+from flashmap_ext.synthetic.testbed import (
+    ceiling_tallies,
+    gamma_interval,
+    heldout_sequences,
+    paired_delta,
+    score_drafts,
+)
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def world():
+    lang = Language(LanguageSpec(body=24))
+    seqs = heldout_sequences(lang, 6, seed=9)
+    return lang, seqs, ceiling_tallies(lang, seqs, K, 3)
+
+
+def ideal_drafts(lang, seqs, rule) -> dict:
+    out = {}
+    for i, s in enumerate(seqs):
+        parser = Parser(lang, s.input_ids)
+        for a in anchors(s, K, 3):
+            out[i, a] = rule(parser, parser.states[a])
+    return out
+
+
+def test_ideal_drafts_score_the_ceilings(world):
+    lang, seqs, ceilings = world
+    greedy = score_drafts(lang, seqs, ideal_drafts(lang, seqs, lambda p, s: greedy_chain(p, s, K)), K)
+    indep = score_drafts(lang, seqs, ideal_drafts(lang, seqs, lambda p, s: [argmax(m) for m in marginals(p, s, K)]), K)
+    for kind in ("all", "bimodal", "forced"):
+        assert greedy.gamma(kind, 0) == pytest.approx(1 + K)
+        assert greedy.gamma(kind, 1) == pytest.approx(ceilings["joint_greedy"].gamma(kind, 1), rel=1e-12)
+        for t in (0, 1):
+            assert indep.gamma(kind, t) == pytest.approx(ceilings["independent_argmax"].gamma(kind, t), rel=1e-12)
+    assert greedy.slot_rates("all", 0) == pytest.approx([1.0] * K)
+    low, high = gamma_interval(indep, "all", 1)
+    assert low <= indep.gamma("all", 1) <= high
+    delta, (lo, hi) = paired_delta(greedy, indep, "all", 0)
+    assert delta > 0 and lo <= delta <= hi
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--block-size", "9"], "--block-size"), (["--steps", "0"], "--steps"), (["--prompts", "-1"], "--prompts"),
+    (["--bogus", "1"], "--bogus")])
+def test_bad_options_are_refused_naming_the_flag(argv, flag, capsys, tmp_path):
+    with pytest.raises(SystemExit) as err:
+        main(["testbed", "run", "--out", str(tmp_path), *argv])
+    assert err.value.code == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and flag in message
+    assert not any(tmp_path.iterdir())  # refused before any work
