@@ -72,14 +72,15 @@ def main(argv=None) -> int:
         low, high = delta_interval(c, strata) or (float("nan"), float("nan"))
         pairs[f"{a} - {b}"] = {"delta": gamma(counts[a]) - gamma(counts[b]), "interval": [low, high]}
     meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
-            "sequences": len(seqs), "anchors": sum(c[1] for c in counts[names[0]])}
+            "sequences": len(seqs), "anchors": sum(c[1] for c in counts[names[0]]),
+            "domains": [s.domain for s in seqs]}
     table = ["| drafter | γ |", "|---|---|"] + rows + ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
     table += [f"| {k} | {v['delta']:+.4f} | [{v['interval'][0]:+.4f}, {v['interval'][1]:+.4f}] |" for k, v in pairs.items()]
     table += ["", f"{meta['sequences']} held-out sequences, {meta['anchors']} anchors; `{meta['command']}`; "
                   f"{meta['cpu']}, {meta['torch_threads']} thread(s), {dtype}, load {meta['load_average']}; {meta['date']}"]
     print("\n".join(table))
     if args.out:
-        Path(args.out).write_text(json.dumps({"meta": meta, "counts": counts, "pairs": pairs,
+        Path(args.out).write_text(json.dumps({"meta": meta, "counts": counts, "pairs": pairs, "domains": meta["domains"],
                                               "specs": args.drafter, "table": table}, indent=1) + "\n")
     return 0
 
