@@ -101,16 +101,18 @@ class Request:
     device: torch.device = torch.device("cpu")
 
     def __post_init__(self):
-        # `not x >= 0` also catches NaN; integers must be integers (a float seed would be truncated)
+        # integers must be integers (a float seed would be truncated); `not x >= 0` also catches NaN
+        for name, kind in (("temperature", numbers.Real), ("top_p", numbers.Real), ("top_k", numbers.Integral),
+                           ("seed", numbers.Integral)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"{name} must be {'an integer' if kind is numbers.Integral else 'a number'}, "
+                                f"got {value!r}")
         if not 0 <= self.temperature < math.inf or self.top_k < 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"need finite temperature >= 0, top_k >= 0, 0 < top_p <= 1 "
                              f"(got {self.temperature}, {self.top_k}, {self.top_p})")
-        for name in ("top_k", "seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"{name} must be an integer, got {value!r}")
-        if not -2**63 <= self.seed < 2**63:
-            raise ValueError(f"seed must fit in int64, got {self.seed}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in [0, 2**63) (an int64 Philox key), got {self.seed}")
         dev = self.device
         self.seed_tensor = torch.tensor([self.seed], dtype=torch.int64, device=dev)
         self._tensors = dict(temperature=torch.tensor([self.temperature], dtype=torch.float32, device=dev),

@@ -66,8 +66,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
     prompt = check_prompt(target, input_ids, max_new_tokens)
-    req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens, _stop_set(stop_token_ids),
-                  on_tokens, target.device)
+    req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
+                  _stop_set(stop_token_ids, target.vocab_size), on_tokens, target.device)
     round_fn = _round_function(drafter, tree)
     timer = timer or Timer()
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
@@ -191,14 +191,26 @@ def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:
     return functools.partial(tree_round, spec=tree)
 
 
-def _stop_set(stop_token_ids) -> frozenset:
-    """stop_token_ids as a frozenset of ints: None = none, a single id (int or 0-d tensor) = that one."""
+def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:
+    """stop_token_ids as a frozenset of ints: None = none, a single id (int or 0-d tensor) = that one.
+    TypeError for non-integer ids, ValueError for ids outside [0, vocab_size)."""
     if stop_token_ids is None:
         return frozenset()
-    if isinstance(stop_token_ids, numbers.Integral) or (isinstance(stop_token_ids, torch.Tensor)
-                                                        and stop_token_ids.dim() == 0):
-        return frozenset([int(stop_token_ids)])
-    return frozenset(int(t) for t in stop_token_ids)
+    if isinstance(stop_token_ids, torch.Tensor):
+        if stop_token_ids.is_floating_point() or stop_token_ids.is_complex() or stop_token_ids.dtype == torch.bool:
+            raise TypeError(f"stop_token_ids must be integer token ids, got a {stop_token_ids.dtype} tensor")
+        stop_token_ids = stop_token_ids.tolist()
+    ids = [stop_token_ids] if isinstance(stop_token_ids, numbers.Integral) else stop_token_ids
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"stop_token_ids must be a token id or a sequence of them, got {stop_token_ids!r}")
+    ids = list(ids)
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+    if bad:
+        raise TypeError(f"stop_token_ids must be integer token ids, got {bad[:4]!r}")
+    outside = [t for t in ids if not 0 <= t < vocab_size]
+    if outside:
+        raise ValueError(f"stop_token_ids must be in [0, {vocab_size}) (the target's vocabulary), got {outside[:4]}")
+    return frozenset(int(t) for t in ids)
 
 
 def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor:

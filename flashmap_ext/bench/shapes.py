@@ -26,7 +26,7 @@ def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
         rows += [Method("lookup + FlashMap-1", LookupDrafter(flashmap1)),
                  Method("FlashMap-1 multi-noise N=2", MultiNoiseDrafter(flashmap1), TreeSpec(k, 2, 16)),
                  Method("FlashMap-1 multi-noise N=4", MultiNoiseDrafter(flashmap1), TreeSpec(k, 4, 16)),
-                 Method("FlashMap-1 top-k 8", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 8)),
+                 Method("FlashMap-1 top-k 8", TopKTreeDrafter(flashmap1), TreeSpec(min(k, 8), 4, 8)),
                  Method("FlashMap-1 top-k 16", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 16))]
     if dflash is not None:
         rows += [Method("lookup + DFlash", LookupDrafter(dflash)),

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from flashmap_ext.commands import io_parser
-from flashmap_ext.train.runner import seed_arg
+from flashmap_ext.train.runner import seed_below
 
 REGENERATE_DOC = """`flashmap data regenerate`: answer a conversations file with the target itself.
 
@@ -38,7 +38,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
     r.add_argument("--limit", type=int, help="only the first N input conversations")
-    r.add_argument("--seed", type=seed_arg, default=0)
+    r.add_argument("--seed", type=seed_below(2**32, "seed·2**32 + crc32(id) seeds torch per batch"), default=0)
     r.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
     r.add_argument("--device", choices=["cpu", "cuda"])
     r.add_argument("--no-progress", action="store_true")

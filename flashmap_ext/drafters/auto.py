@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from flashmap_ext.checks import check_int, check_real
 from flashmap_ext.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
 from flashmap_ext.drafters.block_tree import block_top_k, has_block_log_probs, merge_chains
 from flashmap_ext.drafters.common.base import TreeSpec
@@ -49,9 +50,13 @@ class AutoDrafter(LookupDrafter):
         super().__init__(inner, num_lookup_tokens=num_lookup_tokens, max_ngram=max_ngram, min_ngram=min_ngram)
         if table is None:
             raise ValueError("AutoDrafter: table (a CostTable of this machine) is required")
-        if tree_topk < 1 or tree_nodes < 1 or not 0.0 <= carry <= 1.0:
-            raise ValueError(f"AutoDrafter: tree_topk, tree_nodes >= 1 and carry in [0, 1] "
-                             f"(got {tree_topk}, {tree_nodes}, {carry})")
+        if not isinstance(table, CostTable):
+            raise TypeError(f"AutoDrafter: table must be a CostTable, got {type(table).__name__}")
+        for name, value in (("drafter_prior", drafter_prior), ("lookup_prior", lookup_prior), ("carry", carry)):
+            check_real(f"AutoDrafter: {name}", value, 0.0, 1.0)
+        for name, value, low in (("tree_topk", tree_topk, 1), ("tree_nodes", tree_nodes, 1),
+                                 ("explore_every", explore_every, 0)):
+            check_int(f"AutoDrafter: {name}", value, low)
         self.table, self.two_branch, self.explore_every, self.carry = table, two_branch, explore_every, carry
         self.ranked = inner is not None and has_block_log_probs(inner)
         k = inner.num_draft_tokens if inner is not None else 0

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.block_tree import merge_chains
 from flashmap_ext.drafters.eagle3.tree import DraftTree
 
@@ -55,6 +56,12 @@ class LookupDrafter:
     """
 
     def __init__(self, inner=None, *, num_lookup_tokens: int = 10, max_ngram: int = 2, min_ngram: int = 1):
+        for name, value in (("num_lookup_tokens", num_lookup_tokens), ("max_ngram", max_ngram),
+                            ("min_ngram", min_ngram)):
+            check_int(f"LookupDrafter: {name}", value, 1)
+        if inner is not None and not all(hasattr(inner, a) for a in ("new_memory", "extend_memory", "draft")):
+            raise TypeError(f"LookupDrafter: inner must be a block drafter (new_memory, extend_memory, draft) "
+                            f"or None, got {type(inner).__name__}")
         if min(num_lookup_tokens, max_ngram, min_ngram) < 1 or min_ngram > max_ngram:
             raise ValueError(f"num_lookup_tokens, max_ngram, min_ngram must be >= 1 with min_ngram <= max_ngram "
                              f"(got {num_lookup_tokens}, {max_ngram}, {min_ngram})")

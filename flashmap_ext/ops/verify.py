@@ -59,8 +59,8 @@ def _check_scalar(name: str, value, dtype: torch.dtype):
             if value < 0:
                 raise ValueError(f"verify: top_k must be >= 0 (0 = off), got {value}")
             return min(value, _INT32_MAX)  # >= V is off already
-        if not _INT64[0] <= value < _INT64[1]:
-            raise ValueError(f"verify: {name} must fit in int64, got {value}")
+        if not 0 <= value < _INT64[1]:  # seed: an int64 Philox key; position: an absolute position
+            raise ValueError(f"verify: {name} must be in [0, 2**63), got {value}")
         return value
     value = float(value)
     if math.isnan(value):
@@ -77,7 +77,10 @@ _ROW_DOMAINS = {
     "temperature": (torch.isnan, "not NaN (0 or negative = greedy)"),
     "top_k": (lambda t: t < 0, ">= 0 (0 = off)"),
     "top_p": (lambda t: ~((t >= 0) & (t <= 1)), "in [0, 1] (1 = off)"),
+    "seed": (lambda t: t < 0, "in [0, 2**63)"),
+    "position": (lambda t: t < 0, "in [0, 2**63)"),
 }
+_KERNEL_CHECKED = ("temperature", "top_k", "top_p")  # the rows the CUDA kernel flags with status bit 16
 
 
 def _check_row_values(name: str, t: torch.Tensor) -> None:
@@ -118,6 +121,8 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
         raise ValueError("verify: target_logits must be a [B, K+1, V] tensor")
     if target_logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise TypeError(f"verify: target_logits must be bf16, fp16 or fp32 (got {target_logits.dtype})")
+    if target_logits.is_meta:
+        raise ValueError("verify: target_logits is a meta tensor (no values to verify): pass a cpu or cuda tensor")
     if not isinstance(draft_tokens, torch.Tensor):
         raise TypeError(f"verify: draft_tokens must be a [B, K] int64 tensor, "
                         f"got {type(draft_tokens).__name__}")
@@ -138,8 +143,20 @@ def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
                              f"got {list(draft_probs.shape)}")
         if draft_probs.dtype != torch.float32:
             raise TypeError(f"verify: draft_probs must be float32 (got {draft_probs.dtype})")
-    if uniforms is not None and uniforms.shape != (B, K1):
+    if uniforms is not None:
+        _check_uniforms(uniforms, B, K1)
+
+
+def _check_uniforms(uniforms: torch.Tensor, B: int, K1: int) -> None:
+    """Injected coins: [B, K+1] float64 in [0, 1) (values read on the host for CPU tensors only)."""
+    if uniforms.shape != (B, K1):
         raise ValueError(f"verify: uniforms must be [B, K+1] = [{B}, {K1}], got {list(uniforms.shape)}")
+    if uniforms.dtype != torch.float64:
+        raise TypeError(f"verify: uniforms must be float64 coins in [0, 1) (got {uniforms.dtype})")
+    if uniforms.device.type == "cpu" and not torch.compiler.is_compiling() \
+            and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
+        raise ValueError(f"verify: uniforms must be in [0, 1), got values in "
+                         f"[{uniforms.min().item()}, {uniforms.max().item()}]")
 
 
 def _rows(status: torch.Tensor, bits: int) -> list:
@@ -151,7 +168,7 @@ def _raise_on_bad_rows(status: torch.Tensor, params: dict) -> None:
     if not bool(((status & STATUS_ERRORS) != 0).any()):  # host sync: only with check=True
         return
     if bool(((status & STATUS_BAD_PARAMS) != 0).any()):  # [B] tensors on CUDA, checked by the kernel
-        for name in _ROW_DOMAINS:
+        for name in _KERNEL_CHECKED:
             _check_row_values(name, params[name])
     problems = []
     if rows := _rows(status, STATUS_NONFINITE | STATUS_NO_FINITE):
@@ -222,8 +239,6 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
     dev = target_logits.device
     if valid_vocab is not None and not 1 <= int(valid_vocab) <= V:
         raise ValueError(f"verify: valid_vocab must be in [1, V] = [1, {V}], got {valid_vocab}")
-    if uniforms is not None:
-        uniforms = uniforms.to(torch.float64)
     params = {name: _per_row(name, value, B, dtype, dev) for name, value, dtype in (
         ("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
         ("top_p", top_p, torch.float32), ("seed", seed, torch.int64), ("position", position, torch.int64))}

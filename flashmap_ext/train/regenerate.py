@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 
 
@@ -96,10 +97,12 @@ def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, ma
 
     temperature 0 = greedy; otherwise sampling seeded per batch from (`seed`, first id of the batch).
     `limit` caps the number of input records considered. Returns the number of records written by this
-    call (0 when everything was already done). Raises ValueError for batch_size < 1 or max_new_tokens < 1.
+    call (0 when everything was already done). Raises ValueError for batch_size < 1, max_new_tokens < 1 or a
+    seed outside [0, 2**32), before any model work.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size ({batch_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
+    check_int("seed", seed, 0, 2**32)  # seed·2**32 + crc32(id) seeds torch: 64 bits
     skip, stops, written = done_ids(out), stop_token_ids(tokenizer), 0
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = pad_id if pad_id is not None else min(stops, default=0)

@@ -7,6 +7,7 @@ train/trainer.py and writes `<out>/drafter/` (save_pretrained: config.json + mod
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ from typing import Callable
 import torch
 
 from flashmap_ext import target as target_lib
+from flashmap_ext.checks import bound_text
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import collate
@@ -116,15 +118,22 @@ def window_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'none', got {text!r}") from err
 
 
-def seed_arg(text: str) -> int:
-    """argparse type of --seed: an integer in [0, 2**63) (the request seed is an int64 Philox key)."""
+def seed_arg(text: str, bound: int = 2**63, why: str = "the request seed is an int64 Philox key") -> int:
+    """argparse type of --seed: an integer in [0, bound) (default 2**63: the request seed is an int64
+    Philox key); `seed_below(bound, why)` is the type of a narrower --seed."""
+    what = f"an integer in [0, {bound_text(bound)}) ({why})"
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {text!r}") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not 0 <= value < bound:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
     return value
+
+
+def seed_below(bound: int, why: str):
+    """The argparse type of a --seed in [0, bound)."""
+    return functools.partial(seed_arg, bound=bound, why=why)
 
 
 def loss_options(args) -> dict:

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm.auto import tqdm
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.train import checkpoint as ckpt
 from flashmap_ext.train import parallel
 
@@ -62,10 +63,23 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "accum"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+            check_int(f"TrainConfig: {name}", getattr(self, name), 1)
+        for name in ("save_every", "keep", "log_every"):
+            check_int(f"TrainConfig: {name}", getattr(self, name), 0)
+        check_int("TrainConfig: seed", self.seed, 0, 2**63)
         if self.lr <= 0 or self.warmup < 0:
             raise ValueError(f"lr must be > 0 and warmup >= 0 (got lr={self.lr}, warmup={self.warmup})")
+
+
+def check_train_args(model, loss_fn, collate_fn, cfg) -> None:
+    """TypeError naming the argument of `train` that is not what it takes (before any work)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"train: model must be a torch.nn.Module, got {type(model).__name__}")
+    for name, fn in (("loss_fn", loss_fn), ("collate_fn", collate_fn)):
+        if not callable(fn):
+            raise TypeError(f"train: {name} must be callable, got {type(fn).__name__}")
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"train: cfg must be a TrainConfig, got {type(cfg).__name__}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -79,12 +93,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def step_generator(seed: int, step: int, chunk: int) -> torch.Generator:
     """The CPU generator for (step, chunk): a pure function of its arguments."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 65_537 + chunk)
+    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 65_537 + chunk) % 2**64)  # torch's range
 
 
 @functools.lru_cache(maxsize=4)
 def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + epoch)).tolist()
+    return torch.randperm(n, generator=torch.Generator().manual_seed((seed * 7919 + epoch) % 2**64)).tolist()
 
 
 def chunk_indices(n: int, seed: int, start: int, count: int) -> list[int]:
@@ -276,6 +290,7 @@ def train(model: torch.nn.Module, loss_fn: Callable, dataset: Sequence, collate_
     resume: continue from `<cfg.out>/checkpoints/latest` (a fresh start when there is none).
     device: "cpu" | "cuda" | None (cuda when available). Under torchrun, every process calls this.
     """
+    check_train_args(model, loss_fn, collate_fn, cfg)
     os.makedirs(cfg.out, exist_ok=True)
     path = ckpt.latest(cfg.out)
     if path is not None and not resume:

@@ -174,7 +174,7 @@ def test_bench_eagle3_tree_option(byte_bench):
 
 @pytest.mark.parametrize("argv, message", [
     (["--eagle3", "ckpt", "--eagle3-tree", "7,10"], "--eagle3-tree: tree spec must be DEPTH,TOPK,NODES"),
-    (["--eagle3", "ckpt", "--eagle3-tree", "0,10,16"], "--eagle3-tree: tree depth, topk, num_nodes must be >= 1"),
+    (["--eagle3", "ckpt", "--eagle3-tree", "0,10,16"], "--eagle3-tree: TreeSpec: depth must be >= 1"),
     (["--eagle3-tree", "3,4,8"], "--eagle3-tree 3,4,8: needs --eagle3"),
     (["--n", "0"], "--n: must be >= 1"), (["--n", "-1"], "--n: must be >= 1"),
     (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),

@@ -27,9 +27,9 @@ def case():
     (dict(top_p=-0.1), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(top_k=-1), ValueError, "top_k must be >= 0"),
     (dict(top_k=1.5), TypeError, "top_k must be an integer"),
-    (dict(seed=2**64), ValueError, "seed must fit in int64"),
+    (dict(seed=2**64), ValueError, r"seed must be in \[0, 2\*\*63\)"),
     (dict(seed=1.5), TypeError, "seed must be an integer"),
-    (dict(position=2**63), ValueError, "position must fit in int64"),
+    (dict(position=2**63), ValueError, r"position must be in \[0, 2\*\*63\)"),
 ])
 def test_verify_scalar_arguments_are_checked(case, kw, error, message):
     logits, drafts = case
@@ -82,7 +82,7 @@ def model():
     (([1, 2], None), {}, TypeError, "max_new_tokens must be an integer"),
     (([1, 2], 3), dict(temperature=math.nan), ValueError, "finite temperature"),
     (([1, 2], 3), dict(temperature=math.inf), ValueError, "finite temperature"),
-    (([1, 2], 3), dict(seed=2**70), ValueError, "seed must fit in int64"),
+    (([1, 2], 3), dict(seed=2**70), ValueError, r"seed must be in \[0, 2\*\*63\)"),
     (([1, 2], 3), dict(seed=0.5), TypeError, "seed must be an integer"),
 ])
 def test_generate_arguments_are_checked(model, args, kw, error, message):

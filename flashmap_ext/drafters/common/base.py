@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.target.model import hf_causal_lm
@@ -180,9 +181,11 @@ class TreeSpec:
     num_nodes: int = 16
 
     def __post_init__(self):
-        if min(self.depth, self.topk, self.num_nodes) < 1:
-            raise ValueError(f"tree depth, topk, num_nodes must be >= 1 (got {self.depth}, {self.topk}, "
-                             f"{self.num_nodes})")
+        for name in ("depth", "topk", "num_nodes"):
+            check_int(f"TreeSpec: {name}", getattr(self, name), 1)
+        if self.num_nodes < self.depth:  # a tree of n nodes is at most n deep: the deeper levels are wasted
+            raise ValueError(f"TreeSpec: num_nodes must be >= depth (a tree of {self.num_nodes} nodes cannot be "
+                             f"{self.depth} deep), got depth {self.depth}, num_nodes {self.num_nodes}")
 
     @classmethod
     def parse(cls, text: str) -> "TreeSpec":

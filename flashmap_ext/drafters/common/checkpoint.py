@@ -158,6 +158,14 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], source: str
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def check_load_dtype(dtype, owner: str) -> None:
+    """`from_pretrained(dtype=...)`: None (as stored) or a floating torch.dtype the drafters run in;
+    TypeError naming the argument otherwise (before reading the checkpoint)."""
+    if dtype is not None and dtype not in DTYPES.values():
+        raise TypeError(f"{owner}.from_pretrained: dtype must be None (as stored) or one of "
+                        f"torch.float32, torch.bfloat16, torch.float16, got {dtype!r}")
+
+
 def build_loaded(cls, config, weights: dict[str, torch.Tensor], source: str, target=None,
                  device=None, dtype: torch.dtype | None = None):
     """`cls(config)` built on the meta device, `weights` loaded strictly (errors name missing/unexpected

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from flashmap_ext.drafters.flashmap.draft_args import check_draft_args
 from flashmap_ext.drafters.flashmap.flow import flow_map_jump
 from flashmap_ext.drafters.flashmap.fused import fused_draft_block, fused_reads, graphs_enabled
 from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, per_row
@@ -24,7 +25,9 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
     noise: [B, K, d_target] d-space noise z ~ N(0, EᵀE); else drawn from the drafter's own stream keyed
         by seed, position ([B] int64 or ints; `position` = absolute position of the anchor).
     Returns DraftBlock(tokens = per-slot argmax as target ids, logits if return_logits).
-    Raises ValueError naming the offending argument.
+    Raises ValueError / TypeError naming the offending argument (draft_args.py): steps not 1 or 2, an
+    empty or foreign memory, anchor ids outside the vocabulary, a seed or position outside [0, 2**63),
+    a position other than memory.length, non-float, misshapen or non-finite noise, meta tensors.
 
     Paths: on CUDA with bf16 weights and kernel-friendly shapes (`fused_supported`) the fused kernels run
     (`drafter.allow_fused = False` forces the reference path); without return_logits that step, noise
@@ -33,17 +36,7 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
     eagerly; never while torch.compile traces). CPU: the reference path.
     """
     c = drafter.config
-    steps = c.draft_steps if steps is None else steps
-    if steps not in (1, 2):
-        raise ValueError(f"steps: must be 1 or 2, got {steps!r}")
-    if (not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1
-            or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
-        raise ValueError(f"anchor_tokens: expected [B={memory.batch_size}] int64, got "
-                         f"{getattr(anchor_tokens, 'shape', None)} {getattr(anchor_tokens, 'dtype', None)}")
-    if (anchor_tokens.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not bool(((anchor_tokens >= 0) & (anchor_tokens < c.vocab_size)).all())):
-        raise ValueError(f"anchor_tokens: expected ids in [0, {c.vocab_size}) (the target's vocabulary), got "
-                         f"{anchor_tokens.tolist()[:8]}")  # on CUDA: no host sync; the embedding lookup asserts
+    steps = check_draft_args(drafter, memory, anchor_tokens, steps, noise, seed, position)
     packed = drafter.fused_weights() if anchor_tokens.is_cuda and fused_reads(memory, c.context_window) else None
     if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/dit/test_dit_fused.py)
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
@@ -54,8 +47,6 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
             raise ValueError("seed, position: required when noise is None")
         noise = drafter.sample_noise(*(per_row(x, B, anchor_tokens.device, n) for x, n in ((seed, "seed"),
                                                                                           (position, "position"))))
-    if tuple(noise.shape) != (B, c.block_size, c.d_target):
-        raise ValueError(f"noise: expected [{B}, {c.block_size}, {c.d_target}], got {list(noise.shape)}")
     z = noise.float()
     if steps == 1:
         logits = drafter.denoise(memory, anchor_tokens, z, 0.0, 1.0)

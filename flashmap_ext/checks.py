@@ -1,0 +1,34 @@
+"""Argument checks shared by the public API (DESIGN.md §12): one TypeError / ValueError naming the
+argument and the accepted range, raised before any model work."""
+from __future__ import annotations
+
+import math
+import numbers
+
+
+def check_int(name: str, value, low: int, high: int | None = None) -> int:
+    """`value` as an int in [low, high) (high None: no upper bound); TypeError for a non-integer (bool
+    included), ValueError outside the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value >= high):
+        span = f"[{low}, {bound_text(high)})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {'in ' if high is not None else ''}{span}, got {value}")
+    return value
+
+
+def check_real(name: str, value, low: float, high: float) -> float:
+    """`value` as a float in [low, high]; TypeError for a non-number (bool included), ValueError for NaN
+    or outside the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def bound_text(n: int) -> str:
+    """2**k for powers of two above 1024, else the number."""
+    return f"2**{n.bit_length() - 1}" if n > 1024 and n & (n - 1) == 0 else str(n)
