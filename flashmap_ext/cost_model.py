@@ -23,48 +23,66 @@ from typing import Optional, Sequence
 @dataclass
 class CostTable:
     """Measured costs: verify_s {width: seconds of one target forward over `width` new tokens, logits for
-    all}, draft_s (one drafter call), memory_s (one drafter memory update per round), overhead_s (the
-    rest of a round: acceptance, commit). Widths between measured ones are interpolated linearly, widths
-    beyond the largest extrapolated from the last two points."""
+    all, after `context` tokens}, verify_context_s {width: extra seconds per further context token} (the
+    attention and the KV cache grow with the context; {} = not measured, verify costs taken as constant),
+    draft_s (one drafter call), memory_s (one drafter memory update per round), overhead_s (the rest of a
+    round: acceptance, commit). Widths between measured ones are interpolated linearly, widths beyond the
+    largest extrapolated from the last two points; contexts linearly from `context`."""
     verify_s: dict
     draft_s: float = 0.0
     memory_s: float = 0.0
     overhead_s: float = 0.0
     label: str = "measured"
+    context: int = 0
+    verify_context_s: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.verify_s = {int(w): float(t) for w, t in self.verify_s.items()}
         if 1 not in self.verify_s or any(t <= 0 for t in self.verify_s.values()):
             raise ValueError(f"verify_s: needs width 1 and positive seconds, got {self.verify_s}")
+        self.verify_context_s = {int(w): float(t) for w, t in self.verify_context_s.items()}
+        if any(not t >= 0 for t in self.verify_context_s.values()):
+            raise ValueError(f"verify_context_s: needs seconds >= 0 per context token, got {self.verify_context_s}")
 
-    def verify(self, width: int) -> float:
-        """Seconds of a target forward over `width` (>= 1) tokens."""
-        widths = sorted(self.verify_s)
-        if width in self.verify_s:
-            return self.verify_s[width]
-        i = bisect.bisect_left(widths, width)
-        lo, hi = (widths[i - 1], widths[i]) if i < len(widths) else (widths[-2], widths[-1]) if len(widths) > 1 else (1, 1)
-        if lo == hi:
-            return self.verify_s[lo]
-        t_lo, t_hi = self.verify_s[lo], self.verify_s[hi]
-        return max(t_lo + (t_hi - t_lo) * (width - lo) / (hi - lo), min(self.verify_s.values()))
+    def verify(self, width: int, context: Optional[int] = None) -> float:
+        """Seconds of a target forward over `width` (>= 1) tokens after `context` tokens (None: the
+        calibration's context)."""
+        base = max(_interpolate(self.verify_s, width), min(self.verify_s.values()))
+        if context is None or not self.verify_context_s:
+            return base
+        slope = max(_interpolate(self.verify_context_s, width), 0.0)
+        return max(base + slope * (context - self.context), 0.5 * base)
 
-    def plain_s(self) -> float:
-        """Seconds per token of plain decoding (one width-1 forward, no drafter)."""
-        return self.verify(1) + self.overhead_s
+    def plain_s(self, context: Optional[int] = None) -> float:
+        """Seconds per token of plain decoding (one width-1 forward, no drafter) after `context` tokens."""
+        return self.verify(1, context) + self.overhead_s
 
-    def round_s(self, nodes: int, draft_calls: int = 1, uses_drafter: bool = True) -> float:
+    def round_s(self, nodes: int, draft_calls: int = 1, uses_drafter: bool = True,
+                context: Optional[int] = None) -> float:
         """Seconds of a round verifying `nodes` draft tokens after `draft_calls` drafter calls."""
         drafter = self.draft_s * draft_calls + self.memory_s if uses_drafter else 0.0
-        return drafter + self.verify(1 + nodes) + self.overhead_s
+        return drafter + self.verify(1 + nodes, context) + self.overhead_s
 
     def to_json(self) -> dict:
         return dict(verify_s={str(w): t for w, t in sorted(self.verify_s.items())}, draft_s=self.draft_s,
-                    memory_s=self.memory_s, overhead_s=self.overhead_s, label=self.label)
+                    memory_s=self.memory_s, overhead_s=self.overhead_s, label=self.label, context=self.context,
+                    verify_context_s={str(w): t for w, t in sorted(self.verify_context_s.items())})
 
     @classmethod
     def from_json(cls, data: dict) -> "CostTable":
         return cls(**data)
+
+
+def _interpolate(points: dict, width: int) -> float:
+    """points {width: value} at `width`: linear between measured widths, extrapolated from the last two."""
+    if width in points:
+        return points[width]
+    widths = sorted(points)
+    if len(widths) == 1:
+        return points[widths[0]]
+    i = bisect.bisect_left(widths, width)
+    lo, hi = (widths[i - 1], widths[i]) if 0 < i < len(widths) else (widths[-2], widths[-1]) if i else widths[:2]
+    return points[lo] + (points[hi] - points[lo]) * (width - lo) / (hi - lo)
 
 
 @dataclass(frozen=True)
@@ -207,20 +225,21 @@ def drafter_plans(drafter, max_depth: int, max_nodes: Optional[int] = None) -> l
 
 def best_shape(table: CostTable, drafter, max_drafter: int, lookup: Optional[AcceptanceProfile] = None,
                max_lookup: int = 0, two_branch: bool = True, drafter_active: bool = True,
-               max_nodes: Optional[int] = None) -> Shape:
+               max_nodes: Optional[int] = None, context: Optional[int] = None) -> Shape:
     """The shape of highest expected tokens/s: plain decoding (0, 0), a lookup chain (l, 0), a drafter
     chain or tree (0, b) or both as two branches (l, b); ties go to the smaller shape. `drafter`: an
     `AcceptanceProfile` (chains of ≤ max_drafter tokens) or a `tree_plan.RankProfile` (its best trees of
     ≤ max_nodes nodes, ≤ max_drafter deep), or None. `drafter_active`: the drafter's memory is kept up to
     date anyway, so a round without drafting still pays `memory_s`. Branches are independent:
-    P(reach depth j) = 1 − (1 − P_lookup(j)) · (1 − P_drafter(j))."""
+    P(reach depth j) = 1 − (1 − P_lookup(j)) · (1 − P_drafter(j)). `context`: the tokens before the
+    round's anchor, at which every width is priced (None: the table's calibration context)."""
     memory = table.memory_s if drafter_active else 0.0
-    best = Shape(0, 0, 1.0, table.plain_s() + memory)
+    best = Shape(0, 0, 1.0, table.plain_s(context) + memory)
     lookups = range(1, max_lookup + 1) if lookup is not None else ()
     plans = drafter_plans(drafter, max_drafter, max_nodes) if drafter is not None and drafter_active else []
     p1 = lookup.reach(max_lookup) if lookups else []
-    cands = [Shape(l, 0, 1 + sum(p1[:l]), table.verify(1 + l) + table.overhead_s + memory) for l in lookups]
-    cands += [Shape(0, b, 1 + sum(reach), table.round_s(b), plan) for b, reach, plan in plans]
+    cands = [Shape(l, 0, 1 + sum(p1[:l]), table.verify(1 + l, context) + table.overhead_s + memory) for l in lookups]
+    cands += [Shape(0, b, 1 + sum(reach), table.round_s(b, context=context), plan) for b, reach, plan in plans]
     if two_branch:
         depth = max(max_lookup, max_drafter)
         for l in lookups:
@@ -228,7 +247,7 @@ def best_shape(table: CostTable, drafter, max_drafter: int, lookup: Optional[Acc
             for b, reach, plan in plans:
                 second = reach + [0.0] * (depth - len(reach))
                 gamma = 1 + sum(1 - (1 - x) * (1 - y) for x, y in zip(first, second))
-                cands.append(Shape(l, b, gamma, table.round_s(l + b), plan))
+                cands.append(Shape(l, b, gamma, table.round_s(l + b, context=context), plan))
     for cand in cands:
         if cand.rate > best.rate * (1 + 1e-9):
             best = cand

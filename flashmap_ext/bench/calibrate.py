@@ -1,7 +1,8 @@
 """Measures this machine's `CostTable` once and caches it per machine fingerprint (issue 15).
 
 One calibration: a `context`-token prefill, then target forwards over 1, 2, 3, 5, 9, 17, 33 new tokens
-(logits for all, taps as the drafter needs; each rolled back), the drafter's draft call and its memory
+(logits for all, taps as the drafter needs; each rolled back), the same for widths 1, 9, 33 after a
+`long_context`-token cache (the slope: seconds per context token), the drafter's draft call and its memory
 update for one round, and the loop's per-round overhead from a short plain `generate`. Each is timed
 `repeats` times after a warm-up and the median kept. The table is cached as JSON under
 `<flashmap cache>/costs/<fingerprint>.json`, the fingerprint hashing CPU model and flags (or GPU name),
@@ -22,6 +23,9 @@ import torch
 from flashmap_ext.cost_model import CostTable
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33)
+SLOPE_WIDTHS = (1, 9, 33)
+#: bumped when the table gains a measured field: older cached tables are measured again
+TABLE_VERSION = 2
 
 
 def fingerprint(target, drafter=None) -> dict:
@@ -30,7 +34,8 @@ def fingerprint(target, drafter=None) -> dict:
     flags = sorted(cpu_flags() & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
     cfg = target.model.config
     dev = target.device
-    return dict(device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(), cpu_flags=flags,
+    return dict(version=TABLE_VERSION,
+                device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model(), cpu_flags=flags,
                 dtype=str(target.dtype), threads=torch.get_num_threads(), torch=torch.__version__,
                 target=[getattr(cfg, "_name_or_path", ""), cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size],
                 drafter=_drafter_key(drafter))
@@ -74,33 +79,48 @@ def _median_time(fn: Callable[[], None], repeats: int) -> float:
     return statistics.median(times)
 
 
+def _verify_times(target, cache, taps, widths, repeats: int, gen) -> dict:
+    """{width: median seconds of a forward over `width` new tokens after `cache` (rolled back each time)};
+    a wider forward never costs less: a load spike must not make width look free."""
+    def run(width: int) -> Callable[[], None]:
+        block = torch.randint(0, target.vocab_size, (1, width), generator=gen).to(target.device)
+
+        def once():
+            target.forward(block, cache, num_logits=width, tap_layer_ids=taps)
+            target.rollback(cache, width)
+        return once
+    times, slowest = {}, 0.0
+    for w in sorted(widths):
+        slowest = times[w] = max(_median_time(run(w), repeats), slowest)
+    return times
+
+
 @torch.inference_mode()
-def calibrate(target, drafter=None, *, widths: Sequence[int] = WIDTHS, context: int = 64, repeats: int = 3) -> CostTable:
+def calibrate(target, drafter=None, *, widths: Sequence[int] = WIDTHS, context: int = 64, long_context: int = 512,
+              repeats: int = 3) -> CostTable:
     """Measures a CostTable (see the module docstring); `target` a Target, `drafter` a BlockDrafter or None."""
     from flashmap_ext.speculate import generate
     gen = torch.Generator().manual_seed(0)
-    vocab = target.vocab_size
-    prompt = torch.randint(0, vocab, (1, context), generator=gen).to(target.device)
+    prompt = torch.randint(0, target.vocab_size, (1, context), generator=gen).to(target.device)
     taps = () if drafter is None else tuple(drafter.target_layer_ids)
     cache = target.new_cache()
     out = target.forward(prompt, cache, num_logits=1, tap_layer_ids=taps)
-
-    def verify(width: int) -> Callable[[], None]:
-        block = torch.randint(0, vocab, (1, width), generator=gen).to(target.device)
-
-        def run():
-            target.forward(block, cache, num_logits=width, tap_layer_ids=taps)
-            target.rollback(cache, width)
-        return run
-    verify_s, slowest = {}, 0.0
-    for w in sorted(widths):  # a wider forward never costs less: a load spike must not make width look free
-        slowest = verify_s[w] = max(_median_time(verify(w), repeats), slowest)
+    verify_s = _verify_times(target, cache, taps, widths, repeats, gen)
+    long_context = min(long_context, target.max_positions - max(widths))
+    slopes = {}
+    if long_context > context:
+        more = torch.randint(0, target.vocab_size, (1, long_context - context), generator=gen).to(target.device)
+        target.forward(more, cache, num_logits=1, tap_layer_ids=taps)
+        long = _verify_times(target, cache, taps, [w for w in SLOPE_WIDTHS if w in verify_s], repeats, gen)
+        slopes = {w: max(t - verify_s[w], 0.0) / (long_context - context) for w, t in long.items()}
+        target.rollback(cache, long_context - context)
     draft_s = memory_s = 0.0
     if drafter is not None:
         draft_s, memory_s = _drafter_costs(drafter, prompt, out.taps, repeats)
     plain = generate(target, None, prompt[0, :8], 8)
     overhead = max(0.0, plain.stats.total_time_s - plain.stats.prefill_time_s) / max(plain.stats.rounds, 1) - verify_s[1]
-    return CostTable(verify_s, draft_s=draft_s, memory_s=memory_s, overhead_s=max(overhead, 0.0))
+    return CostTable(verify_s, draft_s=draft_s, memory_s=memory_s, overhead_s=max(overhead, 0.0), context=context,
+                     verify_context_s=slopes)
 
 
 def _drafter_costs(drafter, prompt: torch.Tensor, taps, repeats: int) -> tuple:

@@ -130,7 +130,8 @@ class AutoDrafter(LookupDrafter):
         active = memory.inner is not None
         k = min(depth, self.inner.num_draft_tokens) if active else 0
         shape = best_shape(self.table, self.drafter_profile if active else None, k, self.lookup_profile,
-                           match_len, self.two_branch, active, max_nodes=self.tree_nodes)
+                           match_len, self.two_branch, active, max_nodes=self.tree_nodes,
+                           context=len(memory.token_ids) + 1)  # priced at this round's context length
         self._rounds_without_drafter = 0 if shape.drafter or not active else self._rounds_without_drafter + 1
         if active and self.explore_every and self._rounds_without_drafter >= self.explore_every and k > 0:
             self._rounds_without_drafter = 0

@@ -106,6 +106,8 @@ def test_calibration_is_cached_per_fingerprint(tmp_path, monkeypatch):
     first = cost_calibrate.load_or_calibrate(target)
     again = cost_calibrate.load_or_calibrate(target)
     assert len(calls) == 1 and first.verify_s == again.verify_s and set(first.verify_s) == set(cost_calibrate.WIDTHS)
+    assert first.context == 64 and set(first.verify_context_s) == set(cost_calibrate.SLOPE_WIDTHS)  # and the slope
+    assert first == again
     cost_calibrate.load_or_calibrate(Target(tiny_qwen3(dtype=torch.bfloat16)))  # another dtype: measured again
     assert len(calls) == 2 and len(list((tmp_path / "costs").iterdir())) == 2
 
@@ -276,3 +278,45 @@ def test_chain_only_drafters_get_chains(model):
 
 
 K_CHAIN = 5
+
+
+# --- context length (issue 26): verify priced at each round's context ----------------------------------
+def context_table(per_context: float) -> CostTable:
+    """verify(w, n) = 1 + 0.05 · (w − 1) + per_context · w · n seconds (attention of w new tokens over n
+    cached ones), calibrated at n = 0."""
+    widths = (1, 2, 3, 5, 9, 17, 33)
+    return CostTable({w: 1.0 + 0.05 * (w - 1) for w in widths}, draft_s=0.01, context=0,
+                     verify_context_s={w: per_context * w for w in widths})
+
+
+def test_verify_is_priced_at_the_context_length():
+    t = context_table(1e-3)
+    assert t.verify(9) == pytest.approx(1.4) and t.verify(9, context=0) == pytest.approx(1.4)
+    assert t.verify(9, context=1000) == pytest.approx(1.4 + 9.0)
+    assert t.verify(4, context=1000) == pytest.approx(1.15 + 4.0)  # interpolated in width, both terms
+    assert t.plain_s(1000) == pytest.approx(2.0) and t.round_s(8, context=1000) == pytest.approx(0.01 + 10.4)
+    assert CostTable.from_json(t.to_json()) == t
+    with pytest.raises(ValueError, match="verify_context_s"):
+        CostTable({1: 1.0}, verify_context_s={1: -1.0})
+
+
+def test_a_long_context_turns_a_paying_chain_into_plain_decoding():
+    """Short context: a chain pays (rate 2.19 / 1.14 s at b = 2 vs 1 / 1.01 s plain). At 5,000 tokens
+    verify(1 + b) = 1 + 0.05·b + 5·(1 + b) s: every chain (γ ≤ 1 + b) loses to plain decoding (1 / 6 s)."""
+    prof = AcceptanceProfile(0.7)
+    t = context_table(1e-3)
+    assert best_shape(t, prof, 8, context=10).drafter > 1
+    long = best_shape(t, prof, 8, context=5000)
+    assert (long.lookup, long.drafter) == (0, 0) and long.seconds == pytest.approx(6.0)
+    assert best_shape(t, prof, 8).drafter == best_shape(t, prof, 8, context=0).drafter  # None: calibration context
+
+
+def test_auto_prices_each_round_at_its_context(model):
+    """AutoDrafter.choose reads the memory's context length: the same profile drafts after a short
+    context and decodes plainly after a long one."""
+    from flashmap_ext.drafters.lookup import LookupMemory
+    auto = AutoDrafter(SlotOracle(model), context_table(1e-2), explore_every=0)
+    assert auto.drafter_enabled
+    short, long = (LookupMemory(auto.new_memory(1, "cpu").inner, list(range(n))) for n in (4, 400))
+    assert auto.choose(short, 0, auto.num_draft_tokens).drafter > 0
+    assert auto.choose(long, 0, auto.num_draft_tokens).drafter == 0
