@@ -199,13 +199,25 @@ def test_save_load_roundtrip_without_target_tensors(target, tmp_path):
     loaded = FlashMapDrafter.from_pretrained(tmp_path, target).eval()
     assert loaded.config == drafter.config
     assert loaded.tables.embedding.data_ptr() == target.get_input_embeddings().weight.data_ptr()
-    taps, anchor, z = rand_taps(2, 5, drafter), torch.tensor([1, 2]), rand_noise(2, drafter)
-    ref = copy.deepcopy(drafter).double().attach_target(target)  # the float64 reference of these weights
+    assert_draft_like_float64(target, drafter, loaded)
+
+
+def assert_draft_like_float64(target, *drafters):
+    """Each drafter (equal weights) drafts the tokens of a float64 copy of the first and logits within
+    its dtype's tolerance: two objects are compared with the reference, not bitwise (DESIGN.md §12)."""
+    taps, anchor, z = rand_taps(2, 5, drafters[0]), torch.tensor([1, 2]), rand_noise(2, drafters[0])
+    ref = copy.deepcopy(drafters[0]).double().attach_target(target)
     want = draft_block(ref, filled_memory(ref, taps.double()), anchor, noise=z.double(), return_logits=True)
-    for m in (drafter, loaded):  # two objects: each against the reference, not bitwise (DESIGN.md §12)
+    for m in drafters:
         got = draft_block(m, filled_memory(m, taps), anchor, noise=z, return_logits=True)
         assert_close_to_reference(got.logits, want.logits)
         assert torch.equal(got.tokens, want.tokens)
+
+
+def test_two_loads_of_one_file_draft_alike(target, tmp_path):
+    """Loaders keep the file's storage (DESIGN.md §12): two loads of one file agree with its reference."""
+    make_drafter(target).save_pretrained(tmp_path)
+    assert_draft_like_float64(target, *(FlashMapDrafter.from_pretrained(tmp_path, target) for _ in range(2)))
 
 
 def test_draft_vocabulary_subset(target, tmp_path):
