@@ -6,13 +6,12 @@ Usage (pin it; one mode per process, alternate the modes):
 prints one JSON line: misaligned / all tensors of target and drafter, median seconds of fwd1, fwd9, draft.
 """
 import json
-import statistics
 import sys
-import time
 
 import torch
 
 from flashmap_ext.assets.models import qwen05_dir
+from flashmap_ext.bench.calibrate import median_time
 from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
 from flashmap_ext.target import Target
 
@@ -30,16 +29,6 @@ def realign(module) -> None:
         t.data = t.data.clone()
 
 
-def median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def target_costs(target, repeats: int) -> dict:
     gen = torch.Generator().manual_seed(0)
     cache = target.new_cache()
@@ -51,7 +40,7 @@ def target_costs(target, repeats: int) -> dict:
         def run():
             target.forward(block, cache, num_logits=width, tap_layer_ids=TAPS)
             target.rollback(cache, width)
-        out[f"fwd{width}"] = median_s(run, repeats)
+        out[f"fwd{width}"] = median_time(run, repeats)
     return out
 
 
@@ -61,7 +50,7 @@ def draft_cost(drafter, repeats: int) -> float:
     taps = torch.randn(1, CONTEXT, len(c.target_layer_ids) * c.d_target, generator=gen).to(drafter.dtype)
     memory = drafter.new_memory(1)
     drafter.extend_memory(memory, torch.randint(0, 1000, (1, CONTEXT), generator=gen), taps)
-    return median_s(lambda: draft_block(drafter, memory, torch.tensor([5]), seed=0, position=CONTEXT), repeats)
+    return median_time(lambda: draft_block(drafter, memory, torch.tensor([5]), seed=0, position=CONTEXT), repeats)
 
 
 def main(dtype: str, threads: int, repeats: int, mode: str) -> dict:

@@ -69,7 +69,7 @@ def load_or_calibrate(target, drafter=None, *, refresh: bool = False, **kwargs) 
     return table
 
 
-def _median_time(fn: Callable[[], None], repeats: int) -> float:
+def median_time(fn: Callable[[], None], repeats: int) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -91,7 +91,7 @@ def _verify_times(target, cache, taps, widths, repeats: int, gen) -> dict:
         return once
     times, slowest = {}, 0.0
     for w in sorted(widths):
-        slowest = times[w] = max(_median_time(run(w), repeats), slowest)
+        slowest = times[w] = max(median_time(run(w), repeats), slowest)
     return times
 
 
@@ -130,11 +130,11 @@ def _drafter_costs(drafter, prompt: torch.Tensor, taps, repeats: int) -> tuple:
     drafter.extend_memory(memory, prompt[:, :-2], None if taps is None else taps[:, :-2])
     anchor, seed = prompt[:, -1], torch.zeros(1, dtype=torch.int64, device=device)
     position = torch.full((1,), prompt.shape[1] - 2, dtype=torch.int64, device=device)
-    draft_s = _median_time(lambda: drafter.draft(memory, anchor, num_tokens=drafter.num_draft_tokens, seed=seed,
+    draft_s = median_time(lambda: drafter.draft(memory, anchor, num_tokens=drafter.num_draft_tokens, seed=seed,
                                                  position=position), repeats)
 
     def update():
         fresh = drafter.new_memory(1, device)
         drafter.extend_memory(fresh, prompt[:, -2:], None if taps is None else taps[:, -2:])
-    memory_s = _median_time(update, repeats)
+    memory_s = median_time(update, repeats)
     return draft_s, memory_s
