@@ -121,13 +121,13 @@ def window_arg(text: str) -> int:
 def seed_arg(text: str, bound: int = 2**63, why: str = "the request seed is an int64 Philox key") -> int:
     """argparse type of --seed: an integer in [0, bound) (default 2**63: the request seed is an int64
     Philox key); `seed_below(bound, why)` is the type of a narrower --seed."""
-    what = f"an integer in [0, {bound_text(bound)}) ({why})"
+    what = f"an integer in [0, {bound_text(bound)})"
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r} ({why})") from None
     if not 0 <= value < bound:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value} ({why})")
     return value
 
 

@@ -251,8 +251,9 @@ def test_lookup_drafter_proposes_the_repeat_and_refuses_bad_sizes(model):
     drafter.extend_memory(memory, torch.tensor([prompt[:-1]]), None)
     got = drafter.draft(memory, torch.tensor([8]), num_tokens=5, seed=torch.tensor([0]), position=torch.tensor([6]))
     assert got.tolist() == [[9, 10, 11]]
-    for bad in (dict(num_lookup_tokens=0), dict(max_ngram=0), dict(min_ngram=3, max_ngram=2)):
-        with pytest.raises(ValueError, match="num_lookup_tokens"):
+    for bad, name in ((dict(num_lookup_tokens=0), "num_lookup_tokens"), (dict(max_ngram=0), "max_ngram"),
+                      (dict(min_ngram=3, max_ngram=2), "min_ngram <= max_ngram")):
+        with pytest.raises(ValueError, match=name):
             LookupDrafter(None, **bad)
 
 

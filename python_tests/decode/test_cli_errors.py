@@ -280,13 +280,16 @@ def test_drafter_for_another_target_names_both_options_and_the_field(command, ki
     assert f"error: --drafter {path} does not fit --target: " in err and field in err, err
 
 
-@pytest.mark.parametrize("argv", [
-    ["generate", *TINY, "--prompt", "x"], ["bench", "--n", "1"],
-    ["data", "regenerate", *TINY, "--data", "d.jsonl", "--out", "o.jsonl"],
-    ["train", "flow", *TINY, "--features", "f", "--out", "o"],
-    ["distill", *TINY, "--teacher", "t", "--features", "f", "--out", "o"]])
-@pytest.mark.parametrize("seed, shown", [("-1", "-1"), (str(2**63), str(2**63)), ("1.5", "'1.5'")])
-def test_seed_outside_int64_philox_keys_is_refused_at_parse(argv, seed, shown, capsys, no_loads):
-    """--seed -1 was accepted (2**63 failed after the target had loaded)."""
-    err = argparse_error([*argv, "--seed", seed], capsys)
-    assert f"argument --seed: expected an integer in [0, 2**63), got {shown}" in err, err
+@pytest.mark.parametrize("argv, bound", [
+    (["generate", *TINY, "--prompt", "x"], 63), (["bench", "--n", "1"], 63),
+    (["data", "regenerate", *TINY, "--data", "d.jsonl", "--out", "o.jsonl"], 32),  # seed·2**32 + crc32 seeds torch
+    (["train", "flow", *TINY, "--features", "f", "--out", "o"], 63),
+    (["distill", *TINY, "--teacher", "t", "--features", "f", "--out", "o"], 63)])
+@pytest.mark.parametrize("seed", ["-1", "bound", "1.5"])
+def test_seed_outside_its_range_is_refused_at_parse(argv, bound, seed, capsys, no_loads):
+    """--seed -1 was accepted (2**63 failed after the target had loaded; data regenerate overflowed torch's
+    seed from 2**32 on). Every command: [0, 2**63), data regenerate [0, 2**32)."""
+    text = str(2**bound) if seed == "bound" else seed
+    err = argparse_error([*argv, "--seed", text], capsys)
+    shown = repr(text) if seed == "1.5" else text
+    assert f"argument --seed: expected an integer in [0, 2**{bound}), got {shown}" in err, err

@@ -27,7 +27,7 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
     Returns DraftBlock(tokens = per-slot argmax as target ids, logits if return_logits).
     Raises ValueError / TypeError naming the offending argument (draft_args.py): steps not 1 or 2, an
     empty or foreign memory, anchor ids outside the vocabulary, a seed or position outside [0, 2**63),
-    a position other than memory.length, non-float, misshapen or non-finite noise, meta tensors.
+    non-float, misshapen or non-finite noise, meta tensors.
 
     Paths: on CUDA with bf16 weights and kernel-friendly shapes (`fused_supported`) the fused kernels run
     (`drafter.allow_fused = False` forces the reference path); without return_logits that step, noise
