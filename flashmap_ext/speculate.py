@@ -193,7 +193,7 @@ def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:
 
 def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:
     """stop_token_ids as a frozenset of ints: None = none, a single id (int or 0-d tensor) = that one.
-    TypeError for non-integer ids, ValueError for ids outside [0, vocab_size)."""
+    TypeError for non-integer ids, ValueError for negative ones."""
     if stop_token_ids is None:
         return frozenset()
     if isinstance(stop_token_ids, torch.Tensor):
@@ -207,9 +207,10 @@ def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
     if bad:
         raise TypeError(f"stop_token_ids must be integer token ids, got {bad[:4]!r}")
-    outside = [t for t in ids if not 0 <= t < vocab_size]
-    if outside:
-        raise ValueError(f"stop_token_ids must be in [0, {vocab_size}) (the target's vocabulary), got {outside[:4]}")
+    negative = [t for t in ids if t < 0]  # ids >= vocab_size are accepted: they are never emitted
+    if negative:
+        raise ValueError(f"stop_token_ids must be token ids >= 0 (the target's vocabulary is [0, {vocab_size})), "
+                         f"got {negative[:4]}")
     return frozenset(int(t) for t in ids)
 
 
