@@ -136,7 +136,10 @@ def check_resumed_clock(args) -> None:
     if not args.resume or not os.path.exists(path):
         return
     with open(path) as f:
-        before = json.load(f).get("args", {})
+        run = json.load(f)
+    before = run.get("args", {})
+    if run.get("stage") != "flow":
+        return  # another stage's run: runner.check_out_dir refuses it, naming that stage
     if "clock" not in before and args.clock != "full-state":
         raise ValueError(f"--clock {args.clock}: the run in {args.out} was started on the full-state clock "
                          "(before --clock existed); resume it with --clock full-state")
