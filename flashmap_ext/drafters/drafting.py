@@ -48,6 +48,9 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     if not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1 or anchor_tokens.dtype != torch.int64:
         raise ValueError(f"anchor_tokens: expected a [B] int64 tensor, got {getattr(anchor_tokens, 'shape', None)} "
                          f"{getattr(anchor_tokens, 'dtype', type(anchor_tokens).__name__)}")
+    for name, value in (("anchor_tokens", anchor_tokens), ("position", position), ("seed", seed)):
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            raise ValueError(f"{name}: a meta tensor (no values): pass a cpu or cuda tensor")
     if position is not None:
         check_position(memory, per_row(position, anchor_tokens.shape[0], anchor_tokens.device, "position"))
     if isinstance(drafter, FlashMapDrafter):

@@ -31,7 +31,12 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
     from flashmap_ext.train.data import render_conversation, stop_token_ids
     from flashmap_ext.train.store import read_records
     stops = stop_token_ids(tokenizer)
-    records = sorted(read_records(path), key=lambda r: r["id"])
+    records = list(read_records(path))
+    lacking = next((i for i, r in enumerate(records) if "id" not in r or "messages" not in r), None)
+    if lacking is not None:
+        raise ValueError(f"--heldout {path}: record {lacking} has no 'id' or 'messages' (held-out records are "
+                         "the corpus's: id, domain, messages; `flashmap data generate --split heldout` writes them)")
+    records.sort(key=lambda r: r["id"])
     if not records:
         raise ValueError(f"--heldout {path}: no records (run scripts/grow_corpus.sh or flashmap data generate "
                          f"--split heldout first)")

@@ -100,6 +100,10 @@ CASES = {
     "draft_block seed row -1": (lambda m, f: _draft(f, seed=torch.tensor([-1])), ValueError, r"seed: expected"),
     "draft_block seed float": (lambda m, f: _draft(f, seed=0.5), TypeError, "seed must be an integer"),
     "draft_block steps 3": (lambda m, f: _draft(f, steps=3), ValueError, "steps: must be 1 or 2"),
+    "draft_block meta anchor": (lambda m, f: _draft(f, anchor_tokens=torch.tensor([5], device="meta")), ValueError,
+                                "anchor_tokens: a meta tensor"),
+    "draft_block meta position": (lambda m, f: _draft(f, position=torch.tensor([3], device="meta")), ValueError,
+                                  "position: a meta tensor"),
     # loaders
     "load_target device": (lambda m, f: load_target("tiny-random", device="tpu"), ValueError, "--device 'tpu'"),
     "load_target dtype": (lambda m, f: load_target("tiny-random", dtype="fp8"), ValueError, "dtype must be one of"),
