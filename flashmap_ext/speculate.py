@@ -108,7 +108,7 @@ def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k
         raise ValueError("on_tokens: streaming runs one prompt at a time; pass a single prompt")
     budgets, seeds = per_prompt(max_new_tokens, len(prompts), "max_new_tokens"), per_prompt(seed, len(prompts), "seed")
     checked = [check_prompt(target, p, m) for p, m in zip(prompts, budgets)]
-    stop = _stop_set(stop_token_ids)
+    stop = _stop_set(stop_token_ids, target.vocab_size)
     requests = [Request(temperature, top_k, top_p, s, valid_vocab, m, stop, None, target.device)
                 for s, m in zip(seeds, budgets)]
     return generate_rows(target, drafter, checked, requests, timer or Timer())
