@@ -6,7 +6,10 @@
 # resumes from its newest checkpoint, so rerunning the same command after an interruption loses nothing.
 #
 #   CORE=1 scripts/long_run.sh dflash          # features (if missing), vocab, train, eval, curve line
-#   CORE=1 scripts/long_run.sh flow            # the FlashMap flow model (then `distill` on its output)
+#   CORE=1 scripts/long_run.sh flow            # the FlashMap flow model (then `map` on its output)
+#   CORE=1 scripts/long_run.sh map             # distil RUN/flow/drafter into a 1-2 step map (fresh student:
+#                                              # the teacher's Euler step; PIECE_STEPS defaults to 2/5 of the
+#                                              # flow piece's, LR to 8e-5, --frac-01 1/16: the recipe's ratios)
 #
 # Knobs (env): RUN (work dir, default runs/long), CORE (the core the piece is pinned to, default 1),
 #   PIECE_STEPS (default 4000), LR (peak, default 6e-4), WARMUP (default 0.04), DTYPE (target dtype; default
@@ -19,9 +22,10 @@ set -euo pipefail
 
 main() {
     cd "$(dirname "$0")/.."
-    local kind=${1:?usage: scripts/long_run.sh dflash|flow}
-    RUN=${RUN:-runs/long}; CORE=${CORE:-1}; PIECE_STEPS=${PIECE_STEPS:-4000}
-    LR=${LR:-6e-4}; WARMUP=${WARMUP:-0.04}; PER_DOMAIN=${PER_DOMAIN:-8}
+    local kind=${1:?usage: scripts/long_run.sh dflash|flow|map}
+    RUN=${RUN:-runs/long}; CORE=${CORE:-1}; PER_DOMAIN=${PER_DOMAIN:-8}; WARMUP=${WARMUP:-0.04}
+    if [ "$kind" = map ]; then PIECE_STEPS=${PIECE_STEPS:-$(( $(flow_piece_steps) * 2 / 5 ))}; LR=${LR:-8e-5}
+    else PIECE_STEPS=${PIECE_STEPS:-4000}; LR=${LR:-6e-4}; fi
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
     taskset -cp "$CORE" $$ > /dev/null   # this shell and everything it starts run on CORE
     PY=".venv/bin/python"; FM=".venv/bin/flashmap"
@@ -29,15 +33,18 @@ main() {
     case $kind in
         dflash) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
         flow) INIT=checkpoints/flashmap-flow-qwen2.5-coder-0.5b ;;
-        *) echo "scripts/long_run.sh: kind: expected dflash or flow, got '$kind'" >&2; exit 2 ;;
+        map) INIT=checkpoints/flashmap-qwen2.5-coder-0.5b
+             [ -s "$RUN/flow/drafter/model.safetensors" ] \
+                 || { echo "scripts/long_run.sh map: teacher $RUN/flow/drafter missing: run the flow piece first" >&2; exit 2; } ;;
+        *) echo "scripts/long_run.sh: kind: expected dflash, flow or map, got '$kind'" >&2; exit 2 ;;
     esac
     [ -s "$INIT/model.safetensors" ] || { echo "$INIT/model.safetensors missing: run 'make checkpoints'" >&2; exit 2; }
     RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} scripts/train_real_drafters.sh features
     vocab_of "$INIT" "$RUN/vocab-$kind.json"
     local t0; t0=$(date +%s)
     "train_$kind" 2>&1 | tee -a "$RUN/$kind.log"
-    echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 ))}" \
-        > "$RUN/$kind.piece.json"
+    echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 )),\
+ \"warm_start\": $([ "$kind" = map ] && echo false || echo true)}" > "$RUN/$kind.piece.json"
     $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
         --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
     $PY scripts/long_run_verdict.py "$RUN" "$kind" "$INIT"
@@ -67,6 +74,13 @@ COMMON() {
         --draft-vocab "$RUN/vocab-$1.json" --tap-layers 1,6,11,16,21 --init-from "$INIT" --out "$RUN/$1"
 }
 
+# The flow piece's steps (from its piece record, else the default), for the map's 2/5 rule.
+flow_piece_steps() {
+    if [ -s "$RUN/flow.piece.json" ]; then
+        .venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["piece_steps"])' "$RUN/flow.piece.json"
+    else echo 4000; fi
+}
+
 resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && echo --resume || true; }
 
 # The committed recipe's shapes (scripts/train_real_drafters.sh), so the warm start fits.
@@ -79,6 +93,15 @@ train_flow() {
     # shellcheck disable=SC2046
     $FM train flow $(COMMON flow) $(resume_flag "$RUN/flow") --layers 2 --width 384 --heads 6 --block-size 8 \
         --tau0-frac 0.5 --no-head-recompute ${EXTRA:-}
+}
+
+# Distillation of this run's flow piece: a fresh student (the teacher's Euler step), not a warm start of the
+# committed map (whose teacher was another flow model); the same features, batch and anchors as the others.
+train_map() {
+    local args
+    args=$(COMMON map | sed -e "s| --init-from [^ ]*||" -e "s| --draft-vocab [^ ]*||" -e "s|--save-every 100|--save-every 20|")
+    # shellcheck disable=SC2086
+    $FM distill $args $(resume_flag "$RUN/map") --teacher "$RUN/flow/drafter" --frac-01 1/16 ${EXTRA:-}
 }
 
 main "$@"

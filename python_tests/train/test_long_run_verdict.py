@@ -48,3 +48,22 @@ def test_verdict_words_and_the_curve_line(tmp_path, monkeypatch):
     line = json.loads((run / "curve-dflash.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (3500, 1.5, "beats")
     assert line["slot1"]["all"] == 0.6
+
+
+def test_a_fresh_student_counts_only_its_own_steps(tmp_path, monkeypatch):
+    """The map distilled from a new teacher ("warm_start": false) starts at zero, not at the committed map's."""
+    run = tmp_path / "run"
+    (run / "eval-map").mkdir(parents=True)
+    result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
+    meta = {"date": "2026-12-02", "dtype": "bf16", "cpu": "x", "bf16_hw": True}
+    (run / "eval-map" / "eval.json").write_text(json.dumps({"meta": meta, "results":
+                                                            {"piece": result, "committed": result}}))
+    (run / "map.piece.json").write_text(json.dumps({"kind": "map", "piece_steps": 1600, "wall_s": 3600,
+                                                    "warm_start": False}))
+    (tmp_path / "checkpoints" / "long-run").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "long-run" / "history.json").write_text(
+        json.dumps({"map": {"steps": 1200, "core_hours": 0.45}}))
+    monkeypatch.chdir(tmp_path)
+    assert verdict_mod.main(str(run), "map", "ckpt") == 0
+    line = json.loads((run / "curve-map.jsonl").read_text())
+    assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (1600, 1.0, "ties")
