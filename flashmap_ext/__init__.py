@@ -9,9 +9,11 @@ Public API:
     CheckpointError         a drafter checkpoint that cannot be loaded (one line: path, problem, kind)
     Target, load_target     Hugging Face target adapter (DESIGN.md §6)
     generate                the lossless speculative decoding loop (DESIGN.md §7); tree=TreeSpec(...)
-                            drafts EAGLE-3 token trees (batch 1, reference path)
-    generate_tree           generate(..., tree=TreeSpec(depth, topk, num_nodes))
+                            drafts token trees (batch 1)
+    VerifyOutput, DraftBlock, GenerateOutput, GenerateStats   what verify, draft_block and generate return
+    TreeSpec                generate(..., tree=TreeSpec(depth, topk, num_nodes))
     Timer                   generate(..., timer=Timer(sync=True)): exact phase times of every round
+These are the README's names ("Python API"); everything else is imported from its module.
 """
 import torch  # noqa: F401  (must precede _C: it links against libtorch)
 
@@ -22,7 +24,6 @@ except ImportError as _err:  # not built yet (a fresh clone, or `make` still com
         raise
     raise ImportError("flashmap_ext._C, the compiled op library, is not built in this checkout: run `make build` "
                       "(or `pip install --no-build-isolation .`) and wait for it to finish") from _err
-from flashmap_ext import _aliases  # noqa: F401,E402
 from flashmap_ext.drafters.common.base import DraftBlock
 from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
@@ -30,11 +31,9 @@ from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.ops import VerifyOutput, sample, verify
-from flashmap_ext.speculate import GenerateOutput, GenerateStats, Timer, TreeSpec, generate, generate_tree
+from flashmap_ext.speculate import GenerateOutput, GenerateStats, Timer, TreeSpec, generate
 from flashmap_ext.target import Target, load_target
-
-_aliases.install()
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
            "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate",
-           "GenerateOutput", "GenerateStats", "generate_tree", "TreeSpec", "Timer"]
+           "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]

@@ -16,7 +16,7 @@ import torch
 
 from flashmap_ext.assets import datasets
 from flashmap_ext.bench.methods import StepsDrafter
-from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter, block_log_probs
+from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter, block_log_probs
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import load_target

@@ -11,7 +11,7 @@ import sys
 import torch
 
 from flashmap_ext.assets.models import qwen05_dir
-from flashmap_ext.bench.calibrate import median_time
+from flashmap_ext.draft_shapes.calibrate import median_time
 from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
 from flashmap_ext.target import Target
 

@@ -9,28 +9,7 @@ import sys
 
 import torch
 
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from flashmap_ext.cpu import cpu_flags, cpu_model
 
 
 def auto_dtype() -> str:

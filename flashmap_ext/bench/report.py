@@ -87,7 +87,7 @@ def projection_table(results: dict) -> list[str]:
     names = list(results["datasets"])
     if not proj:
         return []
-    from flashmap_ext.cost_model import H200_QWEN3_8B
+    from flashmap_ext.draft_shapes.cost_model import H200_QWEN3_8B
     out = [f"{H200_QWEN3_8B.label}; drafter 0.5 B + LM head read per draft call.", "",
            "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for method, per in proj.items():

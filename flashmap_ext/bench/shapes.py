@@ -6,15 +6,15 @@
 - FlashMap-1 multi-noise N=2 / N=4: N noise draws merged into a prefix tree of at most 16 nodes.
 - FlashMap-1 top-k 8 / 16, DFlash top-k 16: top-4-per-slot trees of 8 / 16 nodes.
 - auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape (lookup, chain, top-k tree and its node
-  budget, two branches) picked per round from the cost table measured on this machine (bench/calibrate.py,
+  budget, two branches) picked per round from the cost table measured on this machine (draft_shapes/calibrate.py,
   cached; `--recalibrate` measures again).
 """
 from __future__ import annotations
 
 from flashmap_ext.bench.metrics import Method
-from flashmap_ext.cost_model import H200_QWEN3_8B, projected_speedup
-from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter
-from flashmap_ext.drafters.lookup import LookupDrafter
+from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter
+from flashmap_ext.draft_shapes.cost_model import H200_QWEN3_8B, projected_speedup
+from flashmap_ext.draft_shapes.lookup import LookupDrafter
 from flashmap_ext.tree import TreeSpec
 
 
@@ -37,8 +37,8 @@ def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
 def auto_methods(target, flashmap1=None, refresh: bool = False) -> list[Method]:
     """The `auto` row: AutoDrafter around `flashmap1` (or prompt lookup alone) with this machine's costs
     (the cached table, or measured again with `refresh`)."""
-    from flashmap_ext.bench.calibrate import load_or_calibrate
-    from flashmap_ext.drafters.auto import AutoDrafter
+    from flashmap_ext.draft_shapes.auto import AutoDrafter
+    from flashmap_ext.draft_shapes.calibrate import load_or_calibrate
     auto = AutoDrafter(flashmap1, load_or_calibrate(target, flashmap1, refresh=refresh))
     print(f"[flashmap] {auto.explain()}")
     return [Method("auto", auto, auto.tree_spec())]

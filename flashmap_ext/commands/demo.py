@@ -156,7 +156,7 @@ def divergence_notes(rows: list, dtype: str) -> list[str]:
 def explain(rows: list, dtype: str, meta: dict) -> list[str]:
     """The closing lines: this machine's step and round costs, the break-even γ and what they mean."""
     from flashmap_ext.bench.metrics import round_costs
-    from flashmap_ext.cost_model import H200_QWEN3_8B, projected_speedup
+    from flashmap_ext.draft_shapes.cost_model import H200_QWEN3_8B, projected_speedup
     c = round_costs([r for r in rows if r.method == "FlashMap"], [r for r in rows if r.method == "AR"])
     ms = lambda s: f"{1000 * s:.0f} ms"
     width = f"{1 + c['mean_drafted']:.3g}"
@@ -198,8 +198,8 @@ def run(args) -> int:
     stop = stop_token_ids(tokenizer)
     tree = None
     if args.auto:  # issue 15: the cost model picks the shape; one line says what pays here and why
-        from flashmap_ext.bench.calibrate import load_or_calibrate
-        from flashmap_ext.drafters.auto import AutoDrafter
+        from flashmap_ext.draft_shapes.auto import AutoDrafter
+        from flashmap_ext.draft_shapes.calibrate import load_or_calibrate
         print("     --auto: this machine's verify and draft costs (measured once, then cached) ...", end="", flush=True)
         t0 = time.perf_counter()
         drafter = AutoDrafter(drafter, load_or_calibrate(target, drafter))

@@ -137,8 +137,8 @@ def check_shape_arguments(args, kind: str | None) -> None:
 def shape_drafter(args, target, drafter):
     """(drafter, TreeSpec or None) after --auto / --lookup / --block-tree; ValueError for a bad combination."""
     if getattr(args, "auto", False):
-        from flashmap_ext.bench.calibrate import load_or_calibrate
-        from flashmap_ext.drafters.auto import AutoDrafter
+        from flashmap_ext.draft_shapes.auto import AutoDrafter
+        from flashmap_ext.draft_shapes.calibrate import load_or_calibrate
         auto = AutoDrafter(drafter, load_or_calibrate(target, drafter))
         print(f"[{auto.explain()}]", file=sys.stderr)
         return auto, auto.tree_spec()
@@ -146,10 +146,10 @@ def shape_drafter(args, target, drafter):
     if getattr(args, "block_tree", None):
         if tree is None or drafter is None:
             raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
-        from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter
+        from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter
         drafter = (TopKTreeDrafter if args.block_tree == "topk" else MultiNoiseDrafter)(drafter)
     if getattr(args, "lookup", False):
-        from flashmap_ext.drafters.lookup import LookupDrafter
+        from flashmap_ext.draft_shapes.lookup import LookupDrafter
         drafter = LookupDrafter(drafter)
     if tree is not None and not hasattr(drafter, "draft_tree"):
         raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got {type(drafter).__name__})")

@@ -1,4 +1,4 @@
-"""Trees for block drafters (drafters/block_tree.py) and the prompt-lookup hybrid (drafters/lookup.py)
+"""Trees for block drafters (draft_shapes/block_tree.py) and the prompt-lookup hybrid (draft_shapes/lookup.py)
 through `generate(..., tree=TreeSpec(...))` on tiny random Qwen3 targets, plus their tree builders.
 
 References: plain full-recompute greedy decoding at T = 0; at T > 0 the target's exact joint law of the
@@ -11,8 +11,8 @@ from test_speculate import random_flashmap
 from conftest import tiny_qwen3
 from drafter_doubles import RecordingDrafter, greedy_continuation
 from flashmap_ext import Target, TreeSpec, generate
-from flashmap_ext.drafters.block_tree import MultiNoiseDrafter, TopKTreeDrafter, merge_chains, topk_tree
-from flashmap_ext.drafters.lookup import LookupDrafter
+from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter, merge_chains, topk_tree
+from flashmap_ext.draft_shapes.lookup import LookupDrafter
 from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
 
 V, NEW, K = 111, 13, 4
@@ -157,7 +157,7 @@ def test_multinoise_draws_use_distinct_noise(model):
 
 @pytest.mark.parametrize("draft_vocab", [None, 20])
 def test_block_top_k_is_the_top_of_the_full_log_probs(model, draft_vocab):
-    from flashmap_ext.drafters.block_tree import block_log_probs, block_top_k
+    from flashmap_ext.draft_shapes.block_tree import block_log_probs, block_top_k
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     torch.manual_seed(1)
     fm = FlashMapDrafter.for_target(model, n_layers=2, width=64, heads=4, block_size=K, target_layer_ids=TAPS,
@@ -233,7 +233,7 @@ def test_hybrid_memory_is_the_inner_drafters_alone(model):
 def test_lookup_matches_transformers_rule():
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-    from flashmap_ext.drafters.lookup import lookup_continuation
+    from flashmap_ext.draft_shapes.lookup import lookup_continuation
     gen = torch.Generator().manual_seed(0)
     for trial in range(300):
         n, vocab = int(torch.randint(2, 40, (1,), generator=gen)), int(torch.randint(2, 6, (1,), generator=gen))

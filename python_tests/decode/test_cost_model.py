@@ -1,4 +1,4 @@
-"""The cost model (cost_model.py), its calibration cache (bench/calibrate.py) and `AutoDrafter`.
+"""The cost model (cost_model.py), its calibration cache (draft_shapes/calibrate.py) and `AutoDrafter`.
 
 Expected values are worked by hand from the formulas in cost_model's docstring (fake cost tables), or are
 plain greedy decoding / the target's exact joint law (loop_helpers) for the auto shapes.
@@ -12,7 +12,8 @@ from test_block_trees import SlotOracle
 from conftest import tiny_qwen3
 from drafter_doubles import OracleDrafter, greedy_continuation
 from flashmap_ext import Target, generate
-from flashmap_ext.cost_model import (
+from flashmap_ext.draft_shapes.auto import AutoDrafter
+from flashmap_ext.draft_shapes.cost_model import (
     H200_QWEN3_8B,
     AcceptanceProfile,
     CostTable,
@@ -20,8 +21,7 @@ from flashmap_ext.cost_model import (
     expected_gamma_two,
     projected_speedup,
 )
-from flashmap_ext.drafters.auto import AutoDrafter
-from flashmap_ext.tree_plan import RankProfile, chain_plan, plan_tokens, reach_by_depth
+from flashmap_ext.draft_shapes.tree_plan import RankProfile, chain_plan, plan_tokens, reach_by_depth
 from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
 
 
@@ -97,7 +97,7 @@ def test_h200_projection_is_bandwidth_bound():
 
 # --- calibration cache ---------------------------------------------------------------------------------
 def test_calibration_is_cached_per_fingerprint(tmp_path, monkeypatch):
-    from flashmap_ext.bench import calibrate as cost_calibrate
+    from flashmap_ext.draft_shapes import calibrate as cost_calibrate
     monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path))
     target = Target(tiny_qwen3())
     calls = []
@@ -314,7 +314,7 @@ def test_a_long_context_turns_a_paying_chain_into_plain_decoding():
 def test_auto_prices_each_round_at_its_context(model):
     """AutoDrafter.choose reads the memory's context length: the same profile drafts after a short
     context and decodes plainly after a long one."""
-    from flashmap_ext.drafters.lookup import LookupMemory
+    from flashmap_ext.draft_shapes.lookup import LookupMemory
     auto = AutoDrafter(SlotOracle(model), context_table(1e-2), explore_every=0)
     assert auto.drafter_enabled
     short, long = (LookupMemory(auto.new_memory(1, "cpu").inner, list(range(n))) for n in (4, 400))

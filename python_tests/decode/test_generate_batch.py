@@ -126,7 +126,7 @@ def test_batch_refuses_what_it_cannot_do(model, prompts):
         fm.generate(model, None, prompts, [4, 4])
     with pytest.raises(ValueError, match="tree"):
         fm.generate(model, None, prompts, 4, tree=fm.TreeSpec(2, 2, 4))
-    from flashmap_ext.drafters.lookup import LookupDrafter
+    from flashmap_ext.draft_shapes.lookup import LookupDrafter
     with pytest.raises(ValueError, match="batch size 1"):  # its memory (the context's ids) holds one row
         fm.generate(model, LookupDrafter(None), prompts, 4)
     with pytest.raises(ValueError, match="empty prompt"):

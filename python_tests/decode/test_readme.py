@@ -6,7 +6,6 @@ an edit there that this test no longer understands fails here instead of being s
 `--help` lines run; `bench`, `demo`, `data`, `eval` and `convert` lines (they need the downloaded prompt
 sets, corpora and minutes of CPU) are parsed by the real CLI parser.
 """
-import ast
 import contextlib
 import io
 import re
@@ -109,63 +108,61 @@ def test_cli_line_runs(cmd, capsys, tmp_path, monkeypatch):
     assert captured.out.strip() and "tokens in" in captured.err  # the streamed text, then the stats line
 
 
-def test_readme_code_imports_no_old_module_path():
-    """The README's code (every fenced block) names modules by their current paths, never an old path kept
-    as an alias (flashmap_ext/_aliases.py): the "Serving with vLLM" block once imported `bench.assets`."""
-    from flashmap_ext._aliases import ALIASES
+def readme_code() -> str:
+    """Every fenced block of the README, whatever its language, joined."""
     lines, inside = [], False
-    for line in README.splitlines():  # every fenced block, whatever its language
+    for line in README.splitlines():
         if line.startswith("```"):
             inside = not inside
         elif inside:
             lines.append(line)
-    code = "\n".join(lines)
-    named = set(re.findall(r"\bflashmap_ext\.([\w.]+)", code))
-    assert "integrations.vllm" in named and "assets.models" in named  # both blocks are seen
-    assert not {n for n in named for old in ALIASES if n == old or n.startswith(old + ".")}, named
+    return "\n".join(lines)
 
 
-def old_module_imports(file: Path, aliases) -> list[str]:
-    """'file:line: module' for each import in `file` of an old module path (a key of `aliases`)."""
-    found = []
-    for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        found += [f"{file.name}:{node.lineno}: {n}" for n in names
-                  if n.startswith("flashmap_ext.") and n.removeprefix("flashmap_ext.") in aliases]
-    return found
+def test_readme_code_names_modules_that_exist():
+    """Every `flashmap_ext.<module>` the README's code names is a module of this checkout (the "Serving with
+    vLLM" block once imported `bench.assets`, a path kept alive only by an import hook); pre-restructure paths
+    are gone: no hook maps them any more (issue 28)."""
+    import importlib
+    named = set(re.findall(r"\bflashmap_ext\.([a-z_][\w.]*)", readme_code()))
+    assert {"integrations.vllm", "assets.models", "draft_shapes.auto", "target.ragged"} <= named  # all blocks seen
+    assert not [n for n in sorted(named) if not _is_module(f"flashmap_ext.{n}")]
+    for old in ("flashmap_ext.flow", "flashmap_ext.drafters.flashmap_fused", "flashmap_ext.bench.assets",
+                "flashmap_ext.drafters.lookup", "flashmap_ext.cost_model"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
-def test_project_code_imports_no_old_module_path(tmp_path):
-    """The package, scripts, benches and tests import current module paths; the aliases of
-    flashmap_ext/_aliases.py are for users' code only (scripts/long_context.py imported `bench.assets`)."""
-    from flashmap_ext._aliases import ALIASES
-    (tmp_path / "x.py").write_text("import flashmap_ext.flow\nfrom flashmap_ext.bench import assets\n"
-                                   "from flashmap_ext.assets import models\n")
-    assert old_module_imports(tmp_path / "x.py", ALIASES) == ["x.py:1: flashmap_ext.flow",
-                                                              "x.py:2: flashmap_ext.bench.assets"]
-    files = [f for folder in ("flashmap_ext", "scripts", "benches", "python_tests", "python_tests_vllm")
-             for f in sorted((ROOT / folder).rglob("*.py")) if f.name != "_aliases.py"]
-    assert not [hit for f in files for hit in old_module_imports(f, ALIASES)]
+def _is_module(name: str) -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent is not a package
+        return False
 
 
-def test_prose_names_no_old_module_path_and_readme_paths_exist():
-    """Docstrings, help texts and docs cite current module paths: `flashmap data generate --help` said its
-    corpus is written by `data.store` (an alias of train.store), heldout.py named `drafters.base`. And every
-    tracked-looking path the README cites exists: it pointed at python_tests/test_readme.py (moved to decode/)."""
-    from flashmap_ext._aliases import ALIASES
-    dotted = [old for old in ALIASES if "." in old]  # `flow`, `reference` are also plain words
-    files = [f for folder in ("flashmap_ext", "scripts", "benches", "docs") for f in sorted((ROOT / folder).rglob("*"))
-             if f.suffix in (".py", ".md", ".sh") and f.name != "_aliases.py"]
-    files += [ROOT / p for p in ("BENCHMARKS.md", "checkpoints/README.md", "data/README.md")]
-    hits = [f"{f.relative_to(ROOT)}:{i}: {name}" for f in files
-            for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
-            for name in re.findall(r"`(?:flashmap_ext\.)?([\w.]+)`", line)
-            if any(name == old or name.startswith(old + ".") for old in dotted)]
-    assert not hits
+def public_names_paragraph() -> list[str]:
+    """The plain names (no dots, no calls) in the README's "public names" paragraph."""
+    match = re.search(r"The package's public names \(`flashmap_ext.__all__`, exactly these\):(.*?)Everything else",
+                      README, flags=re.S)
+    assert match, "README lost its public-names paragraph"
+    return [n for n in re.findall(r"`([^`]+)`", match.group(1)) if re.fullmatch(r"[A-Za-z_]\w*", n)]
+
+
+def test_public_names_are_exactly_the_readmes():
+    """`flashmap_ext.__all__` is the README's list, each name resolves, and every `fm.<name>` the README's code
+    uses is on it (issue 28: the public list is the README's)."""
+    import flashmap_ext as fm
+    listed = public_names_paragraph()
+    assert len(listed) == len(set(listed)) and sorted(listed) == sorted(fm.__all__)
+    assert all(hasattr(fm, n) for n in fm.__all__)
+    used = set(re.findall(r"\bfm\.([A-Za-z_]\w*)", readme_code()))
+    assert {"verify", "draft_block", "generate"} <= used and used <= set(fm.__all__)
+
+
+def test_readme_paths_exist():
+    """Every tracked-looking path the README cites exists: it pointed at python_tests/test_readme.py (moved to
+    decode/)."""
     cited = set(re.findall(r"`((?:python_tests|python_tests_vllm|flashmap_ext|scripts|benches|csrc|docs)/[\w./-]+)`",
                            README))
     assert len(cited) > 5 and not [p for p in sorted(cited) if not (ROOT / p).exists()]

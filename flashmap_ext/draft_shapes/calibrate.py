@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from flashmap_ext.cost_model import CostTable
+from flashmap_ext.draft_shapes.cost_model import CostTable
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33)
 SLOPE_WIDTHS = (1, 9, 33)
@@ -30,7 +30,7 @@ TABLE_VERSION = 2
 
 def fingerprint(target, drafter=None) -> dict:
     """What the costs depend on: machine, dtype, threads, torch, target and drafter shapes."""
-    from flashmap_ext.bench.machine import cpu_flags, cpu_model
+    from flashmap_ext.cpu import cpu_flags, cpu_model
     flags = sorted(cpu_flags() & {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
     cfg = target.model.config
     dev = target.device

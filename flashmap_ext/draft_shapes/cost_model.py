@@ -6,7 +6,7 @@
     E[γ](two branches) = 1 + Σ_j [1 − (1 − P¹_j)(1 − P²_j)]                         (lookup chain + drafter chain/tree, independent)
     rate(shape)       = E[γ] / round_cost;  plain decoding: 1 / (verify_s(1) + overhead_s)
 
-`CostTable` holds measured seconds (bench/calibrate.py measures and caches them per machine); `Roofline`
+`CostTable` holds measured seconds (draft_shapes/calibrate.py measures and caches them per machine); `Roofline`
 gives the same table from bandwidth / FLOP constants, e.g. `H200_QWEN3_8B` for a **projected** H200
 speedup. `AcceptanceProfile` keeps per-slot counts with a Beta prior and is updated online from rounds
 (`tree_plan.RankProfile` the same per rank, for trees). The shape picked is monotone in the costs: a dearer

@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from flashmap_ext.checks import check_int
-from flashmap_ext.drafters.block_tree import merge_chains
+from flashmap_ext.draft_shapes.block_tree import merge_chains
 from flashmap_ext.drafters.eagle3.tree import DraftTree
 
 

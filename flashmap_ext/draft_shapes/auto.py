@@ -1,6 +1,6 @@
 """`AutoDrafter`: each round, the draft shape the cost model expects to be fastest (issue 15, `--auto`).
 
-Per round, with the n-gram match m (prompt lookup, `drafters/lookup.py`) and the wrapped block drafter's
+Per round, with the n-gram match m (prompt lookup, `draft_shapes/lookup.py`) and the wrapped block drafter's
 K slots, `cost_model.best_shape` picks plain decoding (no draft: a width-1 verify), a lookup chain of l ≤ m
 tokens, a drafter chain or top-k-per-slot tree of b ≤ `tree_nodes` nodes (`tree_plan`: the best tree of
 b nodes under the per-rank acceptance; a chain when that is best), or the lookup chain and the drafter's
@@ -26,12 +26,12 @@ from typing import Optional
 import torch
 
 from flashmap_ext.checks import check_int, check_real
-from flashmap_ext.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
-from flashmap_ext.drafters.block_tree import block_top_k, has_block_log_probs, merge_chains
+from flashmap_ext.draft_shapes.block_tree import block_top_k, has_block_log_probs, merge_chains
+from flashmap_ext.draft_shapes.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
+from flashmap_ext.draft_shapes.lookup import LookupDrafter, LookupMemory
+from flashmap_ext.draft_shapes.tree_plan import RankProfile, chain_plan, plan_tokens
 from flashmap_ext.drafters.common.base import TreeSpec
 from flashmap_ext.drafters.eagle3.tree import DraftTree
-from flashmap_ext.drafters.lookup import LookupDrafter, LookupMemory
-from flashmap_ext.tree_plan import RankProfile, chain_plan, plan_tokens
 
 
 class AutoDrafter(LookupDrafter):
