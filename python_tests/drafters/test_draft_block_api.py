@@ -60,6 +60,20 @@ def test_draft_block_refuses_a_position_the_memory_disagrees_with(setup, kind):
         fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S)  # an extend_memory too few
     with pytest.raises(ValueError, match="num_tokens"):
         fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1, num_tokens=9)
+    # per row, after a ragged truncate: one row's position one behind its memory (an extra extend_memory)
+    memory.truncate(torch.tensor([S - 1, S - 3]))
+    with pytest.raises(ValueError, match=r"position: \[8, 5\] disagrees with the memory's committed lengths \[8, 6\]"):
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=torch.tensor([S - 1, S - 4]))
+    fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=torch.tensor([S - 1, S - 3]))  # agrees
+
+
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (0, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_new_memory_refuses_a_bad_batch_size_naming_it(setup, kind, bad, error):
+    """new_memory(batch_size=-1) was torch's "zeros: Dimension size must be non-negative"."""
+    drafter = setup[2][kind]
+    with pytest.raises(error, match=rf"{type(drafter).__name__}.new_memory: batch_size must be"):
+        drafter.new_memory(batch_size=bad)
 
 
 def test_draft_block_steps_and_noise_are_flashmap_only(setup):

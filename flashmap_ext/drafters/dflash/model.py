@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
 from flashmap_ext.drafters.common.base import ReadsTarget
 from flashmap_ext.drafters.common.config import target_shape
@@ -89,6 +90,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         """Empty context cache for `batch_size` sequences (all rows share one length). Entries get
         positions 0, 1, … in the order they are appended: the memory index is the absolute position, as
         in the loop's contract (memory = every committed position except the anchor)."""
+        check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c, w = self.config, self.fc.weight
         return KVCache.empty(len(self.layers), batch_size, c.num_key_value_heads, c.head_dim, w.dtype,
                              device or w.device)

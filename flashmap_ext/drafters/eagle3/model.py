@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
 from flashmap_ext.drafters.common.base import ReadsTarget, truncated
 from flashmap_ext.drafters.common.config import target_shape
@@ -174,6 +175,7 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
 
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> Eagle3Memory:
         """Empty memory for `batch_size` sequences (rows may come to hold different lengths: `truncate`)."""
+        check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c, w = self.config, self.fc.weight
         cache = KVCache.empty(1, batch_size, c.num_key_value_heads, c.head_dim, w.dtype, device or w.device)
         return Eagle3Memory(cache)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
 from flashmap_ext.drafters.common.base import ReadsTarget
 from flashmap_ext.drafters.common.layers import RMSNorm
@@ -290,6 +291,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
     def new_memory(self, batch_size: int, device: torch.device | str | None = None) -> FlashMapMemory:
+        check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c = self.config
         device = self.slot_pos.device if device is None else device
         return FlashMapMemory.empty(c.n_layers, batch_size, c.heads, c.head_dim, torch.device(device), self.dtype)
