@@ -153,6 +153,11 @@ def shape_drafter(args, target, drafter):
         drafter = LookupDrafter(drafter)
     if tree is not None and not hasattr(drafter, "draft_tree"):
         raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got {type(drafter).__name__})")
+    wrapped = getattr(args, "block_tree", None) or getattr(args, "lookup", False)
+    if tree is not None and wrapped and tree.depth > drafter.num_draft_tokens:  # was cut to K without a word
+        raise ValueError(f"--tree {tree.depth},{tree.topk},{tree.num_nodes}: depth {tree.depth} exceeds the "
+                         f"{type(drafter).__name__}'s K = {drafter.num_draft_tokens} (it drafts at most K tokens "
+                         f"deep; give a depth <= {drafter.num_draft_tokens})")
     return drafter, tree
 
 

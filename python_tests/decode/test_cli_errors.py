@@ -120,6 +120,16 @@ def test_generate_tree_needs_a_tree_drafter_before_the_target_loads(capsys, no_l
     assert "--block-tree needs --drafter and --tree" in err
 
 
+@pytest.mark.parametrize("shape, K", [(["--block-tree", "topk"], 8), (["--block-tree", "multinoise"], 8),
+                                      (["--lookup"], 10)])
+def test_tree_deeper_than_the_drafters_k_is_refused_naming_the_flag(shape, K, capsys):
+    """A block drafter drafts K tokens (random: 8; the lookup hybrid max(10 lookup tokens, 8)): --tree with a
+    depth above K was cut to K without a word."""
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", "random", *shape,
+                          "--tree", f"{K + 1},2,{K + 4}"], capsys)
+    assert f"--tree {K + 1},2,{K + 4}: depth {K + 1} exceeds" in err and f"K = {K}" in err
+
+
 def test_eval_missing_heldout_names_the_option(tmp_path, capsys, no_loads):
     err = one_line_error(["eval", "--heldout", str(tmp_path / "nope"), "--drafter", "A=random"], capsys)
     assert f"--heldout {tmp_path / 'nope'}: no such file or folder" in err and "Errno" not in err
