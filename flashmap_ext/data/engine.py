@@ -15,12 +15,13 @@ padded matmuls round differently; exact in float64, see python_tests/test_data_e
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import torch
 from transformers import DynamicCache
+
+from flashmap_ext.target.model import cache_kwarg
 
 
 @dataclass
@@ -53,11 +54,6 @@ def length_sorted(jobs: Iterable[Job], window: int) -> Iterator[Job]:
             yield from sorted(buf, key=lambda j: len(j.prompt))
             buf = []
     yield from sorted(buf, key=lambda j: len(j.prompt))
-
-
-def _cache_kwarg(model) -> str:
-    """The forward's name for the KV cache: `cache` (transformers ≥ 5.2x) or `past_key_values` (older)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _left_pad(seqs: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +110,7 @@ def _prefill(model, jobs: list[Job], pad: int, stats: EngineStats):
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     cache = DynamicCache(config=model.config)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                **{_cache_kwarg(model): cache})
+                **{cache_kwarg(model): cache})
     stats.prefills += 1
     stats.prefill_padded_tokens += ids.numel()
     stats.prompt_tokens += int(mask.sum())
@@ -176,7 +172,7 @@ def generate_refill(model, jobs: Iterable[Job], *, stop_ids: set[int], pad_id: i
             return
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
         out = model(input_ids=last[:, None], attention_mask=mask, position_ids=pos[:, None], use_cache=True,
-                    **{_cache_kwarg(model): cache})
+                    **{cache_kwarg(model): cache})
         last, pos = out.logits[:, -1].argmax(-1), pos + 1
         stats.decode_steps += 1
         stats.row_steps += len(rows)

@@ -43,6 +43,12 @@ def resolve_dtype(dtype) -> torch.dtype:
     raise ValueError(f"dtype must be one of fp32, bf16, fp16 (got {dtype!r})")
 
 
+def cache_kwarg(model: nn.Module) -> str:
+    """The keyword `model.forward` takes its KV cache by: "cache" (transformers ≥ 5.24) or "past_key_values"
+    (older; deprecated from 5.24, removed in 5.40). `model(..., **{cache_kwarg(model): cache})` works on both."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class Target:
     """A causal LM plus the bookkeeping the speculative loop needs.
 
@@ -64,9 +70,7 @@ class Target:
         self.hidden_size = int(self.config.hidden_size)
         self.vocab_size = int(self.lm_head.weight.shape[0])
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 2**62)
-        # transformers renamed `past_key_values` to `cache` (the old name is removed in 5.40)
-        params = inspect.signature(model.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)
 
     @property
     def device(self) -> torch.device:

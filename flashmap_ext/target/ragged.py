@@ -6,7 +6,7 @@ padding-aware attention mask (Qwen3, Qwen2, Llama: `attention_mask` [B, width] 1
 
     ids, lengths = left_pad(prompts)                                # prefill
     mask, pos = ragged_inputs(lengths, ids.shape[1])
-    model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{cache_kwarg(model): cache})
     drafter.extend_memory(memory, left_align(ids, lengths), left_align(taps, lengths))
     memory.truncate(lengths)                                        # drafter memories are left-aligned
     block = ...                                                     # a round: [B, T] new tokens per row

@@ -84,7 +84,7 @@ def capture_taps(model: nn.Module, layer_ids: Sequence[int]):
     """Captures taps from any HF causal LM (`get_decoder().layers`: Qwen3, Qwen2, Llama, ...).
 
         with capture_taps(model, drafter.target_layer_ids) as capture:
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            out = model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})  # target.cache_kwarg
         taps = capture.taps          # [B, T, n_taps·d]: what drafter.extend_memory takes
 
     Index convention (the drafters' `target_layer_ids`): tap i is 0-based decoder layer i's output,

@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from conftest import tiny_qwen3
-from flashmap_ext.target import capture_taps
+from flashmap_ext.target import cache_kwarg, capture_taps
 from flashmap_ext.target.ragged import left_pad, ragged_inputs, rollback_rows
 
 TOL = dict(atol=1e-4, rtol=1e-4)  # a batched, padded forward rounds differently from a solo one
@@ -30,9 +30,35 @@ def test_capture_taps_are_hf_hidden_states(model):
         pass
 
 
+def test_cache_kwarg_is_the_name_the_forward_takes(model):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns, and goes in 5.40); 5.17-5.23
+    know only `past_key_values`. `cache_kwarg` gives the forward's own name, and a forward called with it
+    warns about neither."""
+    import inspect
+    import warnings
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return past_key_values
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None):
+            return cache
+    assert (cache_kwarg(Old()), cache_kwarg(New())) == ("past_key_values", "cache")
+    assert Old()(**{cache_kwarg(Old()): 7}) == New()(**{cache_kwarg(New()): 7}) == 7
+    name = cache_kwarg(model)
+    assert name in inspect.signature(model.forward).parameters
+    cache = DynamicCache(config=model.config)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*(past_key_values|cache).*", category=FutureWarning)
+        model(input_ids=torch.randint(0, 111, (1, 4)), use_cache=True, **{name: cache})
+    assert cache.get_seq_length() == 4
+
+
 def _forward(model, cache, ids, lengths):
     mask, pos = ragged_inputs(lengths, ids.shape[1])
-    return model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
+    return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                 **{cache_kwarg(model): cache}).logits
 
 
 def _solo_logits(model, row):
