@@ -125,12 +125,14 @@ def run(cfg: BenchConfig) -> dict:
             records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
     shuffle = shuffle_test(target, tokenizer, methods, records, cfg.datasets, min(cfg.shuffle_n, cfg.n),
                            partial(decode, cfg=cfg, stop=stop)) if cfg.shuffle_n else {}
-    results = assemble(cfg, meta, methods, records, shuffle)
+    from flashmap_ext.bench.shapes import projection_skipped
+    results = assemble(cfg, meta, methods, records, shuffle, projection_skipped(target))
     report.write_all(results, Path(cfg.out))
     return results
 
 
-def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], shuffle: dict) -> dict:
+def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], shuffle: dict,
+             no_projection: str | None = None) -> dict:
     """The results document: meta, per-dataset summaries per method, tree shapes of the tree rows, shuffle
     test, per-record rows."""
     table: dict = {}
@@ -145,4 +147,4 @@ def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[
     from flashmap_ext.bench.shapes import projections
     return {"meta": meta, "config": dataclasses.asdict(cfg), "methods": [m.name for m in methods],
             "trees": trees, "datasets": table, "shuffle": shuffle, "records": rows,
-            "projected_h200": projections(methods, records)}
+            "projected_h200": {} if no_projection else projections(methods, records), "no_projection": no_projection}

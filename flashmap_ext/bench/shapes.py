@@ -56,6 +56,20 @@ def draft_calls(method: Method) -> float:
     return 1.0
 
 
+#: a target below this many parameters is a test double (tiny-random, a stub): its γ says nothing about a
+#: Qwen3-8B on an H200, so no projection is made from it
+PROJECTABLE_PARAMS = 100_000_000
+
+
+def projection_skipped(target) -> str | None:
+    """Why an H200 projection from runs on `target` (a Target) would be meaningless, or None when it is not."""
+    n = sum(p.numel() for p in target.model.parameters())
+    if n >= PROJECTABLE_PARAMS:
+        return None
+    return (f"no H200 projection: the target has {n / 1e6:.2f} M parameters (under {PROJECTABLE_PARAMS / 1e6:.0f} M: "
+            f"a test double, whose γ says nothing about Qwen3-8B on an H200)")
+
+
 def projections(methods: list[Method], records: list) -> dict:
     """{method: {dataset: projected H200 speedup}} from each method's measured γ and mean draft nodes per
     round under `H200_QWEN3_8B` (HF peers and AR skipped)."""

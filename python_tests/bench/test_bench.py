@@ -268,12 +268,18 @@ def test_demo_explanation_names_costs_and_cpu_class():
     assert "has bf16 hardware" in " ".join(" ".join(explain([fm, ar], "bf16", {"gpu": None, "bf16_hw": True})).split())
 
 
-def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch):
+@pytest.mark.parametrize("projectable", [True, False])
+def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch, projectable):
     """--shapes --auto: every issue-15 row is lossless and results.md has one summary row per (dataset,
-    method) with γ, measured speedup, projected H200 speedup and the identity check."""
+    method) with γ, measured speedup, projected H200 speedup and the identity check. The projection is made
+    only from a target of real size (here: the threshold lowered to 0); from the tiny test double (under
+    100 M parameters) it is dropped and the report says why (it printed a projection from a random target)."""
+    from flashmap_ext.bench import shapes
     from flashmap_ext.bench.run import BenchConfig, run
     tmp, dataset = byte_bench
     monkeypatch.setenv("FLASHMAP_CACHE", str(tmp / "cache"))   # --auto calibrates into a fresh cache
+    if projectable:
+        monkeypatch.setattr(shapes, "PROJECTABLE_PARAMS", 0)
     cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=2, max_new_tokens=8, dtype="fp32",
                       peers=False, shuffle_n=0, shapes=True, auto=True, out=str(tmp / "bench"))
     results = run(cfg)
@@ -287,9 +293,13 @@ def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch):
     summary = md[start:md.index("", start)]
     assert [x.split(" | ")[1] for x in summary] == results["methods"]
     for method in results["methods"][1:]:
-        proj = results["projected_h200"][method]["tiny"]
         line = next(x for x in summary if x.startswith(f"| tiny | {method} |"))
-        assert line.endswith(f"| {proj:.2f}× | yes |"), line
+        proj = f"{results['projected_h200'][method]['tiny']:.2f}×" if projectable else "–"
+        assert line.endswith(f"| {proj} | yes |"), line
+    assert (results["no_projection"] is None) == projectable and bool(results["projected_h200"]) == projectable
+    if not projectable:
+        assert "no H200 projection: the target has 0." in results["no_projection"]
+        assert results["no_projection"] + "." in md
 
 
 def test_bench_refuses_an_unknown_method_name(byte_bench):
