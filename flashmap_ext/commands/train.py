@@ -2,7 +2,7 @@
 
   flow    the FlashMap flow model (DESIGN.md §4): τ ~ U[0,1] stratified, slot-weighted CE, d-space noise.
           Its output is the teacher for `flashmap distill`, and already drafts on its own (one Euler step).
-  dflash  the DFlash baseline (block = anchor + masks, weighted CE, γ = 7 for block 16).
+  dflash  the DFlash baseline (block = anchor + masks, weighted CE, decay γ = 7 for block 16; --slot-decay).
   eagle3  the EAGLE-3 baseline (training-time test over 7 steps, weights 0.8^j, draft vocabulary of the
           most frequent response tokens). Its taps differ: cache them with `flashmap features --layers eagle3`.
 """
@@ -31,9 +31,7 @@ def add_parser(subparsers) -> None:
     flow.add_argument("--tau0-frac", type=float, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
-    flow.add_argument("--slot-decay", default="7", metavar="D|auto",
-                      help="slot weights w_k = exp(-(k-1)/D); 'auto' ties D to K as DFlash does (7·K/15, 3.73 at "
-                           "K = 8); default 7 (DFlash's value for 15 slots)")
+    add_slot_decay(flow, "7", "default 7 (DFlash's value for 15 slots)")
     flow.add_argument("--no-head-recompute", action="store_true",
                       help="keep the draft-vocab logits for backward instead of recomputing the head under "
                            "activation checkpointing (less compute, more memory: for CPU runs)")
@@ -62,6 +60,7 @@ def add_parser(subparsers) -> None:
                        help="draft vocabulary as for `train flow` (drafts and loss on these LM-head rows only)")
     shape.add_argument("--mask-token-id", type=int,
                        help="embedding row used as the mask token (default: the first row past the tokenizer)")
+    add_slot_decay(dflash, "auto", "default auto (DFlash's rule)")
     dflash.set_defaults(func=run_dflash)
     eagle = stages.add_parser("eagle3", help="EAGLE-3 baseline drafter", epilog=runner.EPILOG,
                               description="Train the EAGLE-3 baseline on a feature cache of its low/mid/high "
@@ -79,6 +78,13 @@ def add_parser(subparsers) -> None:
                        help="draft vocabulary as for `train flow` (overrides --draft-vocab-size)")
     shape.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll length (default 7)")
     eagle.set_defaults(func=run_eagle3)
+
+
+def add_slot_decay(parser, default: str, default_help: str) -> None:
+    """--slot-decay D|auto of `train flow` and `train dflash` (one rule, two defaults: DESIGN.md §8)."""
+    parser.add_argument("--slot-decay", default=default, metavar="D|auto",
+                        help="slot weights w_k = exp(-(k-1)/D) over the K draft slots; 'auto' ties D to K as "
+                             f"DFlash does (7·K/15, 3.73 at K = 8); {default_help}")
 
 
 def _overrides(args, preset_shape: dict, names: dict) -> dict:
@@ -201,9 +207,10 @@ def run_dflash(args) -> int:
     if ids is not None:
         drafter.set_draft_vocab(ids)
     options = runner.loss_options(args)
+    gamma = slot_decay_arg(args.slot_decay)
 
     def loss_fn(model, batch, generator):
-        return dflash_loss(model, batch, generator, **options)
+        return dflash_loss(model, batch, generator, gamma=gamma, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "dflash", target=target)
     print(f"dflash: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")

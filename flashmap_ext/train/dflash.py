@@ -69,6 +69,7 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     batch: `input_ids` [B, T] int64, `taps` [B, T, n_taps·d], `anchor_pos` [B, A] int64 (−1 = padded
     block), `labels` [B, A, K] int64 = tokens at anchor+1 … anchor+K, −100 masked; K ≥ block_size−1
     (the first block_size−1 are used). `generator` is unused (anchors come with the batch).
+    gamma: slot decay of w_k = exp(−(k−1)/γ) (None: `default_gamma(block_size)`; `train dflash --slot-decay`).
     loss: "ce" (labels) or "kl" (needs the batch's soft_logp/soft_ids, else ValueError: forward KL to the
     target's distribution + ce_weight·CE on its argmax, per slot).
     Returns (scalar loss with grad, metrics {loss, acc, accept_len, tokens} as floats): `acc` is top-1
@@ -98,7 +99,8 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     ce, hit = torch.cat(ces, 1), torch.cat(hits, 1)
     valid = labels != IGNORE
     weighted = soft[1][..., 0] >= 0 if soft else valid  # KL: every labelled slot, in the draft vocab or not
-    w = slot_weights(k, gamma or default_gamma(drafter.config.block_size), device) * weighted
+    decay = default_gamma(drafter.config.block_size) if gamma is None else gamma
+    w = slot_weights(k, decay, device) * weighted
     total = (ce * w).sum() / w.sum().clamp_min(1e-6)
     return total, _metrics(total, hit & valid, valid)
 

@@ -216,3 +216,22 @@ def test_flow_trains_on_the_projected_clock_and_an_older_run_resumes_only_on_its
         main(args[:-1] + ["2", "--resume"])
     assert main(args[:-1] + ["2", "--resume", "--clock", "full-state"]) == 0
     assert json.loads((run / "drafter" / "config.json").read_text())["clock_t"] is None
+
+
+def test_dflash_slot_decay_reaches_the_loss(tmp_path, monkeypatch):
+    """`train dflash --slot-decay` (issue 23 item 4: one flag for both drafters' slot weighting): the value reaches
+    dflash_loss's gamma, 'auto' / no flag leaves DFlash's rule (None → default_gamma), a bad value is refused."""
+    from flashmap_ext.train import dflash
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    seen = []
+    real = dflash.dflash_loss
+    monkeypatch.setattr(dflash, "dflash_loss", lambda *a, **kw: (seen.append(kw["gamma"]), real(*a, **kw))[1])
+    args = ["train", "dflash", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
+            "--batch-size", "2", "--steps", "1", "--mask-token-id", "0"]
+    for i, (flag, gamma) in enumerate(((["--slot-decay", "7"], 7.0), ([], None), (["--slot-decay", "auto"], None))):
+        seen.clear()
+        assert main([*args, "--out", str(tmp_path / f"d{i}"), *flag]) == 0
+        assert seen and set(seen) == {gamma}
+    assert json.loads((tmp_path / "d0" / "run.json").read_text())["args"]["slot_decay"] == "7"
+    with pytest.raises(ValueError, match="--slot-decay"):
+        main([*args, "--out", str(tmp_path / "bad"), "--slot-decay", "0"])
