@@ -1,7 +1,7 @@
 """Held-out γ of several drafters with paired bootstrap intervals of their differences (issue 23 arms).
 
     .venv/bin/python scripts/paired_gamma.py --drafter A=runs/x/drafter:1 --drafter B=runs/y/drafter:2 \
-        [--per-domain 8] [--heldout ...] [--out runs/x/paired.json]
+        [--per-domain 8] [--heldout ...] [--dtype fp32] [--out runs/x/paired.json]
 
 Teacher-forced slot hits as `flashmap eval` (evaluate/heldout.py) on the same held-out sequences; per
 sequence the counts [Σ leading run, anchors] of each drafter; γ = 1 + Σ run / anchors pooled over
@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="target dtype (auto: bench.machine.auto_dtype, bf16 on a CPU with avx512_bf16)")
     p.add_argument("--pair", action="append", metavar="A,B",
                    help="Δγ = γ(A) − γ(B) to report (repeatable); default: the first drafter minus each later one")
     p.add_argument("--out", help="JSON file for the per-sequence counts and the table")
@@ -47,7 +49,7 @@ def main(argv=None) -> int:
         if len(pair.split(",")) != 2 or not set(pair.split(",")) <= known:
             raise ValueError(f"--pair {pair!r}: expected A,B with A and B among the --drafter names {sorted(known)}")
     set_threads(args.threads)
-    dtype = auto_dtype()
+    dtype = auto_dtype() if args.dtype == "auto" else args.dtype
     target, tok = load_target(args.target, dtype, "cpu")
     drafters = {}
     for name, path, steps in specs:

@@ -1,0 +1,59 @@
+"""scripts/bench_delta.py: paired Δγ of two bench rows from results.json, turns merged per prompt."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_delta", ROOT / "scripts" / "bench_delta.py")
+bench_delta = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_delta)
+
+
+def rec(method, dataset, prompt_id, accepted):
+    return {"method": method, "dataset": dataset, "prompt_id": prompt_id, "accepted": accepted}
+
+
+def results():
+    rows = [rec("A", "gsm8k", "g1#1", [3, 0, 2]), rec("B", "gsm8k", "g1#1", [1, 1, 1, 0]),
+            rec("A", "gsm8k", "g2#1", [0, 0]), rec("B", "gsm8k", "g2#1", [1]),
+            rec("A", "mtbench", "m1#1", [4]), rec("A", "mtbench", "m1#2", [1, 1]),
+            rec("B", "mtbench", "m1#1", [2, 0]), rec("B", "mtbench", "m1#2", [0]),
+            rec("A", "mtbench", "m2#1", [2, 2]), rec("B", "mtbench", "m2#1", [0, 0, 1]),
+            rec("AR", "gsm8k", "g1#1", [])]
+    return {"methods": ["AR", "A", "B"], "records": rows, "shuffle": {},
+            "config": {"temperature": 0.0, "max_new_tokens": 16, "n": 2}, "meta": {"dtype": "fp32"}}
+
+
+def test_pooled_delta_by_hand_and_turns_merged(monkeypatch):
+    from flashmap_ext.bench import interval
+    seen = {}
+    real = interval.delta_interval
+    monkeypatch.setattr(interval, "delta_interval",
+                        lambda counts, strata: (seen.setdefault(tuple(strata), counts), real(counts, strata))[1])
+    out = bench_delta.pair_delta(results(), "A", "B")
+    # by hand: gsm8k A: accepted 5, rounds 5; B: accepted 4, rounds 5 → γ 2.0 vs 1.8
+    assert out["gsm8k"]["gamma_a"] == pytest.approx(2.0) and out["gsm8k"]["gamma_b"] == pytest.approx(1.8)
+    # mtbench A: accepted 4+2+4 = 10 over 1+2+2 = 5 rounds → 3.0; B: 2+0+1 = 3 over 2+1+3 = 6 → 1.5
+    assert out["mtbench"]["delta"] == pytest.approx(1.5) and out["mtbench"]["prompts"] == 2  # m1's two turns: one
+    assert out["all datasets"]["delta"] == pytest.approx((15 + 10) / 10 - (7 + 11) / 11)
+    # the bootstrap gets one row [A acc, A rounds, B acc, B rounds] per prompt, stratified by dataset
+    strata = ("gsm8k", "gsm8k", "mtbench", "mtbench")
+    assert seen[strata] == [[5, 3, 3, 4], [0, 2, 1, 1], [6, 3, 2, 3], [4, 2, 1, 3]]
+    lo, hi = out["all datasets"]["interval"]
+    assert lo <= out["all datasets"]["delta"] <= hi and np.isfinite([lo, hi]).all()
+
+
+def test_unknown_row_and_bad_pair_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="no row 'FlashMap-2'"):
+        bench_delta.pair_delta(results(), "FlashMap-2", "B")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results()))
+    with pytest.raises(ValueError, match="--pair 'A'"):
+        bench_delta.main([str(path), "--pair", "A"])
+    assert bench_delta.main([str(path), "--pair", "A,B", "--out", str(tmp_path / "d.json")]) == 0
+    assert json.loads((tmp_path / "d.json").read_text())["A - B"]["gsm8k"]["prompts"] == 2
