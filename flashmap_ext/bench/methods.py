@@ -45,6 +45,16 @@ class StepsDrafter:
         return block.tokens[:, :num_tokens]
 
 
+class NoiseMeanDrafter(StepsDrafter):
+    """A FlashMap drafter that drafts from the noise's mean z = 0 instead of a draw (a probe of issue 24: one
+    deterministic block, as an argmax of the per-slot marginals is; z = 0 itself is never a training state)."""
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        c = self.inner.config
+        z = torch.zeros(anchor_tokens.shape[0], c.block_size, c.d_target, device=anchor_tokens.device)
+        return draft_block(self.inner, memory, anchor_tokens, steps=self.steps, noise=z).tokens[:, :num_tokens]
+
+
 class PerSlotNoiseDrafter(StepsDrafter):
     """Shuffle-test probe: slot j is taken from a block drafted with its own independent noise draw, so
     slots stop sharing one noise sample. Same per-slot marginals, no joint structure; Δγ = γ(shared) −

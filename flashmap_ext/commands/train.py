@@ -28,6 +28,8 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--width", type=int, help="DiT width")
     shape.add_argument("--heads", type=int, help="attention heads (width %% heads == 0)")
     shape.add_argument("--block-size", type=int, help="draft tokens per block (K)")
+    shape.add_argument("--cond-dim", type=int, help="width of the time conditioning c (default 256; keep it at or "
+                                                     "below --width for small drafters, whose parameters it dominates)")
     flow.add_argument("--tau0-frac", type=float, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -101,7 +103,7 @@ def run_flow(args) -> int:
     from flashmap_ext.train.flow import flow_loss
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
-                                     "block_size": "block_size"})
+                                     "block_size": "block_size", "cond_dim": "cond_dim"})
     target, _ = runner.load_target(args)
     cache = runner.FeatureCache(args.features)
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from flashmap_ext.bench.methods import PerSlotNoiseDrafter, StepsDrafter
+from flashmap_ext.bench.methods import NoiseMeanDrafter, PerSlotNoiseDrafter, StepsDrafter
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.evaluate.heldout import add_taps
 from flashmap_ext.synthetic.language import Language
@@ -23,15 +23,25 @@ from flashmap_ext.synthetic.testbed import (
 )
 from flashmap_ext.target.load import load_target
 
-FLAT = 0.01  # a curve has flattened when its last point's held-out γ (T = 1) gains < 1 % over the one before
+FLAT = 0.02  # a curve has flattened when its held-out γ (T = 1) moves < 0.02 over the last doubling of steps
+
+
+def flattened(steps: list[int], gamma: list[float], tol: float = FLAT) -> bool:
+    """True when |γ(last) − γ(half)| < tol, γ(half) the point with the most steps ≤ half the last's; False
+    without such a point (a curve needs at least one doubling)."""
+    half = [i for i, s in enumerate(steps) if 2 * s <= steps[-1]] if steps else []
+    return bool(half) and abs(gamma[-1] - gamma[half[-1]]) < tol
 
 
 def _drafters(runs: dict[str, Path], target) -> dict:
-    """{row name: drafter} of the table: the flow model's one Euler step (the control), the map at 1 and 2 steps,
-    DFlash and EAGLE-3."""
+    """{row name: drafter} of the table: the flow model's one Euler step (the control) and two steps (the target
+    distillation's 0 → 1 jumps start from), the map at 1 and 2 steps, both 1-step drafters from the noise mean
+    z = 0, DFlash and EAGLE-3."""
     flow = load_drafter(str(runs["flow"] / "drafter"), target, "flashmap", dtype=torch.float32)
     fmap = load_drafter(str(runs["map"] / "drafter"), target, "flashmap", dtype=torch.float32)
-    return {"flow-1": StepsDrafter(flow, 1), "FlashMap-1": StepsDrafter(fmap, 1), "FlashMap-2": StepsDrafter(fmap, 2),
+    return {"flow-1": StepsDrafter(flow, 1), "flow-2": StepsDrafter(flow, 2), "flow-1 z=0": NoiseMeanDrafter(flow, 1),
+            "FlashMap-1": StepsDrafter(fmap, 1), "FlashMap-2": StepsDrafter(fmap, 2),
+            "FlashMap-1 z=0": NoiseMeanDrafter(fmap, 1),
             "DFlash": load_drafter(str(runs["dflash"] / "drafter"), target, "dflash", dtype=torch.float32),
             "EAGLE-3": load_drafter(str(runs["eagle3"] / "drafter"), target, "eagle3", dtype=torch.float32)}
 
@@ -45,24 +55,25 @@ def _setup(target_dir: Path, prompts: int, seed: int):
 
 
 def learning_curves(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> dict:
-    """{run: {"steps": [...], "gamma_t1": [...], "slot1": [...], "flat": bool}} on a small held-out set
-    (8 sequences, every 3rd anchor) at each saved checkpoint; flow and map drafted at 1 step."""
+    """{run: {"steps", "gamma_t0", "gamma_t1", "slot1": [...], "flat": bool (`flattened`)}} on a small held-out
+    set (8 sequences, every 3rd anchor) at each saved checkpoint (the testbed keeps them all); flow and map
+    drafted at 1 step."""
     target, lang, seqs = _setup(target_dir, 8, seed)
     k, out = opts["block_size"], {}
     for name, run in runs.items():
         kind = {"flow": "flashmap", "map": "flashmap"}.get(name, name)
         drafter = load_drafter(str(run / "drafter"), target, kind, dtype=torch.float32)
         probe = StepsDrafter(drafter, 1) if kind == "flashmap" else drafter
-        curve = {"steps": [], "gamma_t1": [], "slot1": []}
+        curve = {"steps": [], "gamma_t0": [], "gamma_t1": [], "slot1": []}
         for ckpt in sorted((run / "checkpoints").glob("step-*[0-9]")):
             drafter.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
             drafter.drop_packed() if hasattr(drafter, "drop_packed") else None
             tally = score_drafts(lang, seqs, drafter_drafts(probe, seqs, k, 3), k)
             curve["steps"].append(int(ckpt.name.split("-")[1]))
+            curve["gamma_t0"].append(float(tally.gamma("all", 0)))
             curve["gamma_t1"].append(float(tally.gamma("all", 1)))
             curve["slot1"].append(float(tally.slot_rates("all", 0)[0]))
-        g = curve["gamma_t1"]
-        curve["flat"] = bool(len(g) >= 2 and g[-1] < g[-2] * (1 + FLAT))
+        curve["flat"] = flattened(curve["steps"], curve["gamma_t1"])
         out[name] = curve
     return out
 
@@ -97,7 +108,8 @@ def measure(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> d
     deltas = {f"{a} - {b}": {f"{kind}/t{t}": paired_delta(tallies[a], tallies[b], kind, t)
                              for kind in KINDS for t in (0, 1)}
               for a, b in (("FlashMap-1", "DFlash"), ("FlashMap-2", "FlashMap-1"), ("FlashMap-2", "DFlash"),
-                           ("flow-1", "DFlash"))}
+                           ("flow-1", "DFlash"), ("FlashMap-1", "flow-1"), ("flow-2", "flow-1"),
+                           ("flow-1 z=0", "flow-1"), ("FlashMap-1 z=0", "FlashMap-1"))}
     params = {name: sum(p.numel() for p in getattr(d, "inner", d).parameters() if p.requires_grad)
               for name, d in drafters.items()}
     return {"rows": {name: _row(t) for name, t in tallies.items()},

@@ -15,29 +15,41 @@ from flashmap_ext.synthetic.target import TargetRecipe, conversation, load_spec,
 
 TAPS = "1,2,3"
 CORPUS_SEED, HELDOUT_SEED, CURVE_SEED = 3, 2, 4
+# Equal parameter budgets (~210 k trainable each at the target's width 64, K = 8): flow 209,920 / map 219,200,
+# DFlash 209,504, EAGLE-3 211,200. At width 64 FlashMap's default cond_dim 256 would hold most of its weights.
+FLOW_SHAPE = ("--layers", "2", "--width", "64", "--heads", "4", "--cond-dim", "32")
+DFLASH_SHAPE = ("--layers", "3")
+EAGLE3_SHAPE = ("--intermediate-size", "800")
 
 
 def _stage_args(target: Path, feats: Path, run: Path, opts: dict, steps: int) -> list[str]:
     every = max(1, steps // opts["curve_points"])
     return ["--target", str(target), "--features", str(feats), "--out", str(run), "--preset", "cpu-tiny",
-            "--steps", str(steps), "--save-every", str(every), "--device", "cpu",
+            "--steps", str(steps), "--save-every", str(every), "--keep-checkpoints", "0", "--device", "cpu",
             "--no-progress", "--log-every", str(max(1, steps // 50))]
 
 
-def train_drafters(out: Path, target: Path, opts: dict, flashmap: Callable) -> dict[str, Path]:
-    """Trains flow, map, DFlash and EAGLE-3 (skipping finished runs); {name: run directory}."""
+def drafter_commands(out: Path, target: Path, opts: dict) -> dict[str, list[str]]:
+    """{run name: the `flashmap` argv that trains it} for flow, map, DFlash and EAGLE-3 (the map needs the flow)."""
     k, steps, feats = opts["block_size"], opts["steps"], out / "feats"
     vocab = Language(load_spec(target)).vocab_size
-    shape = ["--layers", "2", "--width", "64", "--heads", "4"]
     taps = ["--tap-layers", TAPS]  # the student of `distill` keeps its teacher's
-    runs = {"flow": ["train", "flow", *taps, *shape, "--block-size", str(k), "--tau0-frac", "0.5", "--slot-decay", "auto"],
+    runs = {"flow": ["train", "flow", *taps, *FLOW_SHAPE, "--block-size", str(k), "--tau0-frac", "0.5",
+                     "--slot-decay", "auto"],
             "map": ["distill", "--teacher", str(out / "flow" / "drafter")],
-            "dflash": ["train", "dflash", *taps, "--layers", "2", "--block-size", str(k + 1), "--mask-token-id", str(vocab)],
-            "eagle3": ["train", "eagle3", *taps, "--draft-tokens", str(k)]}
-    for name, argv in runs.items():
+            "dflash": ["train", "dflash", *taps, *DFLASH_SHAPE, "--block-size", str(k + 1), "--mask-token-id", str(vocab)],
+            "eagle3": ["train", "eagle3", *taps, *EAGLE3_SHAPE, "--draft-tokens", str(k)]}
+    return {name: [*argv, *_stage_args(target, feats, out / name, opts, steps // 2 if name == "map" else steps)]
+            for name, argv in runs.items()}
+
+
+def train_drafters(out: Path, target: Path, opts: dict, flashmap: Callable) -> dict[str, Path]:
+    """Trains flow, DFlash, EAGLE-3 and the map (skipping finished runs); {name: run directory}."""
+    commands = drafter_commands(out, target, opts)
+    for name in ("flow", "dflash", "eagle3", "map"):
         if not (out / name / "drafter" / "config.json").is_file():
-            flashmap(*argv, *_stage_args(target, feats, out / name, opts, steps // 2 if name == "map" else steps))
-    return {name: out / name for name in runs}
+            flashmap(*commands[name])
+    return {name: out / name for name in commands}
 
 
 def prepare(out: Path, opts: dict, flashmap: Callable) -> Path:

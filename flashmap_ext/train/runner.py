@@ -65,6 +65,9 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         "inference (recorded in its config.json); 'none': all of them; default: --max-length, "
                         "the longest context training shows it")
     g.add_argument("--save-every", type=int, help="steps between checkpoints")
+    g.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
+                   help="checkpoints kept in <out>/checkpoints, the newest N (0: all, e.g. for a learning curve; "
+                        "default 2)")
     g.add_argument("--loss", choices=LOSSES, default="ce",
                    help="ce: cross-entropy of the data tokens; kl: forward KL to the target's top-k distribution "
                         "stored by `flashmap features --topk K` (+ --kl-ce-weight x CE on its argmax; the flow "
@@ -193,7 +196,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     optional = {k: run[k] for k in ("betas", "grad_clip", "weight_decay") if k in run}
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],
                       batch_size=run["batch_size"], accum=run["accum"], save_every=run["save_every"],
-                      seed=args.seed, log_every=args.log_every, parallel=args.parallel,
+                      keep=getattr(args, "keep_checkpoints", 2), seed=args.seed, log_every=args.log_every, parallel=args.parallel,
                       progress=not args.no_progress, **optional)
     taps_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     collate_fn = make_collate(run["num_anchors"], num_labels or drafter.num_draft_tokens, run.get("max_length"),
@@ -271,7 +274,8 @@ def check_out_dir(out: str, stage: str, resume: bool) -> None:
 
 # Flags that may change on --resume: how the run is shown and saved, where it runs, and how long it goes on
 # (--steps: a resumed run may be extended). Every other flag shapes the drafter, its data or its optimisation.
-RESUME_MAY_CHANGE = {"func", "resume", "no_progress", "log_every", "save_every", "parallel", "device", "steps"}
+RESUME_MAY_CHANGE = {"func", "resume", "no_progress", "log_every", "save_every", "keep_checkpoints", "parallel", "device",
+                     "steps"}
 
 
 def check_same_flags(out: str, args) -> None:

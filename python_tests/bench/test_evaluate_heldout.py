@@ -140,3 +140,23 @@ def test_vocab_coverage_counts_slot1_labels_in_the_draft_vocabulary(setup):
     oracle.d2t = rows - torch.arange(rows.numel())
     labels = [s.input_ids[a + 1] for s in seqs for a in anchors(s, K)]
     assert vocab_coverage(oracle, seqs, K) == pytest.approx(sum(t % 2 == 0 for t in labels) / len(labels))
+
+
+def test_noise_mean_drafter_drafts_the_block_of_z_zero_whatever_the_seed(setup):
+    from flashmap_ext.bench.methods import NoiseMeanDrafter, StepsDrafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+    target, _ = setup
+    torch.manual_seed(0)
+    d = FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4)
+    d.reset_parameters(zero_init=False)  # random gates: the noise changes the block
+    d.eval()
+    memory = d.new_memory(2)
+    d.extend_memory(memory, torch.zeros(2, 5, dtype=torch.int64),
+                    torch.randn(2, 5, len(d.target_layer_ids) * d.config.d_target))
+    anchor = torch.tensor([3, 7])
+    mean_block = draft_block(d, memory, anchor, steps=1, noise=torch.zeros(2, 4, d.config.d_target)).tokens
+    for seed in (0, 1):
+        assert torch.equal(NoiseMeanDrafter(d, 1).draft(memory, anchor, num_tokens=4, seed=seed, position=5),
+                           mean_block)
+    draws = [StepsDrafter(d, 1).draft(memory, anchor, num_tokens=4, seed=s, position=5) for s in range(4)]
+    assert any(not torch.equal(x, mean_block) for x in draws)

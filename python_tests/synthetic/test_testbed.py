@@ -61,3 +61,13 @@ def test_bad_options_are_refused_naming_the_flag(argv, flag, capsys, tmp_path):
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and flag in message
     assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_the_flattening_rule_compares_the_last_doubling_of_steps():
+    from flashmap_ext.synthetic.measure import flattened
+    steps = [250, 500, 750, 1000, 1500, 2000]
+    assert flattened(steps, [1.0, 2.0, 2.5, 2.90, 2.95, 2.91])  # 2000 vs 1000: +0.01
+    assert not flattened(steps, [1.0, 2.0, 2.5, 2.85, 2.95, 2.90])  # +0.05, though the last step fell
+    assert not flattened(steps, [1.0, 2.0, 2.5, 2.95, 2.90, 2.60])  # a fall counts too
+    assert not flattened([300, 400], [2.0, 2.0])  # no doubling on the curve
+    assert not flattened([], [])

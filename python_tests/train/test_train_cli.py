@@ -84,9 +84,10 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert flow_cfg["context_window"] == 256  # cpu-tiny's max_length: the longest context training showed
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
-                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm"]) == 0
+                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm", "--cond-dim", "16"]) == 0
     flow2_cfg = json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())
     assert flow2_cfg["draft_vocab_size"] == 129 and flow2_cfg["tap_input_norm"] is True
+    assert flow_cfg["cond_dim"] == 256 and flow2_cfg["cond_dim"] == 16
     with pytest.raises(ValueError, match="--draft-vocab"):
         main(["train", "flow", *train_args, "--out", str(tmp_path / "flow3"), "--draft-vocab", "many"])
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
@@ -102,6 +103,12 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert latest(str(tmp_path / "dflash")).endswith("step-00000003")
     steps = [json.loads(line)["step"] for line in (tmp_path / "dflash" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+    kept = sorted(p.name for p in (tmp_path / "dflash" / "checkpoints").glob("step-*"))
+    assert kept == ["step-00000002", "step-00000003"]  # the newest 2 by default
+    assert main(["train", "dflash", *train_args, "--mask-token-id", "0", "--out", str(tmp_path / "dflash-all"), "--save-every", "1",
+                 "--steps", "3", "--keep-checkpoints", "0"]) == 0
+    kept = sorted(p.name for p in (tmp_path / "dflash-all" / "checkpoints").glob("step-*"))
+    assert kept == ["step-00000001", "step-00000002", "step-00000003"]  # 0 keeps them all (learning curves)
     assert main(["generate", "--target", "tiny-random", "--drafter", str(tmp_path / "map" / "drafter"),
                  "--prompt", "say one", "--max-new-tokens", "8"]) == 0
     with pytest.raises(ValueError, match="cache holds"):  # EAGLE-3 taps other layers than the FlashMap cache

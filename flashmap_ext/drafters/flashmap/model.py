@@ -39,6 +39,10 @@ from flashmap_ext.rng import drafter_xi
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
 
+# Slot-position init std: the slot token is RMSNorm(Linear(Eᵀx)) (unit RMS) + slot_pos. At τ = 0 that state is
+# pure noise, so at 0.02 (the value before issue 24) the slot's identity was ~3 % of its token and learned slowly.
+SLOT_POS_STD = 1.0
+
 
 def _drop_packed_after_load(module: "FlashMapDrafter", _incompatible_keys) -> None:
     """load_state_dict post hook (a module-level function, so the drafter still pickles)."""
@@ -129,7 +133,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         return drafter.to(emb.device).attach_target(target)
 
     def reset_parameters(self, zero_init: bool = True) -> None:
-        """DiT init: xavier-uniform Linear weights, zero biases, N(0, 0.02) time-MLP and slot positions.
+        """DiT init: xavier-uniform Linear weights, zero biases, N(0, 0.02) time MLP, N(0, 1) slot positions (the
+        scale of the RMS-normalised slot state they are added to; DESIGN.md §5.1).
         zero_init (adaLN-Zero): zero every adaLN Linear and the output Linear, so each block starts as the
         identity and the logits start at 0. zero_init=False leaves them random (tests, random drafters)."""
         for m in self.modules():
@@ -140,7 +145,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
             if emb is not None:
                 for lin in (emb.mlp[0], emb.mlp[2]):
                     nn.init.normal_(lin.weight, std=0.02)
-        nn.init.normal_(self.slot_pos, std=0.02)
+        nn.init.normal_(self.slot_pos, std=SLOT_POS_STD)
         gates = [b.adaLN for b in self.blocks] + [self.final.adaLN, self.final.out]
         for lin in gates:
             if zero_init:
