@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
                                                                          "testbed --help).")
     r.add_argument("--out", required=True, help="run directory (created; resumed if it exists)")
     r.add_argument("--steps", type=positive_int, default=3000, help="optimizer steps per drafter (distill: "
-                   "half); the equal budget (default 3000: flattened by the 0.02 rule on the BENCHMARKS run)")
+                   "half); the equal budget (default 3000; BENCHMARKS.md: still rising there)")
     r.add_argument("--target-steps", type=positive_int, default=1500)
     r.add_argument("--block-size", type=_block, default=MAX_K, help=f"K, drafted tokens per round (≤ {MAX_K})")
     r.add_argument("--train-sequences", type=positive_int, default=4096,
