@@ -72,6 +72,8 @@ def plot_curves(curves: dict, path) -> None:
             if c.get(key):
                 ax.plot(c["steps"], c[key], marker="o", markersize=3, label=name)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # minor labels overlap
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("optimizer step (map: distillation steps)")
         ax.set_ylabel(f"held-out γ, T = {temp} (1 step)")
         ax.grid(alpha=0.3)
