@@ -19,6 +19,20 @@ def entry(runs: list[int]) -> dict:
     return {"anchors": len(runs), "run_histogram": hist.tolist()}
 
 
+def piece_run(tmp_path, monkeypatch, kind: str, piece: dict, committed: dict, record: dict, history: dict):
+    """A run directory as scripts/long_run.sh leaves it (eval.json, KIND.piece.json) and a history.json; cwd there."""
+    run = tmp_path / "run"
+    (run / f"eval-{kind}").mkdir(parents=True)
+    meta = {"date": "2026-12-02", "dtype": "bf16", "cpu": "x", "bf16_hw": True}
+    (run / f"eval-{kind}" / "eval.json").write_text(
+        json.dumps({"meta": meta, "results": {"piece": piece, "committed": committed}}))
+    (run / f"{kind}.piece.json").write_text(json.dumps({"kind": kind, **record}))
+    (tmp_path / "checkpoints" / "long-run").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "long-run" / "history.json").write_text(json.dumps({kind: history}))
+    monkeypatch.chdir(tmp_path)
+    return run
+
+
 def test_gamma_and_variance_match_the_explicit_sample():
     runs = [0, 0, 1, 3, 0, 8, 2, 0, 1, 0, 0, 5]
     gamma, var = verdict_mod.gamma_and_var(entry(runs))
@@ -32,18 +46,10 @@ def test_verdict_words_and_the_curve_line(tmp_path, monkeypatch):
     assert verdict_mod.verdict({"all": entry(low)}, {"all": entry(high)})["verdict"] == "worse"
     assert verdict_mod.verdict({"all": entry(low)}, {"all": entry(low[:-1] + [0])})["verdict"] == "ties"
 
-    run = tmp_path / "run"
-    (run / "eval-dflash").mkdir(parents=True)
     result = {d: {**entry(high), "slot_accuracy": [0.6] + [0.3] * 7} for d in ("math", "code", "chat", "all")}
     base = {d: {**entry(low), "slot_accuracy": [0.2] * 8} for d in ("math", "code", "chat", "all")}
-    meta = {"date": "2026-12-02", "dtype": "bf16", "cpu": "x", "bf16_hw": True}
-    (run / "eval-dflash" / "eval.json").write_text(json.dumps({"meta": meta, "results":
-                                                               {"piece": result, "committed": base}}))
-    (run / "dflash.piece.json").write_text(json.dumps({"kind": "dflash", "piece_steps": 500, "wall_s": 1800}))
-    (tmp_path / "checkpoints" / "long-run").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "long-run" / "history.json").write_text(
-        json.dumps({"dflash": {"steps": 3000, "core_hours": 1.0}}))
-    monkeypatch.chdir(tmp_path)
+    run = piece_run(tmp_path, monkeypatch, "dflash", result, base, {"piece_steps": 500, "wall_s": 1800},
+                    {"steps": 3000, "core_hours": 1.0})
     assert verdict_mod.main(str(run), "dflash", "ckpt") == 0
     line = json.loads((run / "curve-dflash.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (3500, 1.5, "beats")
@@ -52,18 +58,9 @@ def test_verdict_words_and_the_curve_line(tmp_path, monkeypatch):
 
 def test_a_fresh_student_counts_only_its_own_steps(tmp_path, monkeypatch):
     """The map distilled from a new teacher ("warm_start": false) starts at zero, not at the committed map's."""
-    run = tmp_path / "run"
-    (run / "eval-map").mkdir(parents=True)
     result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
-    meta = {"date": "2026-12-02", "dtype": "bf16", "cpu": "x", "bf16_hw": True}
-    (run / "eval-map" / "eval.json").write_text(json.dumps({"meta": meta, "results":
-                                                            {"piece": result, "committed": result}}))
-    (run / "map.piece.json").write_text(json.dumps({"kind": "map", "piece_steps": 1600, "wall_s": 3600,
-                                                    "warm_start": False}))
-    (tmp_path / "checkpoints" / "long-run").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "long-run" / "history.json").write_text(
-        json.dumps({"map": {"steps": 1200, "core_hours": 0.45}}))
-    monkeypatch.chdir(tmp_path)
+    run = piece_run(tmp_path, monkeypatch, "map", result, result,
+                    {"piece_steps": 1600, "wall_s": 3600, "warm_start": False}, {"steps": 1200, "core_hours": 0.45})
     assert verdict_mod.main(str(run), "map", "ckpt") == 0
     line = json.loads((run / "curve-map.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (1600, 1.0, "ties")
