@@ -33,7 +33,8 @@ def markdown(r: dict) -> str:
                      f"{_fmt(row['forced/t0'])} | {_fmt(row['free/t1'])} |")
     lines += ["", "| paired Δγ | T=0 all | T=1 all | T=1 bimodal |", "|---|---|---|---|"]
     for name, d in r["deltas"].items():
-        lines.append(f"| {name} | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | {_delta(d['bimodal/t1'])} |")
+        a, _, b = name.partition(" - ")
+        lines.append(f"| {a} - {CEILINGS.get(b, b)} | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | {_delta(d['bimodal/t1'])} |")
     for name, d in r["shuffle"].items():
         lines.append(f"| shuffle {name} (shared − per-slot noise) | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | "
                      f"{_delta(d['bimodal/t1'])} |")

@@ -8,6 +8,7 @@ from flashmap_ext.cli import main
 from flashmap_ext.evaluate.heldout import anchors
 from flashmap_ext.synthetic.ceilings import argmax, greedy_chain, marginals
 from flashmap_ext.synthetic.language import Language, LanguageSpec, Parser
+from flashmap_ext.synthetic.report import markdown
 from flashmap_ext.synthetic.testbed import (
     ceiling_tallies,
     gamma_interval,
@@ -49,6 +50,26 @@ def test_ideal_drafts_score_the_ceilings(world):
     assert low <= indep.gamma("all", 1) <= high
     delta, (lo, hi) = paired_delta(greedy, indep, "all", 0)
     assert delta > 0 and lo <= delta <= hi
+
+
+def test_a_drafter_pairs_with_a_ceiling_on_the_same_anchors(world):
+    """measure() reports FlashMap-1 minus the ideal independent drafters as paired deltas (claim (i)): a
+    drafter drafting exactly the per-slot argmax differs from that ceiling by 0, and from the joint by < 0."""
+    lang, seqs, ceilings = world
+    indep = score_drafts(lang, seqs, ideal_drafts(lang, seqs, lambda p, s: [argmax(m) for m in marginals(p, s, K)]), K)
+    delta, (lo, hi) = paired_delta(indep, ceilings["independent_argmax"], "all", 1)
+    assert delta == pytest.approx(0, abs=1e-12) and lo == pytest.approx(0, abs=1e-12) and hi == pytest.approx(0, abs=1e-12)
+    delta, _ = paired_delta(indep, ceilings["joint_greedy"], "all", 0)
+    assert delta < 0
+    row = {f"{kind}/t{t}": {"gamma": 1.0, "interval": None} for kind in ("all", "bimodal", "forced", "free")
+           for t in (0, 1)}
+    row["slots_t1"] = [0.5] * K
+    text = markdown({"prompts": 1, "anchors": 1, "options": {"block_size": K},
+                     "target": {"model_entropy": 1.0, "true_entropy": 1.0}, "rows": {"x": row}, "ceilings": {},
+                     "deltas": {"x - independent_sampled": {"all/t0": (0.5, None), "all/t1": (0.5, None),
+                                                            "bimodal/t1": (0.5, None)}},
+                     "shuffle": {}, "diversity": {}, "curves": {}, "parameters": {}})
+    assert "| x - ideal independent, sampled per slot | +0.500 |" in text
 
 
 @pytest.mark.parametrize("argv, flag", [
