@@ -34,7 +34,8 @@ def markdown(r: dict) -> str:
     lines += ["", "| paired Δγ | T=0 all | T=1 all | T=1 bimodal |", "|---|---|---|---|"]
     for name, d in r["deltas"].items():
         a, _, b = name.partition(" - ")
-        lines.append(f"| {a} - {CEILINGS.get(b, b)} | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | {_delta(d['bimodal/t1'])} |")
+        lines.append(f"| {a} - {CEILINGS.get(b, b)} | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | "
+                     f"{_delta(d['bimodal/t1'])} |")
     for name, d in r["shuffle"].items():
         lines.append(f"| shuffle {name} (shared − per-slot noise) | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | "
                      f"{_delta(d['bimodal/t1'])} |")

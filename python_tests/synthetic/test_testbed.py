@@ -58,7 +58,7 @@ def test_a_drafter_pairs_with_a_ceiling_on_the_same_anchors(world):
     lang, seqs, ceilings = world
     indep = score_drafts(lang, seqs, ideal_drafts(lang, seqs, lambda p, s: [argmax(m) for m in marginals(p, s, K)]), K)
     delta, (lo, hi) = paired_delta(indep, ceilings["independent_argmax"], "all", 1)
-    assert delta == pytest.approx(0, abs=1e-12) and lo == pytest.approx(0, abs=1e-12) and hi == pytest.approx(0, abs=1e-12)
+    assert (delta, lo, hi) == pytest.approx((0, 0, 0), abs=1e-12)
     delta, _ = paired_delta(indep, ceilings["joint_greedy"], "all", 0)
     assert delta < 0
     row = {f"{kind}/t{t}": {"gamma": 1.0, "interval": None} for kind in ("all", "bimodal", "forced", "free")
