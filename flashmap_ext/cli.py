@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Runs one command. User errors (bad arguments, missing files) print one line and exit 2;
-    FLASHMAP_DEBUG=1 shows the full traceback instead."""
+    """Runs one command. User errors (bad arguments, missing files) print one line and exit 2; Ctrl-C prints
+    one line and exits 130; FLASHMAP_DEBUG=1 shows the full traceback instead."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
@@ -48,6 +48,13 @@ def main(argv=None) -> int:
         message = " ".join(str(err).split())  # one line, whatever the library's message looked like
         print(f"flashmap {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if os.environ.get("FLASHMAP_DEBUG") == "1":
+            raise
+        print(f"flashmap {args.command}: interrupted; files already written are kept (train/distill: rerun "
+              "with --resume for the newest checkpoint; features and data generate skip what they have)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ same merge skips sources whose sequences are all in the destination already.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 from typing import Sequence
 
-from flashmap_ext.train.features import _read_index, _shard_paths
+from flashmap_ext.train.features import CacheBusy, _read_index, _shard_paths, writer_lock
 
 # manifest fields that must agree for two caches to be one (the rest, e.g. data reports, are per run)
 _SAME = ("format_version", "target_layer_ids", "hidden_size", "feature_dim", "dtype", "topk")
@@ -42,12 +43,20 @@ def merge_feature_caches(out: str, sources: Sequence[str]) -> int:
 
     Raises ValueError when a source's manifest differs from `out`'s in any of target_layer_ids,
     hidden_size, feature_dim, dtype, topk or format_version (naming the field), or when a sequence id is in two
-    caches (a source partly merged before is refused too: merge into a fresh `out`).
+    caches (a source partly merged before is refused too: merge into a fresh `out`). Raises
+    features.CacheBusy when a process is writing `out` or a source (a merge holds their writer locks).
     """
     if not sources:
         raise ValueError("sources: give at least one feature cache directory")
-    _manifest(sources[0])
-    os.makedirs(out, exist_ok=True)
+    for src in sources:  # each exists before any lock file is made in it
+        _manifest(src)
+    with contextlib.ExitStack() as locks:
+        for root in dict.fromkeys([out, *sources]):
+            locks.enter_context(writer_lock(root))
+        return _merge_locked(out, sources)
+
+
+def _merge_locked(out: str, sources: Sequence[str]) -> int:
     if not os.path.exists(os.path.join(out, "manifest.json")):
         shutil.copyfile(os.path.join(sources[0], "manifest.json"), os.path.join(out, "manifest.json"))
     want = _manifest(out)
@@ -91,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         n = merge_feature_caches(args.out, args.sources)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, CacheBusy) as e:
         p.error(str(e))
     print(f"{args.out}: {n} sequences added from {len(args.sources)} caches")
 

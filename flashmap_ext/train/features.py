@@ -13,13 +13,17 @@ the decoder layers in `target_layer_ids`, concatenated in id order into `taps [T
 
 A sequence's bytes are written (and flushed) before its index line, so the index never points at missing
 data; a rerun truncates shard bytes past the last indexed sequence, drops a torn index line and skips ids
-already indexed. Nothing accumulates in memory: memory use is flat in the number of sequences.
+already indexed. Nothing accumulates in memory: memory use is flat in the number of sequences. One process
+writes a cache at a time: a writer (and a merge into the cache) holds an exclusive lock on `writer.lock` in
+it while open, and a second one is refused at once (`CacheBusy`), since two appenders would interleave rows.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +36,33 @@ from flashmap_ext.train.soft_labels import topk_logprobs
 FORMAT_VERSION = 1
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: np.float32}
+
+
+class CacheBusy(FileExistsError):
+    """Another process is writing the feature cache: its exclusive writer exists (holds `writer.lock`)."""
+
+
+@contextlib.contextmanager
+def writer_lock(root: str) -> Iterator[None]:
+    """Holds the exclusive, non-blocking lock of cache directory `root` (created if missing) for the block.
+
+    Raises CacheBusy naming the directory and the holder's pid when another process (or another open writer
+    in this one) holds it; the lock goes with the process, so a killed writer never leaves it stale.
+    """
+    os.makedirs(root, exist_ok=True)
+    fd = os.open(os.path.join(root, "writer.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise CacheBusy(f"{root}: another process (pid {holder}) is writing this feature cache; wait for "
+                            "it to end or give another --out (two writers would interleave rows)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _shard_paths(root: str, shard: int, topk: int = 0) -> dict[str, str]:
@@ -63,15 +94,20 @@ class FeatureWriter:
                 raise ValueError(f"meta: missing {key!r}")
         if meta["dtype"] not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} (got {meta['dtype']!r})")
-        os.makedirs(root, exist_ok=True)
         self.root, self.shard_tokens = root, shard_tokens
         self.meta = {"format_version": FORMAT_VERSION, **meta}
         self.dtype = DTYPES[meta["dtype"]]
         self.topk = int(meta.get("topk") or 0)
-        self._check_or_write_manifest()
-        self.done, self.shard, self.used = self._recover()
-        self._index = open(os.path.join(root, "index.jsonl"), "a", encoding="utf-8")
         self._files = None
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(writer_lock(root))  # CacheBusy when another writer has it; close() frees it
+        try:
+            self._check_or_write_manifest()
+            self.done, self.shard, self.used = self._recover()
+            self._index = open(os.path.join(root, "index.jsonl"), "a", encoding="utf-8")
+        except BaseException:
+            self._lock.close()
+            raise
 
     def _check_or_write_manifest(self):
         path = os.path.join(self.root, "manifest.json")
@@ -136,9 +172,12 @@ class FeatureWriter:
         self._files = None
 
     def close(self):
-        self.close_shard()
-        os.fsync(self._index.fileno())
-        self._index.close()
+        try:
+            self.close_shard()
+            os.fsync(self._index.fileno())
+            self._index.close()
+        finally:
+            self._lock.close()
 
     def __enter__(self):
         return self

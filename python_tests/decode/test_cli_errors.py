@@ -303,3 +303,14 @@ def test_seed_outside_its_range_is_refused_at_parse(argv, bound, seed, capsys, n
     err = argparse_error([*argv, "--seed", text], capsys)
     shown = repr(text) if seed == "1.5" else text
     assert f"argument --seed: expected an integer in [0, 2**{bound}), got {shown}" in err, err
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
+    from flashmap_ext.commands import generate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "run", interrupted)  # the parser is built per call: it binds this one
+    code = cli.main(["generate", "--target", "tiny-random", "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert code == 130 and err.count("\n") == 1 and "Traceback" not in err and "interrupted" in err, (code, err)

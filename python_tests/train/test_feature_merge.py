@@ -85,3 +85,16 @@ def test_merge_carries_soft_labels_and_refuses_mixing_them(tmp_path):
     write_cache(tmp_path / "plain", ["p0"], seed=7)
     with pytest.raises(ValueError, match="topk"):
         merge_feature_caches(str(tmp_path / "out2"), [str(tmp_path / "a"), str(tmp_path / "plain")])
+
+
+def test_merge_refuses_a_cache_that_a_writer_has_open(tmp_path):
+    from flashmap_ext.train.features import CacheBusy
+    made = write_cache(tmp_path / "a", ["a0", "a1"], seed=1)
+    with FeatureWriter(str(tmp_path / "out"), META):  # a `flashmap features` still writing the destination
+        with pytest.raises(CacheBusy, match="another process"):
+            merge_feature_caches(str(tmp_path / "out"), [str(tmp_path / "a")])
+    with FeatureWriter(str(tmp_path / "a"), META):  # or still writing a source
+        with pytest.raises(CacheBusy):
+            merge_feature_caches(str(tmp_path / "out"), [str(tmp_path / "a")])
+    assert merge_feature_caches(str(tmp_path / "out"), [str(tmp_path / "a")]) == 2
+    check_equal(FeatureCache(str(tmp_path / "out")), made)

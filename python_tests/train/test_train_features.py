@@ -153,3 +153,47 @@ def test_soft_label_cache_resumes_and_refuses_another_k(tiny_target, tmp_path):
         cache_features(tiny_target, data, str(resumed), LAYERS, progress=False, topk=4)
     with pytest.raises(ValueError, match="topk=3, asked for None"):
         cache_features(tiny_target, data, str(resumed), LAYERS, progress=False)
+
+
+def _hold_lock(root, ready, release):
+    """Child process: opens a writer on `root` and keeps it open until `release` is set."""
+    w = FeatureWriter(root, {"target_layer_ids": [0], "feature_dim": 4, "dtype": "fp32"})
+    ready.set()
+    release.wait(60)
+    w.close()
+
+
+def test_a_second_writer_of_one_cache_is_refused_until_the_first_ends(tmp_path):
+    import multiprocessing as mp
+
+    from flashmap_ext.train.features import CacheBusy
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_hold_lock, args=(str(tmp_path), ready, release))
+    child.start()
+    try:
+        assert ready.wait(120), "child writer did not start"
+        meta = {"target_layer_ids": [0], "feature_dim": 4, "dtype": "fp32"}
+        with pytest.raises(CacheBusy, match=f"pid {child.pid}.*another --out"):
+            FeatureWriter(str(tmp_path), meta)
+        release.set()
+        child.join(60)
+        assert child.exitcode == 0
+        with FeatureWriter(str(tmp_path), meta) as w:  # the lock went with the first writer
+            w.add("s0", [1, 2], [0, 1], torch.ones(2, 4))
+        assert len(FeatureCache(str(tmp_path))) == 1
+    finally:
+        release.set()
+        child.join(60)
+
+
+def test_one_process_cannot_open_two_writers_of_one_cache(tmp_path):
+    from flashmap_ext.train.features import CacheBusy
+    meta = {"target_layer_ids": [0], "feature_dim": 4, "dtype": "fp32"}
+    with FeatureWriter(str(tmp_path), meta) as w:
+        with pytest.raises(CacheBusy):
+            FeatureWriter(str(tmp_path), meta)
+        w.add("s0", [1, 2], [0, 1], torch.ones(2, 4))
+    with pytest.raises(ValueError, match="dtype"):  # a refused writer does not keep the lock either
+        FeatureWriter(str(tmp_path), {**meta, "dtype": "bf16"})
+    FeatureWriter(str(tmp_path), meta).close()
