@@ -41,13 +41,24 @@ main() {
     [ -s "$INIT/model.safetensors" ] || { echo "$INIT/model.safetensors missing: run 'make checkpoints'" >&2; exit 2; }
     RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} scripts/train_real_drafters.sh features
     vocab_of "$INIT" "$RUN/vocab-$kind.json"
-    local t0; t0=$(date +%s)
+    local t0 c0; t0=$(date +%s); cpu_now; c0=$CPU_S
     "train_$kind" 2>&1 | tee -a "$RUN/$kind.log"
+    cpu_now
     echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 )),\
- \"warm_start\": $([ "$kind" = map ] && echo false || echo true)}" > "$RUN/$kind.piece.json"
+ \"cpu_s\": $(( CPU_S - c0 )), \"warm_start\": $([ "$kind" = map ] && echo false || echo true)}" \
+        > "$RUN/$kind.piece.json"
     $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
         --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
     $PY scripts/long_run_verdict.py "$RUN" "$kind" "$INIT"
+}
+
+# CPU seconds (user + sys) of this shell's finished children: the training's own core time, which is the
+# budget even when the pinned core is shared (wall time then overstates it). A resumed piece counts only
+# what ran in this invocation; the piece record is rewritten by the run that finishes it.
+cpu_now() {  # sets CPU_S; `times` runs in this shell (in a $(...) subshell it would read 0)
+    local f; f=$(mktemp); times > "$f"
+    CPU_S=$(awk 'NR == 2 { s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] }
+                           printf "%d\n", s }' "$f"); rm -f "$f"
 }
 
 # The committed checkpoint's draft vocabulary (target ids = row + d2t[row]) as --draft-vocab's JSON.

@@ -36,6 +36,12 @@ def verdict(piece: dict, committed: dict) -> dict:
             "verdict": word}
 
 
+def piece_core_s(piece: dict) -> float:
+    """Core seconds a piece cost: its training's CPU time (user + sys; `cpu_s`, recorded since 2026-12-04, the
+    budget even on a shared core) where recorded, else its wall time on the pinned core (older pieces)."""
+    return float(piece["cpu_s"]) if "cpu_s" in piece else float(piece["wall_s"])
+
+
 def main(run: str, kind: str, init: str) -> int:
     with open(os.path.join(run, f"eval-{kind}", "eval.json")) as f:
         ev = json.load(f)
@@ -48,7 +54,8 @@ def main(run: str, kind: str, init: str) -> int:
     out = verdict(ev["results"]["piece"], ev["results"]["committed"])
     slot1 = {d: ev["results"]["piece"][d]["slot_accuracy"][0] for d in ("math", "code", "chat", "all")}
     line = {"kind": kind, "cumulative_steps": past["steps"] + piece["piece_steps"],
-            "core_hours": round(past["core_hours"] + piece["wall_s"] / 3600, 3), "slot1": slot1,
+            "core_hours": round(past["core_hours"] + piece_core_s(piece) / 3600, 3),
+            "piece_wall_s": piece["wall_s"], "slot1": slot1,
             "gamma": out["gamma_piece"], "committed_gamma": out["gamma_committed"], "verdict": out["verdict"],
             "date": ev["meta"]["date"], "dtype": ev["meta"]["dtype"], "cpu": ev["meta"]["cpu"],
             "bf16_hw": ev["meta"]["bf16_hw"], "warm_start": init}

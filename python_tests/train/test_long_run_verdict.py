@@ -64,3 +64,13 @@ def test_a_fresh_student_counts_only_its_own_steps(tmp_path, monkeypatch):
     assert verdict_mod.main(str(run), "map", "ckpt") == 0
     line = json.loads((run / "curve-map.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (1600, 1.0, "ties")
+
+
+def test_a_piece_on_a_shared_core_counts_its_cpu_time_not_its_wall_time(tmp_path, monkeypatch):
+    """cpu_s (user + sys of the training) is the budget when recorded; wall time stands in only for old pieces."""
+    result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
+    run = piece_run(tmp_path, monkeypatch, "flow", result, result,
+                    {"piece_steps": 1000, "wall_s": 3600, "cpu_s": 1800}, {"steps": 7000, "core_hours": 1.25})
+    assert verdict_mod.main(str(run), "flow", "ckpt") == 0
+    line = json.loads((run / "curve-flow.jsonl").read_text())
+    assert (line["cumulative_steps"], line["core_hours"], line["piece_wall_s"]) == (8000, 1.75, 3600)
