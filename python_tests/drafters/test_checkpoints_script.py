@@ -99,3 +99,19 @@ def test_demo_names_make_checkpoints_when_the_weights_are_not_written(tmp_path, 
         find_drafter(None)
     (tmp_path / DEMO_DRAFTER / "model.safetensors").write_bytes(b"")
     assert find_drafter(None) == tmp_path / DEMO_DRAFTER
+
+
+def test_demo_loads_the_flashmap_checkpoint_with_the_best_committed_heldout_gamma():
+    """DEMO_DRAFTER is the FlashMap checkpoint (map or flow, at the steps the demo drafts: 1) whose implied γ
+    over all held-out domains is highest in the committed eval of every default drafter."""
+    from flashmap_ext.commands.demo import DEMO_DRAFTER
+    from flashmap_ext.evaluate.run import DEFAULT_DRAFTERS, parse_drafter
+    results = json.loads((ROOT / "checkpoints" / "heldout-eval" / "eval.json").read_text())["results"]
+    gamma = {}
+    for spec in DEFAULT_DRAFTERS:
+        name, path, steps = parse_drafter(spec)
+        if name.startswith("FlashMap") and steps == 1:
+            hist = results[name]["all"]["run_histogram"]
+            gamma[path] = 1 + sum(r * p for r, p in enumerate(hist))
+    assert len(gamma) == 2, gamma  # the distilled map and the flow model
+    assert DEMO_DRAFTER == max(gamma, key=gamma.get), gamma
