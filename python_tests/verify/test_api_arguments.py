@@ -51,7 +51,11 @@ def test_verify_huge_top_k_is_off(case):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(temperature=torch.tensor([1.0, math.nan])),
-     r"temperature must be not NaN .* float32 tensor; rows \[1\]"),
+     r"temperature must be finite and >= 0 \(0 = greedy\) .* float32 tensor; rows \[1\]"),
+    # a scalar -1 was refused but a [B] row of -1 ran as a greedy row, +inf as a uniform sampler
+    (dict(temperature=torch.tensor([0.0, -1.0])), r"temperature must be finite and >= 0 .* rows \[1\] hold \[-1.0\]"),
+    (dict(temperature=torch.tensor([math.inf, 0.5])), r"temperature must be finite and >= 0 .* rows \[0\] hold \[inf\]"),
+    (dict(temperature=torch.tensor([-0.5, 1.0], dtype=torch.float64)), r"temperature must be finite .* rows \[0\]"),
     (dict(top_p=torch.tensor([0.5, 1.5])),
      r"top_p must be in \[0, 1\] \(1 = off\) .* rows \[1\] hold \[1.5\]"),
     (dict(top_p=torch.tensor([-0.1, 1.0], dtype=torch.float64)), r"top_p must be in \[0, 1\] .* rows \[0\]"),
