@@ -94,6 +94,21 @@ def test_generate_arguments_are_checked(model, args, kw, error, message):
         generate(model, None, *args, **kw)
 
 
+@pytest.mark.parametrize("target, drafter, message", [
+    ("model", "random", r"drafter: expected None .* got str 'random' .*from_pretrained"),
+    ("model", object(), r"drafter: expected None .* got object \(it lacks target_layer_ids, new_memory, "
+                        r"extend_memory, num_draft_tokens, draft\)"),
+    (None, None, r"target: expected a Target or a Hugging Face causal LM, got None"),
+    ("Qwen/Qwen3-8B", None, r"target: .* got str 'Qwen/Qwen3-8B' .*fm.load_target"),
+])
+def test_generate_names_a_wrong_target_or_drafter(model, target, drafter, message):
+    """Newcomer pass: generate(target, "random", ...) and generate(None, ...) raised a raw AttributeError."""
+    with pytest.raises(TypeError, match=message):
+        generate(model if target == "model" else target, drafter, [1, 2], 3)
+    with pytest.raises(TypeError, match=message):  # a batch of prompts too
+        generate(model if target == "model" else target, drafter, [[1, 2], [3]], 3)
+
+
 def test_generate_empty_prompt_list_still_says_empty(model):
     with pytest.raises(ValueError, match="empty prompt"):
         generate(model, None, [], 3)
