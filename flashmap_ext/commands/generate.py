@@ -14,8 +14,8 @@ chains: EAGLE-3's dynamic trees (the DFlash paper's comparison uses 7,10,16), a 
 top-k or multi-noise trees with `--block-tree`, the prompt-lookup hybrid's two branches with `--lookup`
 (`--auto` picks chains, trees and branches itself). A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
-eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap (or force it
-with --drafter-type).
+eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap;
+`--drafter-type` checks that type, it cannot change it.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--drafter", help="drafter checkpoint dir, 'random' (a random FlashMap drafter) or "
                                      "'random-eagle3'")
     p.add_argument("--drafter-type", choices=["flashmap", "dflash", "eagle3"],
-                   help="override the type read from the drafter's config.json")
+                   help="check that --drafter is of this type (its config.json decides the type; a checkpoint "
+                        "of another type is refused, not converted)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     add_sampling_arguments(p)

@@ -71,7 +71,7 @@ def test_checkpoint_type_errors(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
         checkpoint_type(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Foo"], "model_type": "bar"}))
-    with pytest.raises(ValueError, match="unknown drafter type.*--drafter-type"):
+    with pytest.raises(ValueError, match="unknown drafter type.*its config.json must name it"):
         checkpoint_type(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
     assert checkpoint_type(str(tmp_path)) == "eagle3"
