@@ -178,10 +178,11 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     (["--drafter", "random-eagle3", "--steps", "2"], "--steps: FlashMap drafters only (got eagle3)"),
     (["--steps", "2"], "--steps: FlashMap drafters only (got no drafter)"),
     (["--drafter", "random-eagle3", "--context-window", "64"], "--context-window: FlashMap and DFlash"),
+    (["--lookup", "--tree", "4,2,8"], "--lookup --tree needs --drafter"),  # the tree was silently a chain
 ])
 def test_conflicting_or_ignored_flags_are_refused_before_any_load(argv, needle, monkeypatch, capsys):
     """Newcomer pass: --auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
-    without draft steps used to run silently, the flags ignored."""
+    without draft steps, --lookup --tree without --drafter used to run silently, the flags ignored."""
     from flashmap_ext.commands import generate as gen
 
     def no_load(*a, **kw):
