@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -53,6 +54,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
         timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each
             phase so that the stats' times are exact on a GPU.
+    Warns:
+        UserWarning (one line) when the drafter's weights and the target differ in dtype; it runs as is.
     Returns:
         GenerateOutput(tokens, stats). At T = 0 the tokens equal plain greedy decoding of the target;
         at T > 0 their distribution equals the target's, whatever the drafter.
@@ -65,6 +68,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     """
     target = as_target(target)
     check_drafter(drafter, tree)
+    warn_dtype_mismatch(target, drafter)
     if is_prompt_list(input_ids):
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
@@ -115,6 +119,32 @@ def check_drafter(drafter, tree: Optional[TreeSpec] = None) -> None:
         raise TypeError(f"drafter: expected None (plain decoding) or a block drafter (FlashMapDrafter, "
                         f"DFlashDrafter, Eagle3Drafter or any object with {', '.join(needed)}), "
                         f"got {_describe(drafter)}{hint}")
+
+
+def drafter_dtype(drafter) -> Optional[torch.dtype]:
+    """The floating dtype of a drafter's weights (through wrappers' `inner`); None without weights."""
+    for _ in range(8):  # wrappers nest a few deep at most (AutoDrafter(StepsDrafter(FlashMapDrafter)))
+        if drafter is None or isinstance(drafter, torch.nn.Module):
+            break
+        drafter = getattr(drafter, "inner", None)
+    if not isinstance(drafter, torch.nn.Module):
+        return None
+    return next((p.dtype for p in drafter.parameters() if p.is_floating_point()), None)
+
+
+def warn_dtype_mismatch(target: Target, drafter) -> None:
+    """One-line UserWarning when the drafter's weights and the target differ in dtype. The loop runs them as
+    they are (the drafter casts the target's taps to its own dtype; the output stays lossless, the target
+    verifies every token), but a bf16 drafter on a CPU without bf16 hardware drafts several times slower,
+    and `from_pretrained` keeps a checkpoint's stored dtype unless given one (load_drafter casts to the
+    target's)."""
+    dtype = drafter_dtype(drafter)
+    if dtype is not None and dtype != target.dtype:
+        mine, theirs = (str(d).removeprefix("torch.") for d in (dtype, target.dtype))
+        warnings.warn(f"generate: the drafter's weights are {mine}, the target's {theirs}: the taps are cast to "
+                      f"{mine} for drafting (lossless all the same); to match, load it with "
+                      f"from_pretrained(..., dtype=target.dtype) or call drafter.to(torch.{theirs})",
+                      UserWarning, stacklevel=3)
 
 
 def _describe(value) -> str:
