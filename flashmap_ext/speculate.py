@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -53,15 +54,21 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
         timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each
             phase so that the stats' times are exact on a GPU.
+    Warns:
+        UserWarning (one line) when the drafter's weights and the target differ in dtype; it runs as is.
     Returns:
         GenerateOutput(tokens, stats). At T = 0 the tokens equal plain greedy decoding of the target;
         at T > 0 their distribution equals the target's, whatever the drafter.
     Raises:
+        TypeError: a `target` that is neither a Target nor an HF causal LM, a `drafter` that is neither
+            None nor a block drafter (e.g. a checkpoint path or 'random': the CLI's names, not drafters).
         ValueError: empty prompt, batch > 1, ids outside the vocabulary, prompt + max_new_tokens
             longer than the target's context, bad sampling parameters, NaN/+inf target logits, or a
             tree without a tree drafter.
     """
-    target = target if isinstance(target, Target) else Target(target)
+    target = as_target(target)
+    check_drafter(drafter, tree)
+    warn_dtype_mismatch(target, drafter)
     if is_prompt_list(input_ids):
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
@@ -82,6 +89,69 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     stats.new_tokens = len(state.tokens)
     stats.total_time_s = timer.now(target.device) - start
     return GenerateOutput(state.tokens, stats)
+
+
+def as_target(target) -> Target:
+    """`target` as a Target (an HF causal LM is wrapped); TypeError naming `target` for anything else."""
+    if isinstance(target, Target):
+        return target
+    if not isinstance(target, torch.nn.Module) or not hasattr(target, "get_input_embeddings"):
+        hint = " (a model name or path: load it with fm.load_target(name))" if isinstance(target, str) else ""
+        raise TypeError(f"target: expected a Target or a Hugging Face causal LM, got {_describe(target)}{hint}")
+    return Target(target)
+
+
+#: what the loop calls on a drafter (the BlockDrafter protocol, drafters/common/base.py); chain rounds also
+#: call `draft` and read `num_draft_tokens`, tree rounds call `draft_tree` (checked by _round_function)
+DRAFTER_API = ("target_layer_ids", "new_memory", "extend_memory")
+CHAIN_API = ("num_draft_tokens", "draft")
+
+
+def check_drafter(drafter, tree: Optional[TreeSpec] = None) -> None:
+    """TypeError naming `drafter` unless it is None (the AR baseline) or has the BlockDrafter API (for
+    chain rounds, `tree` None, also `draft` and `num_draft_tokens`)."""
+    needed = DRAFTER_API + (CHAIN_API if tree is None else ())
+    missing = [] if drafter is None else [name for name in needed if not hasattr(drafter, name)]
+    if missing:
+        hint = (" (a checkpoint path or 'random' names a drafter on the CLI; in Python load one with "
+                "fm.FlashMapDrafter.from_pretrained(path, target), DFlashDrafter or Eagle3Drafter)"
+                if isinstance(drafter, str) else f" (it lacks {', '.join(missing)})")
+        raise TypeError(f"drafter: expected None (plain decoding) or a block drafter (FlashMapDrafter, "
+                        f"DFlashDrafter, Eagle3Drafter or any object with {', '.join(needed)}), "
+                        f"got {_describe(drafter)}{hint}")
+
+
+def drafter_dtype(drafter) -> Optional[torch.dtype]:
+    """The floating dtype of a drafter's weights (through wrappers' `inner`); None without weights."""
+    for _ in range(8):  # wrappers nest a few deep at most (AutoDrafter(StepsDrafter(FlashMapDrafter)))
+        if drafter is None or isinstance(drafter, torch.nn.Module):
+            break
+        drafter = getattr(drafter, "inner", None)
+    if not isinstance(drafter, torch.nn.Module):
+        return None
+    return next((p.dtype for p in drafter.parameters() if p.is_floating_point()), None)
+
+
+def warn_dtype_mismatch(target: Target, drafter) -> None:
+    """One-line UserWarning when the drafter's weights and the target differ in dtype. The loop runs them as
+    they are (the drafter casts the target's taps to its own dtype; the output stays lossless, the target
+    verifies every token), but a bf16 drafter on a CPU without bf16 hardware drafts several times slower,
+    and `from_pretrained` keeps a checkpoint's stored dtype unless given one (load_drafter casts to the
+    target's)."""
+    dtype = drafter_dtype(drafter)
+    if dtype is not None and dtype != target.dtype:
+        mine, theirs = (str(d).removeprefix("torch.") for d in (dtype, target.dtype))
+        warnings.warn(f"generate: the drafter's weights are {mine}, the target's {theirs}: the taps are cast to "
+                      f"{mine} for drafting (lossless all the same); to match, load it with "
+                      f"from_pretrained(..., dtype=target.dtype) or call drafter.to(torch.{theirs})",
+                      UserWarning, stacklevel=3)
+
+
+def _describe(value) -> str:
+    """'None', "str 'random'" or the type's name, for argument errors."""
+    if value is None or isinstance(value, (str, int, float)):
+        return f"{type(value).__name__} {value!r}" if value is not None else "None"
+    return type(value).__name__
 
 
 def is_prompt_list(input_ids) -> bool:

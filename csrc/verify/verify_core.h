@@ -125,7 +125,8 @@ FM_HOST_DEVICE const float* verify_draft_q(const VerifyParams& p, int64_t b, int
 // prove x was sampled from q. Greedy rows never read draft_probs, so they are not checked.
 FM_HOST_DEVICE int32_t verify_input_status(const VerifyParams& p, int64_t b, int64_t i) {
   const float t = p.temperature[b], tp = p.top_p[b];
-  int32_t status = (t == t && tp >= 0.f && tp <= 1.f && p.top_k[b] >= 0) ? 0 : kStatusBadParams;
+  // temperature in [0, FLT_MAX]: NaN, negatives and +inf fail (as the scalar checks)
+  int32_t status = (t >= 0.f && t <= 3.40282347e38f && tp >= 0.f && tp <= 1.f && p.top_k[b] >= 0) ? 0 : kStatusBadParams;
   const float* q = verify_draft_q(p, b, i);
   const int64_t x = verify_draft(p, b, i);
   if (q && x >= 0 && !verify_is_greedy(p, b) && !(q[x] > 0.f && q[x] <= 1.f)) status |= kStatusBadDraftProb;

@@ -14,7 +14,7 @@ enum VerifyStatus : int32_t {
   kStatusNoFinite = 2,      // some slot has no finite logit among the valid ids (error)
   kStatusFallback = 4,      // residual mass was 0: sampled from p instead (informational)
   kStatusBadDraftProb = 8,  // a sampling slot's draft_probs give its draft q(x) outside (0, 1] (error)
-  kStatusBadParams = 16,    // NaN temperature, top_p NaN or outside [0, 1], or top_k < 0 (error)
+  kStatusBadParams = 16,    // temperature NaN, negative or +inf, top_p NaN or outside [0, 1], or top_k < 0 (error)
 };
 constexpr int32_t kStatusErrors = kStatusNonFinite | kStatusNoFinite | kStatusBadDraftProb | kStatusBadParams;
 

@@ -124,8 +124,20 @@ def divergence_lines(results: dict) -> list[str]:
     return out
 
 
+def partial_note(results: dict) -> list[str]:
+    """The banner of a partial results file (bench/run.py::write_partial); nothing for a complete one."""
+    partial = results.get("partial")
+    if partial is None:
+        return []
+    left = ", ".join(partial["datasets_left"]) or "none"
+    return [f"**PARTIAL RESULTS**: datasets finished: {', '.join(results['datasets']) or 'none'}; still to run: "
+            f"{left}; shuffle test: {partial['shuffle_test']}; no plots. The bench was interrupted or is still "
+            "running: a complete run overwrites this file.", ""]
+
+
 def markdown(results: dict) -> str:
-    lines = ["# FlashMap benchmark", ""] + caption(results) + [""]
+    title = "# FlashMap benchmark (PARTIAL)" if results.get("partial") else "# FlashMap benchmark"
+    lines = [title, ""] + partial_note(results) + caption(results) + [""]
     if summary_table(results):
         lines += ["## Summary (γ, measured and projected speedup, lossless check)", ""] + summary_table(results) + [""]
     for name, rows in results["datasets"].items():
@@ -138,16 +150,26 @@ def markdown(results: dict) -> str:
                         ("Divergences from AR", divergence_lines(results))):
         if body:
             lines += [f"## {title}", ""] + body + [""]
-    lines += ["Plots: ![acceptance by slot](acceptance_by_slot.png) ![γ by method](gamma_by_method.png) "
-              "![committed per round](gamma_hist.png)", ""]
+    if not results.get("partial"):
+        lines += ["Plots: ![acceptance by slot](acceptance_by_slot.png) ![γ by method](gamma_by_method.png) "
+                  "![committed per round](gamma_hist.png)", ""]
     return "\n".join(lines)
+
+
+def write_tables(results: dict, out: Path) -> None:
+    """results.json and results.md, no plots (alone: a partial run's, after each dataset). Each file is
+    written whole to a temporary name and then renamed: an interrupt never leaves half a file."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("results.json", json.dumps(results, indent=1, default=str) + "\n"),
+                       ("results.md", markdown(results))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
 
 
 def write_all(results: dict, out: Path) -> None:
     """results.json, results.md and the PNG plots (plots skipped with a note if matplotlib is missing)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / "results.md").write_text(markdown(results))
+    write_tables(results, out)
     try:
         from flashmap_ext.bench import plots
     except ImportError as err:

@@ -106,7 +106,8 @@ def warm_up(target, tokenizer, methods: list[Method], cfg: BenchConfig, stop) ->
 
 
 def run(cfg: BenchConfig) -> dict:
-    """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results."""
+    """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results.
+    After each dataset, results.json / results.md hold the datasets finished so far, marked `partial`."""
     dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target(cfg.target, dtype)
@@ -120,15 +121,27 @@ def run(cfg: BenchConfig) -> dict:
     stop = stop_token_ids(tokenizer)
     warm_up(target, tokenizer, methods, cfg, stop)
     records: list[Record] = []
-    for name in cfg.datasets:
+    for i, name in enumerate(cfg.datasets):
         for prompt in tqdm(datasets.load(name, cfg.n), desc=name, unit="prompt"):
             records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
+        write_partial(cfg, meta, methods, records, cfg.datasets[i + 1:], target)  # an interrupt keeps these rows
     shuffle = shuffle_test(target, tokenizer, methods, records, cfg.datasets, min(cfg.shuffle_n, cfg.n),
                            partial(decode, cfg=cfg, stop=stop)) if cfg.shuffle_n else {}
     from flashmap_ext.bench.shapes import projection_skipped
     results = assemble(cfg, meta, methods, records, shuffle, projection_skipped(target))
     report.write_all(results, Path(cfg.out))
     return results
+
+
+def write_partial(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], left: tuple,
+                  target) -> None:
+    """results.json and results.md of the datasets finished so far, marked `partial` (the datasets still to
+    run, no shuffle test, no plots): an interrupted bench keeps every finished dataset. The complete run
+    overwrites both."""
+    from flashmap_ext.bench.shapes import projection_skipped
+    results = assemble(cfg, meta, methods, records, {}, projection_skipped(target))
+    results["partial"] = {"datasets_left": list(left), "shuffle_test": "not run yet" if cfg.shuffle_n else "off"}
+    report.write_tables(results, Path(cfg.out))
 
 
 def assemble(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], shuffle: dict,

@@ -14,8 +14,8 @@ chains: EAGLE-3's dynamic trees (the DFlash paper's comparison uses 7,10,16), a 
 top-k or multi-noise trees with `--block-tree`, the prompt-lookup hybrid's two branches with `--lookup`
 (`--auto` picks chains, trees and branches itself). A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
-eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap (or force it
-with --drafter-type).
+eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap;
+`--drafter-type` checks that type, it cannot change it.
 """
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--drafter", help="drafter checkpoint dir, 'random' (a random FlashMap drafter) or "
                                      "'random-eagle3'")
     p.add_argument("--drafter-type", choices=["flashmap", "dflash", "eagle3"],
-                   help="override the type read from the drafter's config.json")
+                   help="check that --drafter is of this type (its config.json decides the type; a checkpoint "
+                        "of another type is refused, not converted)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     add_sampling_arguments(p)
@@ -116,6 +117,11 @@ def check_drafter_options(args, kind: str | None) -> None:
                          f"(got {'no drafter' if kind is None else kind})")
 
 
+#: --lookup --tree without --drafter: the tree's second branch is the drafter's chain, so there is no tree
+LOOKUP_TREE_ALONE = ("--lookup --tree needs --drafter (the tree's second branch is the drafter's chain); "
+                     "prompt lookup alone drafts one chain: drop --tree")
+
+
 def check_shape_arguments(args, kind: str | None) -> None:
     """ValueError for a draft-shape combination `shape_drafter` refuses, before any model loads
     (`kind`: the drafter's, from `check_drafter`, or None without one)."""
@@ -128,6 +134,8 @@ def check_shape_arguments(args, kind: str | None) -> None:
         return
     if getattr(args, "block_tree", None) and (args.tree is None or kind is None):
         raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
+    if args.tree is not None and getattr(args, "lookup", False) and kind is None:
+        raise ValueError(LOOKUP_TREE_ALONE)
     if (args.tree is not None and kind != "eagle3" and not getattr(args, "lookup", False)
             and not getattr(args, "block_tree", None)):
         raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got "
@@ -149,6 +157,8 @@ def shape_drafter(args, target, drafter):
         from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter
         drafter = (TopKTreeDrafter if args.block_tree == "topk" else MultiNoiseDrafter)(drafter)
     if getattr(args, "lookup", False):
+        if tree is not None and drafter is None:
+            raise ValueError(LOOKUP_TREE_ALONE)
         from flashmap_ext.draft_shapes.lookup import LookupDrafter
         drafter = LookupDrafter(drafter)
     if tree is not None and not hasattr(drafter, "draft_tree"):

@@ -8,11 +8,16 @@ update for one round, and the loop's per-round overhead from a short plain `gene
 `<flashmap cache>/costs/<fingerprint>.json`, the fingerprint hashing CPU model and flags (or GPU name),
 dtype, threads, torch version, the target's and the drafter's shapes: a different machine, dtype or thread
 count measures again. A few seconds on a 0.5 B target in fp32 on one AVX2 core.
+
+A table measured under load stays cached: the file records the 1-minute load average at calibration, a
+cached table measured at a load much higher than now prints a one-line note, and
+`load_or_calibrate(..., refresh=True)` (`flashmap bench --auto --recalibrate`) measures it again.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -56,17 +61,41 @@ def cache_path(key: dict) -> Path:
 
 
 def load_or_calibrate(target, drafter=None, *, refresh: bool = False, **kwargs) -> CostTable:
-    """The cached CostTable for this machine, target and drafter, measured (and cached) if missing."""
+    """The cached CostTable for this machine, target and drafter, measured (and cached) if missing.
+
+    refresh: measure again and overwrite the cached table (e.g. after one was measured on a busy machine).
+    The cache records the load average at calibration; a cached table measured at a load much higher than
+    the current one (`busier`) prints a one-line note on stderr and is still used. kwargs go to `calibrate`.
+    """
     key = fingerprint(target, drafter)
     path = cache_path(key)
     if path.is_file() and not refresh:
         data = json.loads(path.read_text())
         if data.get("fingerprint") == key:
+            measured_at, now = data.get("load_average"), load_average()
+            if measured_at is not None and busier(measured_at, now):
+                from flashmap_ext.assets.models import log
+                log(f"cost table {path} was measured at load average {measured_at:.1f}, now {now:.1f}: its costs "
+                    "may be inflated; load_or_calibrate(..., refresh=True) or `flashmap bench --auto "
+                    "--recalibrate` measures it again")
             return CostTable.from_json(data["table"])
+    load = load_average()
     table = calibrate(target, drafter, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(fingerprint=key, table=table.to_json()), indent=1))
+    path.write_text(json.dumps(dict(fingerprint=key, load_average=round(max(load, load_average()), 2),
+                                    table=table.to_json()), indent=1))
     return table
+
+
+def load_average() -> float:
+    """This machine's 1-minute load average (os.getloadavg)."""
+    return os.getloadavg()[0]
+
+
+def busier(measured_at: float, now: float) -> bool:
+    """True when a table measured at load average `measured_at` saw a much busier machine than `now`: at
+    least one more busy core (a quarter of the cores on a big machine) than now."""
+    return measured_at - now >= max(1.0, (os.cpu_count() or 1) / 4)
 
 
 def median_time(fn: Callable[[], None], repeats: int) -> float:

@@ -37,7 +37,8 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     steps, noise: FlashMap only (1 or 2 flow-map steps; explicit d-space noise [B, K, d_target]).
     return_logits: also return the logits [B, num_tokens, V_s] fp32 over the draft vocabulary's rows.
     Returns DraftBlock(tokens [B, num_tokens] int64 target ids, logits or None).
-    Raises ValueError naming the argument (TypeError for a non-integer num_tokens).
+    Raises ValueError naming the argument (TypeError for a non-integer num_tokens); an anchor batch that
+    differs from the memory's is named as such (`anchor_tokens`).
     """
     K = drafter.num_draft_tokens
     num_tokens = K if num_tokens is None else num_tokens
@@ -51,6 +52,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     for name, value in (("anchor_tokens", anchor_tokens), ("position", position), ("seed", seed)):
         if isinstance(value, torch.Tensor) and value.is_meta:
             raise ValueError(f"{name}: a meta tensor (no values): pass a cpu or cuda tensor")
+    check_batch(memory, anchor_tokens.shape[0])
     if position is not None:
         check_position(memory, per_row(position, anchor_tokens.shape[0], anchor_tokens.device, "position"))
     if isinstance(drafter, FlashMapDrafter):
@@ -71,6 +73,15 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
         raise ValueError(f"return_logits: a {type(drafter).__name__} gives no logits")
     tokens, logits = drafter.draft_with_logits(memory, anchor_tokens, **args)
     return DraftBlock(tokens, logits.float())
+
+
+def check_batch(memory: Any, batch: int) -> None:
+    """ValueError when the anchors' batch size differs from the memory's row count (`memory.lengths`, [B],
+    where the memory type has it; its shape needs no host sync)."""
+    lengths = getattr(memory, "lengths", None)
+    if lengths is not None and lengths.shape[0] != batch:
+        raise ValueError(f"anchor_tokens: batch {batch}, but the memory has batch {lengths.shape[0]} "
+                         f"(drafter.new_memory(batch_size={lengths.shape[0]})): pass one anchor per memory row")
 
 
 def check_position(memory: Any, position: torch.Tensor) -> None:

@@ -28,7 +28,8 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
     """A drafter for `target` (a Target or an HF causal LM) in eval mode and `dtype` (default: the target's).
 
     path: a checkpoint directory, 'random' (a small random FlashMap drafter: 2 layers, width 128, K = 8) or
-    'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3' overrides the type read from config.json.
+    'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3', the type expected (default: the one config.json
+    names); a checkpoint whose config.json names another type, or none, is refused (CheckpointError).
     steps: FlashMap draft steps (1 or 2; default the checkpoint's). context_window: W, the FlashMap or
     DFlash drafter reads the last W memory entries only (common/window.py); None: all; default the
     checkpoint's. Raises CheckpointError (a ValueError) for a missing directory, a bad config, unreadable
@@ -76,8 +77,9 @@ def checkpoint_type(path: str, flag: str = "--drafter") -> str:
     kind = config_kind(cfg)
     if kind is None:
         raise CheckpointError(f"{flag} {path}: unknown drafter type (architectures="
-                              f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); "
-                              f"pass --drafter-type")
+                              f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); its "
+                              f"config.json must name it: architectures ['DFlashDraftModel'] (dflash), "
+                              f"['LlamaForCausalLMEagle3'] (eagle3) or model_type 'flashmap_drafter' (flashmap)")
     return kind
 
 
@@ -87,14 +89,18 @@ RANDOM = ("random", "random-eagle3")
 def check_drafter(path: str, kind: str | None = None) -> str:
     """Reads and parses a drafter checkpoint's config.json without loading weights or a target (commands
     call it before any model loads). Returns its kind; CheckpointError (one line naming --drafter) as
-    `load_drafter`."""
+    `load_drafter`, and naming --drafter-type when `kind` differs from the type the config names."""
     if path in RANDOM:
         made = "eagle3" if path == "random-eagle3" else "flashmap"
         if kind not in (None, made):
             raise CheckpointError(f"--drafter-type {kind}: --drafter {path} is a random {made} drafter "
                                   f"(random drafters: 'random' = FlashMap, 'random-eagle3' = EAGLE-3)")
         return made
-    kind = kind or checkpoint_type(path)
+    found = checkpoint_type(path)
+    if kind not in (None, found):
+        raise CheckpointError(f"--drafter-type {kind}: --drafter {path} is a {found} checkpoint (its config.json "
+                              f"says so); --drafter-type checks the type, it cannot change it")
+    kind = found
     parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
     with named_errors("--drafter", path):
         if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load

@@ -74,7 +74,7 @@ def _check_scalar(name: str, value, dtype: torch.dtype):
 
 # Domains of the per-row parameters: name -> (bad-value test, expected range), as the scalar checks.
 _ROW_DOMAINS = {
-    "temperature": (torch.isnan, "not NaN (0 or negative = greedy)"),
+    "temperature": (lambda t: ~((t >= 0) & (t < math.inf)), "finite and >= 0 (0 = greedy)"),
     "top_k": (lambda t: t < 0, ">= 0 (0 = off)"),
     "top_p": (lambda t: ~((t >= 0) & (t <= 1)), "in [0, 1] (1 = off)"),
     "seed": (lambda t: t < 0, "in [0, 2**63)"),
@@ -201,8 +201,8 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
             anchor and the K drafts (row i scores slot i).
         draft_tokens: [B, K] int64 — drafted ids; -1 (or any id outside [0, valid_vocab)) means no
             draft: that slot and every later one are rejected.
-        temperature: scalar or [B] fp32; 0 = greedy row; tiny values (1e-6) still sample. A scalar must
-            be finite and >= 0; in a [B] tensor a negative value is a greedy row and NaN is an error.
+        temperature: scalar or [B] fp32, finite and >= 0 in every row (NaN, negative or +inf is an
+            error); 0 = greedy row; tiny values (1e-6) still sample.
         top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off; negative is an error.
         top_p: scalar in (0, 1] or [B] fp32 in [0, 1]; 1 = off, a tensor's 0 keeps only the top id;
             outside is an error. Out-of-domain scalars and CPU tensors raise ValueError naming the

@@ -101,7 +101,7 @@ def _row_input_status(drafts, temperature, top_k, top_p, draft_probs, valid_voca
     in-range draft of slot i < K is not in (0, 1] (x was sampled from q, so q(x) > 0). Only q(x) is
     checked; greedy rows never read draft_probs."""
     status = 0
-    if math.isnan(temperature) or not 0.0 <= top_p <= 1.0 or top_k < 0:
+    if not 0.0 <= temperature < math.inf or not 0.0 <= top_p <= 1.0 or top_k < 0:
         status |= STATUS_BAD_PARAMS
     if draft_probs is not None and temperature > 0:
         for i, x in enumerate(drafts):

@@ -205,6 +205,41 @@ def test_bench_shuffle_test_honours_n_and_peer_times_are_unmeasured(byte_bench):
     assert rows["FlashMap-1"]["verify_time_s"] > 0
 
 
+def test_bench_interrupted_after_a_dataset_keeps_its_rows(byte_bench, monkeypatch):
+    """Newcomer pass: bench wrote nothing until every dataset had finished, so an interrupt lost them all. Now
+    results.json / results.md hold the finished datasets after each one, marked partial; the complete run
+    overwrites them without the mark."""
+    from flashmap_ext.bench import run as bench_run
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, dataset = byte_bench
+    out = tmp / "bench"
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset, dataset.replace("tiny=", "twin=")), n=2,
+                      max_new_tokens=6, dtype="fp32", peers=False, shuffle_n=1, out=str(out))
+    real_run_turns = bench_run.run_turns
+
+    def interrupted_in_twin(target, tokenizer, methods, prompt, *args):
+        if prompt.dataset == "twin":
+            raise KeyboardInterrupt
+        return real_run_turns(target, tokenizer, methods, prompt, *args)
+    monkeypatch.setattr(bench_run, "run_turns", interrupted_in_twin)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["partial"] == {"datasets_left": [cfg.datasets[1]], "shuffle_test": "not run yet"}
+    assert list(saved["datasets"]) == ["tiny"] and saved["shuffle"] == {}
+    methods = ["AR", "FlashMap-1", "FlashMap-2"]
+    assert saved["methods"] == methods and {r["dataset"] for r in saved["records"]} == {"tiny"}
+    assert len(saved["records"]) == 3 * len(methods)  # 2 prompts, one of 2 turns, each method
+    assert all(saved["datasets"]["tiny"][m]["generations"] == 3 for m in methods)
+    md = (out / "results.md").read_text()
+    assert md.startswith("# FlashMap benchmark (PARTIAL)") and "still to run: twin=" in md and "| FlashMap-1 |" in md
+    assert not list(out.glob(".*.tmp"))
+    monkeypatch.setattr(bench_run, "run_turns", real_run_turns)
+    results = run(cfg)
+    assert "partial" not in results and "partial" not in json.loads((out / "results.json").read_text())
+    assert list(results["datasets"]) == ["tiny", "twin"] and "PARTIAL" not in (out / "results.md").read_text()
+
+
 def test_bench_shuffle_test_pairs_main_records_and_reports_an_interval(byte_bench):
     # two datasets of two prompts: each FlashMap row's shared-noise counts are the main run's first-turn records,
     # Δγ is pooled from the per-prompt counts, its interval is the bootstrap of those counts (within each dataset

@@ -105,6 +105,20 @@ def write_config(folder, change):
     return str(folder)
 
 
+def test_drafter_type_checks_the_type_and_its_help_says_so(tmp_path, capsys, no_loads):
+    """Newcomer pass: --drafter-type's help said "override the type read from the drafter's config.json",
+    but a checkpoint of another type was refused (it checks, it cannot convert): help and error now agree."""
+    from flashmap_ext.drafters.load import check_drafter
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["generate"]
+    entry = next(a.help for a in sub._actions if "--drafter-type" in a.option_strings)
+    assert "override" not in entry and "check that --drafter is of this type" in entry, entry
+    path = write_config(tmp_path / "fm", lambda cfg: None)  # a FlashMap checkpoint's config
+    assert check_drafter(path, "flashmap") == "flashmap" == check_drafter(path)
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path, "--drafter-type", "dflash"], capsys)
+    assert f"--drafter-type dflash: --drafter {path} is a flashmap checkpoint" in err
+    assert "cannot change it" in err, err
+
+
 def test_generate_bad_drafter_config_before_the_target_loads(tmp_path, capsys, no_loads):
     path = write_config(tmp_path / "d", lambda cfg: cfg.update(n_layers="two"))
     err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path], capsys)
@@ -164,10 +178,11 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     (["--drafter", "random-eagle3", "--steps", "2"], "--steps: FlashMap drafters only (got eagle3)"),
     (["--steps", "2"], "--steps: FlashMap drafters only (got no drafter)"),
     (["--drafter", "random-eagle3", "--context-window", "64"], "--context-window: FlashMap and DFlash"),
+    (["--lookup", "--tree", "4,2,8"], "--lookup --tree needs --drafter"),  # the tree was silently a chain
 ])
 def test_conflicting_or_ignored_flags_are_refused_before_any_load(argv, needle, monkeypatch, capsys):
     """Newcomer pass: --auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
-    without draft steps used to run silently, the flags ignored."""
+    without draft steps, --lookup --tree without --drafter used to run silently, the flags ignored."""
     from flashmap_ext.commands import generate as gen
 
     def no_load(*a, **kw):

@@ -3,7 +3,9 @@
 Expected values are worked by hand from the formulas in cost_model's docstring (fake cost tables), or are
 plain greedy decoding / the target's exact joint law (loop_helpers) for the auto shapes.
 """
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -110,6 +112,34 @@ def test_calibration_is_cached_per_fingerprint(tmp_path, monkeypatch):
     assert first == again
     cost_calibrate.load_or_calibrate(Target(tiny_qwen3(dtype=torch.bfloat16)))  # another dtype: measured again
     assert len(calls) == 2 and len(list((tmp_path / "costs").iterdir())) == 2
+
+
+def test_cached_table_records_its_load_and_a_busier_past_is_noted(tmp_path, monkeypatch, capsys):
+    """Newcomer pass: a table measured on a busy machine was cached for good without a word, and only `bench
+    --recalibrate` measured again. The file records the load average; a cached table measured at a much higher
+    load than now prints one line; `refresh=True` measures again."""
+    from flashmap_ext.draft_shapes import calibrate as cost_calibrate
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path))
+    target = Target(tiny_qwen3())
+    calls, load = [], [6.0]
+    real = cost_calibrate.calibrate
+    monkeypatch.setattr(cost_calibrate, "calibrate", lambda *a, **k: calls.append(1) or real(*a, repeats=1, **k))
+    monkeypatch.setattr(os, "getloadavg", lambda: (load[0],) * 3)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    cost_calibrate.load_or_calibrate(target)
+    (path,) = (tmp_path / "costs").iterdir()
+    assert json.loads(path.read_text())["load_average"] == 6.0
+    capsys.readouterr()
+    for now, noted in ((6.0, False), (5.5, False), (0.5, True)):  # a note from one more busy core on
+        load[0] = now
+        cost_calibrate.load_or_calibrate(target)
+        err = capsys.readouterr().err
+        assert len(calls) == 1 and (err != "") == noted, (now, err)
+    assert err.count("\n") == 1 and "measured at load average 6.0, now 0.5" in err and "refresh=True" in err
+    cost_calibrate.load_or_calibrate(target, refresh=True)  # measured again, at load 0.5
+    assert len(calls) == 2 and json.loads(path.read_text())["load_average"] == 0.5
+    cost_calibrate.load_or_calibrate(target)
+    assert len(calls) == 2 and capsys.readouterr().err == ""
 
 
 # --- AutoDrafter -----------------------------------------------------------------------------------------

@@ -62,13 +62,14 @@ def test_python_snippet_runs_and_prints(tmp_path, monkeypatch):
     model.save_pretrained(tmp_path / "target")
     byte_level_tokenizer_dir(tmp_path / "target", BYTE_EOS + 1)
     torch.manual_seed(0)
-    FlashMapDrafter.for_target(model, n_layers=1, width=64, heads=2, block_size=8).save_pretrained(
-        tmp_path / "drafter")
+    FlashMapDrafter.for_target(model, n_layers=1, width=64, heads=2, block_size=8).to(torch.bfloat16).save_pretrained(
+        tmp_path / "drafter")  # bf16 as the committed checkpoints, on an fp32 target
     (snippet,) = fenced_blocks("python", section("Python API"))  # "Serving with vLLM": python_tests_vllm
     code = swapped(snippet, {"qwen05_dir()": repr(str(tmp_path / "target")),
                              '"checkpoints/flashmap-qwen2.5-coder-0.5b"': repr(str(tmp_path / "drafter"))})
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*drafter's weights are")  # the snippet matches the dtypes
         exec(compile(code, "README.md", "exec"), {})
     printed = out.getvalue()
     for promised in ("verify:", "sample:", "γ ", "tokens/s", "drafted block:", "auto:", "batch: [32, 8]"):

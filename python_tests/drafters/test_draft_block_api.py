@@ -53,6 +53,20 @@ def test_draft_block_one_call_for_every_drafter(setup, kind, K):
 
 
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
+@pytest.mark.parametrize("position", [S - 1, None])
+def test_draft_block_names_an_anchor_batch_the_memory_does_not_have(setup, kind, position):
+    """Newcomer pass: 2 anchors on a batch-1 memory blamed `position` ([8, 8] vs lengths [8])."""
+    model, ids, drafters = setup
+    if position is None and kind != "flashmap":
+        pytest.skip("position is required for DFlash and EAGLE-3")
+    memory = _memory(model, drafters[kind], ids[:1])  # batch 1
+    noise = None if position is not None else torch.zeros(2, 8, model.config.hidden_size)
+    with pytest.raises(ValueError, match=r"anchor_tokens: batch 2, but the memory has batch 1") as err:
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=position, noise=noise)
+    assert "position" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
 def test_draft_block_refuses_a_position_the_memory_disagrees_with(setup, kind):
     model, ids, drafters = setup
     memory = _memory(model, drafters[kind], ids)

@@ -51,7 +51,11 @@ def test_verify_huge_top_k_is_off(case):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(temperature=torch.tensor([1.0, math.nan])),
-     r"temperature must be not NaN .* float32 tensor; rows \[1\]"),
+     r"temperature must be finite and >= 0 \(0 = greedy\) .* float32 tensor; rows \[1\]"),
+    # a scalar -1 was refused but a [B] row of -1 ran as a greedy row, +inf as a uniform sampler
+    (dict(temperature=torch.tensor([0.0, -1.0])), r"temperature must be finite and >= 0 .* rows \[1\] hold \[-1.0\]"),
+    (dict(temperature=torch.tensor([math.inf, 0.5])), r"temperature must be finite and >= 0 .* rows \[0\] hold \[inf\]"),
+    (dict(temperature=torch.tensor([-0.5, 1.0], dtype=torch.float64)), r"temperature must be finite .* rows \[0\]"),
     (dict(top_p=torch.tensor([0.5, 1.5])),
      r"top_p must be in \[0, 1\] \(1 = off\) .* rows \[1\] hold \[1.5\]"),
     (dict(top_p=torch.tensor([-0.1, 1.0], dtype=torch.float64)), r"top_p must be in \[0, 1\] .* rows \[0\]"),
@@ -88,6 +92,21 @@ def model():
 def test_generate_arguments_are_checked(model, args, kw, error, message):
     with pytest.raises(error, match=message):
         generate(model, None, *args, **kw)
+
+
+@pytest.mark.parametrize("target, drafter, message", [
+    ("model", "random", r"drafter: expected None .* got str 'random' .*from_pretrained"),
+    ("model", object(), r"drafter: expected None .* got object \(it lacks target_layer_ids, new_memory, "
+                        r"extend_memory, num_draft_tokens, draft\)"),
+    (None, None, r"target: expected a Target or a Hugging Face causal LM, got None"),
+    ("Qwen/Qwen3-8B", None, r"target: .* got str 'Qwen/Qwen3-8B' .*fm.load_target"),
+])
+def test_generate_names_a_wrong_target_or_drafter(model, target, drafter, message):
+    """Newcomer pass: generate(target, "random", ...) and generate(None, ...) raised a raw AttributeError."""
+    with pytest.raises(TypeError, match=message):
+        generate(model if target == "model" else target, drafter, [1, 2], 3)
+    with pytest.raises(TypeError, match=message):  # a batch of prompts too
+        generate(model if target == "model" else target, drafter, [[1, 2], [3]], 3)
 
 
 def test_generate_empty_prompt_list_still_says_empty(model):

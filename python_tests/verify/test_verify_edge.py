@@ -142,18 +142,19 @@ def test_verify_invalid_draft_probs_flagged_and_raised(device):
 def test_verify_row_params_outside_domain_flagged_by_the_op(device):
     """[B] temperature / top_k / top_p tensors are checked by the op itself (status bit 16, no host sync):
     on CUDA the wrapper raises from the status when check=True; CPU tensors raise before the op runs."""
-    B, K, V = 6, 2, 40
+    B, K, V = 8, 2, 40
     logits, drafts = random_case(B, K, V, gen_seed=8)
-    params = per_row(B, torch.tensor([1.0, math.nan, 1.0, 1.0, 1.0, 0.0]),
-                     torch.tensor([0, 0, -3, 0, 0, 0]), torch.tensor([0.9, 0.9, 0.9, 1.5, math.nan, -0.5]),
+    params = per_row(B, torch.tensor([1.0, math.nan, 1.0, 1.0, 1.0, 0.0, -1.0, math.inf]),  # rows 6, 7: issue of
+                     torch.tensor([0, 0, -3, 0, 0, 0, 0, 0]),                               # the newcomer pass: a
+                     torch.tensor([0.9, 0.9, 0.9, 1.5, math.nan, -0.5, 0.9, 0.9]),          # greedy / uniform row
                      device=device)
     op = torch.ops.flashmap.verify.default
     status = op(logits.to(device), drafts.to(device), *params.values())[2]
-    assert status.cpu().tolist() == [0] + [ops.STATUS_BAD_PARAMS] * 5
+    assert status.cpu().tolist() == [0] + [ops.STATUS_BAD_PARAMS] * 7
     cpu = {k: v.cpu() for k, v in params.items()}
     assert verify_reference(logits, drafts, **cpu)[2].tolist() == status.cpu().tolist()
-    with pytest.raises(ValueError, match=r"temperature must be not NaN .* \[B\] = \[6\] float32 tensor; "
-                                         r"rows \[1\] hold \[nan\]"):
+    with pytest.raises(ValueError, match=r"temperature must be finite and >= 0 .* \[B\] = \[8\] float32 tensor; "
+                                         r"rows \[1, 6, 7\] hold \[nan, -1.0, inf\]"):
         _verify(device, logits, drafts, **params)
     if device == "cuda":
         out = _verify(device, logits, drafts, **params, check=False)
