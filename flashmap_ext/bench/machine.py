@@ -1,6 +1,7 @@
 """What machine a measurement ran on, and the dtype to run the real target in (DESIGN.md §9)."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -29,6 +30,24 @@ def set_threads(threads: int = 0) -> int:
     if threads > 0:
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def threads_arg(text: str) -> int:
+    """argparse type of --threads: an integer >= 0 (0 = auto, see `set_threads`); ArgumentTypeError else."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 = auto), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 = auto), got {value}")
+    return value
+
+
+def add_threads_argument(p) -> None:
+    """--threads of bench, demo and data generate, checked by argparse (exit 2, before any model loads)."""
+    p.add_argument("--threads", type=threads_arg, default=0,
+                   help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
+                        "else torch's default)")
 
 
 def describe() -> dict:

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.metrics import NEAR_TIE
 
 
@@ -44,9 +45,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
                    help="pick the draft shape per round from this machine's measured costs (default; "
                         "--no-auto: always the FlashMap chain)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
-                        "else torch's default)")
+    add_threads_argument(p)
     p.set_defaults(func=run)
 
 

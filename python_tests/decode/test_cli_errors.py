@@ -189,13 +189,24 @@ def test_prompt_longer_than_the_context_is_one_line(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["demo", "--max-new-tokens", "-1"], "--max-new-tokens: expected an integer >= 1"),
     (["generate", *TINY, "--prompt", "x", "--context-window", "0"], "expected an integer >= 1 or 'none'"),
+    (["demo", "--threads", "-2"], "--threads: expected an integer >= 0 (0 = auto), got -2"),
+    (["bench", "--threads", "-2"], "--threads: expected an integer >= 0 (0 = auto), got -2"),
+    (["data", "generate", "--out", "x", "--threads", "-2"], "--threads: expected an integer >= 0 (0 = auto)"),
+    (["demo", "--threads", "two"], "--threads: expected an integer >= 0 (0 = auto), got 'two'"),
 ])
 def test_checked_at_parse(argv, needle, capsys):
-    """demo --max-new-tokens -1 used to load the model and fail inside the first prompt."""
+    """demo --max-new-tokens -1 used to load the model and fail inside the first prompt; demo --threads -2
+    ran the whole demo (set_threads took any negative count for auto)."""
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and needle in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["demo"], ["bench"], ["data", "generate", "--out", "x"]])
+@pytest.mark.parametrize("text, threads", [("0", 0), ("3", 3)])
+def test_threads_zero_is_auto_and_stays_valid(command, text, threads):
+    assert cli.build_parser().parse_args([*command, "--threads", text]).threads == threads
 
 
 def test_generate_context_window_none_runs(capsys):
