@@ -284,6 +284,23 @@ def test_demo_drafter_dir_without_config_before_the_assets_load(tmp_path, monkey
     assert f"flashmap demo: error: --drafter {tmp_path}: no config.json there (expected" in err, err
 
 
+@pytest.mark.parametrize("command", ["demo", "generate"])
+def test_drafter_dir_without_weights_before_any_load(command, tmp_path, monkeypatch, capsys, no_loads):
+    """demo --drafter DIR with config.json but no model.safetensors loaded the 0.5B target first and only
+    then failed: check_drafter read the config alone."""
+    import flashmap_ext.commands.demo as demo
+
+    def no_fetch():
+        raise AssertionError("the assets were fetched before the --drafter error")
+    monkeypatch.setattr(demo, "fetch_assets", no_fetch)
+    config = ROOT / "checkpoints" / "flashmap-flow-qwen2.5-coder-0.5b" / "config.json"
+    (tmp_path / "config.json").write_text(config.read_text())
+    argv = ["demo"] if command == "demo" else ["generate", *TINY, "--prompt", "x"]
+    err = one_line_error([*argv, "--drafter", str(tmp_path)], capsys)
+    assert (f"flashmap {command}: error: --drafter {tmp_path} (FlashMap drafter): no model.safetensors or "
+            "model.safetensors.index.json there") in err, err
+
+
 @pytest.mark.parametrize("kind, shape, field", [
     ("flashmap", {"hidden_size": 32}, "d_target 32 != the target's hidden size 64"),
     ("flashmap", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
