@@ -67,9 +67,14 @@ def describe() -> dict:
 
 def summary_line(meta: dict) -> str:
     """One line naming machine and date, for table captions and plot footers."""
-    where = meta["gpu"] or (f"{meta['cpu']}, {meta['cores']} cores, {meta['torch_threads']} torch threads, "
-                            f"load {meta.get('load_average', '?')}")
+    where = meta["gpu"] or (f"{meta['cpu']}, {plural(meta['cores'], 'core')}, "
+                            f"{plural(meta['torch_threads'], 'torch thread')}, load {meta.get('load_average', '?')}")
     return f"{where}; torch {meta['torch']}; {meta['date'][:10]}"
+
+
+def plural(n, noun: str) -> str:
+    """'1 core', '2 cores' (n as given: an int, or None when unknown: 'None cores')."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _version(module: str) -> str | None:
