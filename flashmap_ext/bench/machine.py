@@ -50,6 +50,24 @@ def add_threads_argument(p) -> None:
                         "else torch's default)")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def busy_note(load_start: float, load_end: float, cores: int) -> str | None:
+    """One line when the 1-minute load average at the start or the end of a timed run exceeds `cores` (the
+    usable cores): its timings, and so its speedups, are noisy; None on a machine that was not busy."""
+    load = max(load_start, load_end)
+    if load <= cores:
+        return None
+    return (f"Note: the timings were taken on a busy machine (load {load:.2f} on {plural(cores, 'core')}): the "
+            "speedups are noisy; γ and identity to greedy are unaffected.")
+
+
 def describe() -> dict:
     """Machine, date and command line of this run, for every figure that reports a number."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

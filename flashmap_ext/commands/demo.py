@@ -8,6 +8,7 @@ output is token-identical to greedy. Later runs reuse the cache ($FLASHMAP_CACHE
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 import time
 from pathlib import Path
@@ -191,7 +192,7 @@ def explain(rows: list, dtype: str, meta: dict) -> list[str]:
 def run(args) -> int:
     from flashmap_ext.bench import machine
     from flashmap_ext.train.data import stop_token_ids
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
     machine.set_threads(args.threads)
     dtype = machine.auto_dtype() if args.dtype == "auto" else args.dtype
     find_drafter(args.drafter)  # a bad --drafter fails before the assets load
@@ -219,6 +220,8 @@ def run(args) -> int:
     say(f"\nFlashMap demo ({'trained' if trained else 'RANDOM untrained'} drafter, {dtype}, "
         f"{machine.summary_line(meta)}; `{meta['command']}`):\n")
     say(table(rows, dtype))
+    if note := machine.busy_note(load_start, os.getloadavg()[0], machine.usable_cores()):
+        say(note)
     for line in divergence_notes(rows, dtype):
         say(line)
     for line in explain(rows, dtype, meta):
