@@ -164,6 +164,11 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     (["--drafter", "random-eagle3", "--steps", "2"], "--steps: FlashMap drafters only (got eagle3)"),
     (["--steps", "2"], "--steps: FlashMap drafters only (got no drafter)"),
     (["--drafter", "random-eagle3", "--context-window", "64"], "--context-window: FlashMap and DFlash"),
+    # --tree shaped the lookup hybrid's branches; the top-k tree drafted a plain chain inside it, unsaid
+    (["--drafter", "random", "--lookup", "--block-tree", "topk", "--tree", "8,2,16"],
+     "--lookup --block-tree topk --tree: --tree is the lookup hybrid's two branches with --lookup and the "
+     "drafter's topk tree with --block-tree: give one of --lookup, --block-tree"),
+    (["--drafter", "random", "--lookup", "--block-tree", "multinoise", "--tree", "4,2,8"], "give one of --lookup"),
 ])
 def test_conflicting_or_ignored_flags_are_refused_before_any_load(argv, needle, monkeypatch, capsys):
     """Newcomer pass: --auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
