@@ -1,6 +1,7 @@
 """What machine a measurement ran on, and the dtype to run the real target in (DESIGN.md §9)."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -31,6 +32,42 @@ def set_threads(threads: int = 0) -> int:
     return torch.get_num_threads()
 
 
+def threads_arg(text: str) -> int:
+    """argparse type of --threads: an integer >= 0 (0 = auto, see `set_threads`); ArgumentTypeError else."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 = auto), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 = auto), got {value}")
+    return value
+
+
+def add_threads_argument(p) -> None:
+    """--threads of bench, demo and data generate, checked by argparse (exit 2, before any model loads)."""
+    p.add_argument("--threads", type=threads_arg, default=0,
+                   help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
+                        "else torch's default)")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def busy_note(load_start: float, load_end: float, cores: int) -> str | None:
+    """One line when the 1-minute load average at the start or the end of a timed run exceeds `cores` (the
+    usable cores): its timings, and so its speedups, are noisy; None on a machine that was not busy."""
+    load = max(load_start, load_end)
+    if load <= cores:
+        return None
+    return (f"Note: the timings were taken on a busy machine (load {load:.2f} on {plural(cores, 'core')}): the "
+            "speedups are noisy; γ and identity to greedy are unaffected.")
+
+
 def describe() -> dict:
     """Machine, date and command line of this run, for every figure that reports a number."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -48,9 +85,14 @@ def describe() -> dict:
 
 def summary_line(meta: dict) -> str:
     """One line naming machine and date, for table captions and plot footers."""
-    where = meta["gpu"] or (f"{meta['cpu']}, {meta['cores']} cores, {meta['torch_threads']} torch threads, "
-                            f"load {meta.get('load_average', '?')}")
+    where = meta["gpu"] or (f"{meta['cpu']}, {plural(meta['cores'], 'core')}, "
+                            f"{plural(meta['torch_threads'], 'torch thread')}, load {meta.get('load_average', '?')}")
     return f"{where}; torch {meta['torch']}; {meta['date'][:10]}"
+
+
+def plural(n, noun: str) -> str:
+    """'1 core', '2 cores' (n as given: an int, or None when unknown: 'None cores')."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _version(module: str) -> str | None:

@@ -2,6 +2,7 @@
 HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md §9)."""
 from __future__ import annotations
 
+from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
 from flashmap_ext.train.runner import seed_arg
 from flashmap_ext.tree import TreeSpec
@@ -41,9 +42,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's costs for --auto again instead of using the cached table "
                         "(run it on a quiet machine)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
-                        "else torch's default)")
+    add_threads_argument(p)
     p.add_argument("--batch-size", type=int, default=0,
                    help="B >= 1: the batch throughput run instead (bench/batch.py): AR, FlashMap-1/2 and DFlash "
                         "over batches of B prompts, tokens/s vs batched AR, written to OUT/batch-B.json and .md")

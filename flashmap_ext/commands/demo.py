@@ -8,10 +8,12 @@ output is token-identical to greedy. Later runs reuse the cache ($FLASHMAP_CACHE
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 import time
 from pathlib import Path
 
+from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.metrics import NEAR_TIE
 
 
@@ -44,9 +46,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
                    help="pick the draft shape per round from this machine's measured costs (default; "
                         "--no-auto: always the FlashMap chain)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
-                        "else torch's default)")
+    add_threads_argument(p)
     p.set_defaults(func=run)
 
 
@@ -192,7 +192,7 @@ def explain(rows: list, dtype: str, meta: dict) -> list[str]:
 def run(args) -> int:
     from flashmap_ext.bench import machine
     from flashmap_ext.train.data import stop_token_ids
-    start = time.perf_counter()
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
     machine.set_threads(args.threads)
     dtype = machine.auto_dtype() if args.dtype == "auto" else args.dtype
     find_drafter(args.drafter)  # a bad --drafter fails before the assets load
@@ -220,6 +220,8 @@ def run(args) -> int:
     say(f"\nFlashMap demo ({'trained' if trained else 'RANDOM untrained'} drafter, {dtype}, "
         f"{machine.summary_line(meta)}; `{meta['command']}`):\n")
     say(table(rows, dtype))
+    if note := machine.busy_note(load_start, os.getloadavg()[0], machine.usable_cores()):
+        say(note)
     for line in divergence_notes(rows, dtype):
         say(line)
     for line in explain(rows, dtype, meta):

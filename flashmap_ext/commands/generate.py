@@ -136,10 +136,20 @@ def check_shape_arguments(args, kind: str | None) -> None:
         raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
     if args.tree is not None and getattr(args, "lookup", False) and kind is None:
         raise ValueError(LOOKUP_TREE_ALONE)
+    check_one_tree_shape(args)
     if (args.tree is not None and kind != "eagle3" and not getattr(args, "lookup", False)
             and not getattr(args, "block_tree", None)):
         raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got "
                          f"{'no drafter' if kind is None else f'a {kind} drafter'})")
+
+
+def check_one_tree_shape(args) -> None:
+    """ValueError for --lookup with --block-tree and --tree: --tree would shape the lookup hybrid's two
+    branches, and the block tree (top-k / multi-noise) would silently draft a plain chain inside it."""
+    if getattr(args, "lookup", False) and getattr(args, "block_tree", None) and args.tree is not None:
+        raise ValueError(f"--lookup --block-tree {args.block_tree} --tree: --tree is the lookup hybrid's two "
+                         f"branches with --lookup and the drafter's {args.block_tree} tree with --block-tree: "
+                         "give one of --lookup, --block-tree")
 
 
 def shape_drafter(args, target, drafter):
@@ -151,6 +161,7 @@ def shape_drafter(args, target, drafter):
         print(f"[{auto.explain()}]", file=sys.stderr)
         return auto, auto.tree_spec()
     tree = args.tree
+    check_one_tree_shape(args)
     if getattr(args, "block_tree", None):
         if tree is None or drafter is None:
             raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")

@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flashmap_ext.assets.prompt_sets import PROMPT_SETS
+from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.data.engine import EngineStats, Job, generate_refill, length_sorted
 from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 from flashmap_ext.train.store import ShardWriter
@@ -158,5 +159,5 @@ def add_arguments(p) -> None:
     p.add_argument("--records-per-part", type=int, default=1000)
     p.add_argument("--flush-every", type=int, default=16, help="records per fsynced gzip member")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: machine default)")
+    add_threads_argument(p)
     p.add_argument("--no-progress", action="store_true")

@@ -8,7 +8,13 @@ from typing import Any
 import torch
 
 from flashmap_ext.drafters.common.base import TargetMismatch
-from flashmap_ext.drafters.common.checkpoint import CheckpointError, config_kind, load_config, read_config
+from flashmap_ext.drafters.common.checkpoint import (
+    CheckpointError,
+    check_weights_present,
+    config_kind,
+    load_config,
+    read_config,
+)
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.dflash.config import DFlashConfig
@@ -87,9 +93,10 @@ RANDOM = ("random", "random-eagle3")
 
 
 def check_drafter(path: str, kind: str | None = None) -> str:
-    """Reads and parses a drafter checkpoint's config.json without loading weights or a target (commands
-    call it before any model loads). Returns its kind; CheckpointError (one line naming --drafter) as
-    `load_drafter`, and naming --drafter-type when `kind` differs from the type the config names."""
+    """Reads and parses a drafter checkpoint's config.json and checks that its weights file is there,
+    without loading weights or a target (commands call it before any model loads). Returns its kind;
+    CheckpointError (one line naming --drafter) as `load_drafter`, a missing model.safetensors included, and
+    naming --drafter-type when `kind` differs from the type the config names."""
     if path in RANDOM:
         made = "eagle3" if path == "random-eagle3" else "flashmap"
         if kind not in (None, made):
@@ -107,4 +114,5 @@ def check_drafter(path: str, kind: str | None = None) -> str:
             load_config(path, kind, parse)
         else:
             read_config(path, kind)
+        check_weights_present(path, kind)
     return kind

@@ -159,6 +159,16 @@ def _check_uniforms(uniforms: torch.Tensor, B: int, K1: int) -> None:
                          f"[{uniforms.min().item()}, {uniforms.max().item()}]")
 
 
+def _check_draft_ids(draft_tokens: torch.Tensor, V: int) -> None:
+    """ValueError naming draft_tokens and V if an id is outside [0, V) and not -1 (reads the values: a host
+    sync on CUDA, so `verify` calls it with check=True only)."""
+    bad = (draft_tokens < -1) | (draft_tokens >= V)
+    if bool(bad.any()):
+        where = torch.nonzero(bad)[:8].tolist()
+        raise ValueError(f"verify: draft_tokens must be ids in [0, V) = [0, {V}) or -1 (no draft); "
+                         f"[row, slot] {where} hold {draft_tokens[bad][:8].tolist()}")
+
+
 def _rows(status: torch.Tensor, bits: int) -> list:
     rows = torch.nonzero((status & bits) != 0).flatten().tolist()
     return rows[:16] + (["..."] if len(rows) > 16 else [])
@@ -199,8 +209,10 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
     Args:
         target_logits: [B, K+1, V] bf16/fp16/fp32, stride(-1) == 1 preferred — target logits of the
             anchor and the K drafts (row i scores slot i).
-        draft_tokens: [B, K] int64 — drafted ids; -1 (or any id outside [0, valid_vocab)) means no
-            draft: that slot and every later one are rejected.
+        draft_tokens: [B, K] int64 — drafted ids in [0, V); -1 means no draft: that slot and every
+            later one are rejected (so is an id in [valid_vocab, V), a padding row). With check=True (the
+            default) any other id (< -1 or >= V) raises ValueError naming draft_tokens and V; with
+            check=False it is not read on the host and is treated as -1.
         temperature: scalar or [B] fp32, finite and >= 0 in every row (NaN, negative or +inf is an
             error); 0 = greedy row; tiny values (1e-6) still sample.
         top_k: scalar or [B] int32; 0 (or >= valid_vocab) = off; negative is an error.
@@ -220,8 +232,9 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
         valid_vocab: ids >= valid_vocab (padding rows of the LM head) are never emitted; default V.
         uniforms: optional [B, K+1] fp64 in [0, 1) — injected coins (tests): K accept coins, then the
             one resample coin used at whichever slot emits.
-        check: raise ValueError naming the rows whose status has an error bit (forces a host sync;
-            a CUDA-graph-captured loop passes False and reads `status` itself).
+        check: True (the default): raise ValueError for draft ids outside [0, V) other than -1 and
+            naming the rows whose status has an error bit (forces a host sync; a CUDA-graph-captured
+            loop passes False and reads `status` itself).
 
     Returns:
         VerifyOutput(tokens [B, K+1] int64 (accepted drafts, then the emitted token, then -1),
@@ -231,14 +244,17 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
         num_accepted 0), 4 residual mass was 0 and p was sampled instead (informational)).
 
     Raises:
-        ValueError / TypeError naming the argument for bad shapes, dtypes or devices; ValueError
-        naming the rows for error statuses when check=True.
+        ValueError / TypeError naming the argument for bad shapes, dtypes or devices; with check=True:
+        ValueError naming draft_tokens for ids outside [0, V) other than -1, and naming the rows for
+        error statuses.
     """
     _check_shapes(target_logits, draft_tokens, draft_probs, uniforms)
     B, _, V = target_logits.shape
     dev = target_logits.device
     if valid_vocab is not None and not 1 <= int(valid_vocab) <= V:
         raise ValueError(f"verify: valid_vocab must be in [1, V] = [1, {V}], got {valid_vocab}")
+    if check:
+        _check_draft_ids(draft_tokens, V)
     params = {name: _per_row(name, value, B, dtype, dev) for name, value, dtype in (
         ("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
         ("top_p", top_p, torch.float32), ("seed", seed, torch.int64), ("position", position, torch.int64))}

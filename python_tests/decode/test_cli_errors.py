@@ -179,6 +179,11 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     (["--steps", "2"], "--steps: FlashMap drafters only (got no drafter)"),
     (["--drafter", "random-eagle3", "--context-window", "64"], "--context-window: FlashMap and DFlash"),
     (["--lookup", "--tree", "4,2,8"], "--lookup --tree needs --drafter"),  # the tree was silently a chain
+    # --tree shaped the lookup hybrid's branches; the top-k tree drafted a plain chain inside it, unsaid
+    (["--drafter", "random", "--lookup", "--block-tree", "topk", "--tree", "8,2,16"],
+     "--lookup --block-tree topk --tree: --tree is the lookup hybrid's two branches with --lookup and the "
+     "drafter's topk tree with --block-tree: give one of --lookup, --block-tree"),
+    (["--drafter", "random", "--lookup", "--block-tree", "multinoise", "--tree", "4,2,8"], "give one of --lookup"),
 ])
 def test_conflicting_or_ignored_flags_are_refused_before_any_load(argv, needle, monkeypatch, capsys):
     """Newcomer pass: --auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
@@ -204,13 +209,24 @@ def test_prompt_longer_than_the_context_is_one_line(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["demo", "--max-new-tokens", "-1"], "--max-new-tokens: expected an integer >= 1"),
     (["generate", *TINY, "--prompt", "x", "--context-window", "0"], "expected an integer >= 1 or 'none'"),
+    (["demo", "--threads", "-2"], "--threads: expected an integer >= 0 (0 = auto), got -2"),
+    (["bench", "--threads", "-2"], "--threads: expected an integer >= 0 (0 = auto), got -2"),
+    (["data", "generate", "--out", "x", "--threads", "-2"], "--threads: expected an integer >= 0 (0 = auto)"),
+    (["demo", "--threads", "two"], "--threads: expected an integer >= 0 (0 = auto), got 'two'"),
 ])
 def test_checked_at_parse(argv, needle, capsys):
-    """demo --max-new-tokens -1 used to load the model and fail inside the first prompt."""
+    """demo --max-new-tokens -1 used to load the model and fail inside the first prompt; demo --threads -2
+    ran the whole demo (set_threads took any negative count for auto)."""
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and needle in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", [["demo"], ["bench"], ["data", "generate", "--out", "x"]])
+@pytest.mark.parametrize("text, threads", [("0", 0), ("3", 3)])
+def test_threads_zero_is_auto_and_stays_valid(command, text, threads):
+    assert cli.build_parser().parse_args([*command, "--threads", text]).threads == threads
 
 
 def test_generate_context_window_none_runs(capsys):
@@ -286,6 +302,23 @@ def test_demo_drafter_dir_without_config_before_the_assets_load(tmp_path, monkey
     monkeypatch.setattr(demo, "fetch_assets", no_fetch)
     err = one_line_error(["demo", "--drafter", str(tmp_path)], capsys)
     assert f"flashmap demo: error: --drafter {tmp_path}: no config.json there (expected" in err, err
+
+
+@pytest.mark.parametrize("command", ["demo", "generate"])
+def test_drafter_dir_without_weights_before_any_load(command, tmp_path, monkeypatch, capsys, no_loads):
+    """demo --drafter DIR with config.json but no model.safetensors loaded the 0.5B target first and only
+    then failed: check_drafter read the config alone."""
+    import flashmap_ext.commands.demo as demo
+
+    def no_fetch():
+        raise AssertionError("the assets were fetched before the --drafter error")
+    monkeypatch.setattr(demo, "fetch_assets", no_fetch)
+    config = ROOT / "checkpoints" / "flashmap-flow-qwen2.5-coder-0.5b" / "config.json"
+    (tmp_path / "config.json").write_text(config.read_text())
+    argv = ["demo"] if command == "demo" else ["generate", *TINY, "--prompt", "x"]
+    err = one_line_error([*argv, "--drafter", str(tmp_path)], capsys)
+    assert (f"flashmap {command}: error: --drafter {tmp_path} (FlashMap drafter): no model.safetensors or "
+            "model.safetensors.index.json there") in err, err
 
 
 @pytest.mark.parametrize("kind, shape, field", [

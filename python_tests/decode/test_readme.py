@@ -78,6 +78,41 @@ def test_python_snippet_runs_and_prints(tmp_path, monkeypatch):
     assert block and len(block.group(1).split(",")) == 8
 
 
+def test_verify_comment_says_check_is_the_default():
+    """The snippet said status is 'raised as ValueError when check=True', which reads as opt-in."""
+    import inspect
+
+    from flashmap_ext import ops
+    (snippet,) = fenced_blocks("python", section("Python API"))
+    assert inspect.signature(ops.verify).parameters["check"].default is True
+    assert "check=True is the default" in snippet and "when check=True" not in snippet
+
+
+def test_own_decoder_says_what_model_is_and_that_way_runs():
+    """The section never said what `model` is (an HF causal LM, not the `Target` fm.load_target returns);
+    the way it names, `fm.load_target(path)[0].model` with a drafter `from_pretrained(ckpt, model)`, runs."""
+    import tempfile
+
+    import flashmap_ext as fm
+    from drafter_doubles import greedy_continuation, random_flashmap
+    from flashmap_ext.target import TINY
+    prose = section("Use it in your own decoder").split("```python")[0]
+    for said in ("`model` is the target as a plain Hugging Face", "`AutoModelForCausalLM`", "`target.model`",
+                 "`target, tokenizer = fm.load_target(path)`", "`fm.FlashMapDrafter.from_pretrained(ckpt, model)`"):
+        assert said in prose, said
+    (block,) = fenced_blocks("python", section("Use it in your own decoder"))
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    target, _ = fm.load_target(TINY, "fp32", "cpu")
+    model = target.model
+    with tempfile.TemporaryDirectory() as ckpt:
+        random_flashmap(model, 4, (0, 1)).save_pretrained(ckpt)
+        drafter = fm.FlashMapDrafter.from_pretrained(ckpt, model).eval()
+    prompt = list(b"def f(x):")
+    (row,) = scope["speculative_greedy"](model, drafter, [prompt], 12)
+    assert row == greedy_continuation(model, prompt, 12).tolist()
+
+
 def cli_lines() -> list[str]:
     (block,) = re.findall(r"^```\n(flashmap .*?)^```$", section("Command line"), flags=re.S | re.M)
     commands = [cmd.split("#")[0].strip() for line in block.splitlines() for cmd in line.split(";")]

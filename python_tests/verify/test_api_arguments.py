@@ -126,3 +126,43 @@ def test_generate_stop_token_ids_forms(model):
 def test_generate_huge_top_k_is_off(model):
     a = generate(model, None, [1, 2], 4, temperature=1.0, top_k=2**40, seed=5).tokens
     assert a == generate(model, None, [1, 2], 4, temperature=1.0, seed=5).tokens
+
+
+def greedy_by_hand(logits: list, drafts: list) -> tuple[list, int]:
+    """Plain-Python greedy acceptance of one row (DESIGN.md §3.1): accept while the draft is the argmax
+    (lowest index on ties), then emit the argmax; ids outside [0, V) are no draft."""
+    argmax = lambda row: max(range(len(row)), key=lambda i: (row[i], -i))
+    tokens = []
+    for slot, draft in enumerate(drafts):
+        best = argmax(logits[slot])
+        if draft != best:
+            return tokens + [best] + [-1] * (len(drafts) - slot), slot
+        tokens.append(draft)
+    return tokens + [argmax(logits[-1])], len(drafts)
+
+
+@pytest.mark.parametrize("bad", [200000, 151936, V, -5, -2, -(2**63)])
+def test_verify_refuses_draft_ids_outside_the_vocabulary(bad):
+    """An id outside [0, V) other than -1 (a drafter for another vocabulary, an off-by-one mask id) was
+    silently taken for a rejection with check=True, the default."""
+    logits = torch.randn(2, 4, V, generator=torch.Generator().manual_seed(3))
+    drafts = logits[:, :3].argmax(-1)                     # all accepted ...
+    drafts[1, 1] = bad                                    # ... but one id no vocabulary of V ids holds
+    with pytest.raises(ValueError, match=rf"draft_tokens must be ids in \[0, V\) = \[0, {V}\) or -1 "
+                                         rf"\(no draft\); \[row, slot\] \[\[1, 1\]\] hold \[{bad}\]"):
+        ops.verify(logits, drafts)
+    out = ops.verify(logits, drafts, check=False)         # unchecked: as before, a rejection at that slot
+    for row in range(2):
+        tokens, n = greedy_by_hand(logits[row].tolist(), drafts[row].tolist())
+        assert out.tokens[row].tolist() == tokens and int(out.num_accepted[row]) == n
+
+
+def test_verify_checked_takes_minus_one_and_every_id_in_range():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 4, V, generator=g)
+    drafts = torch.tensor([[-1, 0, V - 1], [0, -1, -1], [V - 1, 0, 5]])
+    drafts[2] = logits[2, :3].argmax(-1)
+    out = ops.verify(logits, drafts)                      # check=True: no error
+    for row in range(3):
+        tokens, n = greedy_by_hand(logits[row].tolist(), drafts[row].tolist())
+        assert out.tokens[row].tolist() == tokens and int(out.num_accepted[row]) == n

@@ -98,19 +98,28 @@ def load_config(path: str | os.PathLike, kind: str, parse):
 def read_weights(path: str | os.PathLike, kind: str | None = None) -> dict[str, torch.Tensor]:
     """All tensors of `model.safetensors`, or of every shard listed in `model.safetensors.index.json`.
     CheckpointError (one line, naming the file and `kind`) when none is there or a file is unreadable."""
+    check_weights_present(path, kind)
     folder = Path(path)
     if (folder / WEIGHTS).is_file():
         return _load_file(folder / WEIGHTS, kind)
-    if (folder / INDEX).is_file():
-        try:
-            shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"{folder / INDEX} ({describe_kind(kind)}): not a valid shard index "
-                                  f"({type(err).__name__}: {err})") from None
-        weights: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            weights.update(_load_file(folder / shard, kind))
-        return weights
+    try:
+        shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{folder / INDEX} ({describe_kind(kind)}): not a valid shard index "
+                              f"({type(err).__name__}: {err})") from None
+    weights: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        weights.update(_load_file(folder / shard, kind))
+    return weights
+
+
+def check_weights_present(path: str | os.PathLike, kind: str | None = None) -> None:
+    """CheckpointError (one line, naming the folder and `kind`) when checkpoint folder `path` holds neither
+    `model.safetensors` nor `model.safetensors.index.json`; reads nothing (commands call it before any
+    model loads, `read_weights` when it finds no weights)."""
+    folder = Path(path)
+    if (folder / WEIGHTS).is_file() or (folder / INDEX).is_file():
+        return
     hint = ("; committed checkpoints: run `make checkpoints`" if (folder.parent / "MANIFEST.json").is_file()
             else "")
     raise CheckpointError(f"{path} ({describe_kind(kind)}): no {WEIGHTS} or {INDEX} there{hint}")
