@@ -91,14 +91,17 @@ def plot(curve: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.4), sharey="row")
     for s in curve["series"]:
         for col, x_key in enumerate(("steps", "cpu_hours")):
             x = [p[x_key] for p in s["points"]]
             axes[0][col].plot(x, [p["slot1"]["all"] for p in s["points"]], marker="o", label=s["name"])
             axes[1][col].plot(x, [p["gamma"] for p in s["points"]], marker="o", label=s["name"])
-    for col, label in enumerate(("cumulative optimizer steps", "cumulative CPU-hours")):
+    for col, label in enumerate(("cumulative optimizer steps (thousands)", "cumulative CPU-hours")):
         axes[1][col].set_xlabel(label)
+    for ax in axes[:, 0]:  # 12000 → "12": five-digit step labels ran into each other
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))
     axes[0][0].set_ylabel("held-out slot-1 accuracy (all)")
     axes[1][0].set_ylabel("implied γ (T = 0)")
     for ax in axes.flat:
