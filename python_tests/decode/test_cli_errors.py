@@ -113,6 +113,7 @@ def test_drafter_type_checks_the_type_and_its_help_says_so(tmp_path, capsys, no_
     entry = next(a.help for a in sub._actions if "--drafter-type" in a.option_strings)
     assert "override" not in entry and "check that --drafter is of this type" in entry, entry
     path = write_config(tmp_path / "fm", lambda cfg: None)  # a FlashMap checkpoint's config
+    (tmp_path / "fm" / "model.safetensors").write_bytes(b"")  # check_drafter wants the weights file there
     assert check_drafter(path, "flashmap") == "flashmap" == check_drafter(path)
     err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path, "--drafter-type", "dflash"], capsys)
     assert f"--drafter-type dflash: --drafter {path} is a flashmap checkpoint" in err
