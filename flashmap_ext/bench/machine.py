@@ -32,15 +32,21 @@ def set_threads(threads: int = 0) -> int:
     return torch.get_num_threads()
 
 
-def threads_arg(text: str) -> int:
-    """argparse type of --threads: an integer >= 0 (0 = auto, see `set_threads`); ArgumentTypeError else."""
+def int_at_least(text: str, minimum: int, note: str = "") -> int:
+    """The body of an argparse integer type: int(text) if it is >= minimum, else ArgumentTypeError
+    ("expected an integer >= minimum{note}, got ...")."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 = auto), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (0 = auto), got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}{note}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}{note}, got {value}")
     return value
+
+
+def threads_arg(text: str) -> int:
+    """argparse type of --threads: an integer >= 0 (0 = auto, see `set_threads`); ArgumentTypeError else."""
+    return int_at_least(text, 0, " (0 = auto)")
 
 
 def add_threads_argument(p) -> None:

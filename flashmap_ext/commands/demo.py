@@ -13,19 +13,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from flashmap_ext.bench.machine import add_threads_argument
+from flashmap_ext.bench.machine import add_threads_argument, int_at_least
 from flashmap_ext.bench.metrics import NEAR_TIE
 
 
 def positive_int(text: str) -> int:
     """argparse type of --max-new-tokens: an integer >= 1 (checked before any model loads)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+    return int_at_least(text, 1)
 
 
 # The committed FlashMap checkpoint with the higher held-out γ (checkpoints/heldout-eval/eval.json; a test
