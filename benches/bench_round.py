@@ -15,8 +15,9 @@ tokens); its `Timer(sync=True)` timestamps each round, with a device sync at eve
 A second run without those syncs gives the loop's real round time (`round_ms`, round start to round start).
 overhead = (draft + verify_op + bookkeeping) / forward, and overhead_nosync = (round_ms − forward) / forward.
 Paths: `fused` (the ops.dit kernels; CUDA bf16 only) and `reference` (allow_fused = False: the PyTorch
-drafter); both use the `verify` kernel. Random drafts are (almost) never accepted, so a round commits one
-token and adds one drafter memory entry; the budget-limited last rounds (fewer than K drafts) are not counted.
+drafter); both use the `verify` kernel. Each variant runs once untimed before it is measured. Random drafts are
+(almost) never accepted, so a round commits one token and adds one drafter memory entry; the budget-limited last
+rounds (fewer than K drafts) are not counted.
 
     python benches/bench_round.py [--json round.json] [--tiny] [--rounds 20] [--warmup 5] [--prompt-len 1024]
 
@@ -83,6 +84,10 @@ def time_variant(target, drafter, prompt: torch.Tensor, *, path: str, steps: int
     k = drafter.num_draft_tokens
     new_tokens = warmup + rounds + k + 3  # every counted round drafts K even if none is accepted
     synced, free = Timer(sync=True), Timer(sync=False)
+    # An untimed run first: a variant's first run pays one-time costs (kernel loading, allocator growth,
+    # library plans) through all its rounds, not only the warm-up ones (the first H200 run, 2026-12-04:
+    # the first variant's verify forward 76 ms against 34 ms in every later variant).
+    generate(target, drafter, prompt, new_tokens)
     out = generate(target, drafter, prompt, new_tokens, timer=synced)
     keep = _timed_rounds(out.stats, k, warmup, rounds)
     if not keep:

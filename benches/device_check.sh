@@ -10,6 +10,8 @@
 #     run(command="bash benches/device_check.sh", carry=["third_party/cutlass-min"], timeout_s=600)
 #   What travels: the files git does not ignore + third_party/cutlass-min (scripts/device_payload.py).
 #   Anywhere with a GPU: OUT=/tmp/dc bash benches/device_check.sh
+#   A rerun of some steps only (a fix checked in the device time left): STEPS=build,dit_step_tests,bench_round
+#   (env and build always run when STEPS is set; the others are left out of the schedule, their shares unused)
 #   A CPU dry run of the script itself (build CPU-only, CUDA tests skip, benchmarks run their CPU smoke
 #   shapes): FLASHMAP_CUDA=0 OUT=/tmp/dc bash benches/device_check.sh
 #
@@ -155,6 +157,10 @@ step() {  # step NAME [env VAR=VALUE ...] COMMAND...   (its share: SHARE[NAME])
   shift
   STEP_NAME=$name
   [ -n "${SHARE[$name]:-}" ] || { echo "device_check: step $name has no SHARE" >&2; exit 2; }
+  if [ -n "${STEPS:-}" ] && [ "$PREFLIGHT" = 0 ] && [ "$name" != env ] && [ "$name" != build ] \
+     && [[ ",$STEPS," != *",$name,"* ]]; then
+    return 0  # not asked for: no share, no line
+  fi
   SCHEDULED=$((SCHEDULED + SHARE[$name]))
   [ "$PREFLIGHT" = 1 ] && { preflight_step "$@"; return 0; }
   local now end left limit

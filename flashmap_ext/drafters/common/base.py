@@ -100,6 +100,16 @@ class RaggedRows:
         """[B] int64 (CPU): committed positions per row = the absolute position of each row's anchor."""
         return torch.tensor(self.rows, dtype=torch.int64)
 
+    def lengths_on(self, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """`lengths` as [B] `dtype` on `device`, without a host sync on CUDA: staged in pinned memory and
+        copied asynchronously (the caching host allocator keeps the staging block until the copy has run,
+        so a later call cannot overwrite it early). A pageable host-to-device copy would synchronise, which
+        a CUDA-graph replay must not (python_tests/dit/test_draft_graph.py)."""
+        host = torch.tensor(self.rows, dtype=dtype)
+        if torch.device(device).type != "cuda":
+            return host.to(device)
+        return host.pin_memory().to(device, non_blocking=True)
+
     @property
     def length(self) -> int:
         """The longest row's committed positions (the buffers' high-water mark); setting it sets every row's."""

@@ -117,7 +117,7 @@ def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: to
         taps = ops.rms_norm(taps.reshape(B, T, -1, c.d_target), p.tap_in_norm, eps=c.norm_eps).view(B, T, -1)
     entries = ops.linear(taps, p.tap_w, p.tap_b)
     entries = ops.rms_norm(entries.unsqueeze(-2), p.tap_norm, eps=c.norm_eps).squeeze(-2)
-    _write_entries(p, memory, entries, memory.lengths.to(entries.device, torch.int32))  # per-row offsets
+    _write_entries(p, memory, entries, memory.lengths_on(entries.device, torch.int32))  # per-row offsets
     memory.grow(T)
 
 
@@ -229,7 +229,7 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
         return DraftBlock(g(memory, anchor_tokens, noise, seed=seed, position=position).clone(), None)
     if noise is None:
         noise = d.sample_noise(seed, position)
-    lengths = memory.lengths.to(device, torch.int32)
+    lengths = memory.lengths_on(device, torch.int32)
     out = fused_draft_step(p, memory, anchor_tokens, noise.float(), lengths, steps=steps,
                            return_logits=return_logits, start=start)
     return DraftBlock(d.to_target_ids(out.tokens), out.logits)
@@ -318,7 +318,7 @@ class FusedDraftGraph:
                 self.position.copy_(position)
             else:
                 self.z.copy_(z)
-            self.lengths.copy_(memory.lengths)
+            self.lengths.copy_(memory.lengths_on(self.lengths.device, self.lengths.dtype))
         with torch.cuda.device(self.tokens.device):  # replay on the captured device's current stream
             self.graph.replay()
         return self.tokens
