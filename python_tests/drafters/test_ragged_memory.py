@@ -9,6 +9,7 @@ import torch
 import flashmap_ext as fm
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.flashmap import fused
+from flashmap_ext.drafters.flashmap.memory import FlashMapMemory
 
 LENGTHS = (5, 11, 8, 14)     # prompt tokens per row; the last one is the anchor
 KEPT = (1, 3, 2, 4)          # of the 4 positions a round appends, each row keeps this many
@@ -127,3 +128,36 @@ def test_truncate_refuses_growth_and_the_fused_step_a_ragged_window(model, rows)
     with pytest.raises(ValueError, match="memory"):
         fused.fused_draft_block(fused.pack_weights(drafter), memory, torch.tensor([1, 2]), seed=0,
                                 position=torch.tensor([4, 10]))
+
+
+# RaggedRows.lengths_on: the row lengths on a device without a host sync (the graphed CUDA step reads them;
+# python_tests/dit/test_draft_graph.py::test_graph_replay_syncs_nothing runs it under sync-debug mode).
+def _rows_memory(rows):
+    k = torch.zeros(1, len(rows), 1, 16, 2)
+    return FlashMapMemory(k, k.clone(), lengths=rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_lengths_on_cpu_is_the_rows(dtype):
+    out = _rows_memory([3, 0, 11]).lengths_on(torch.device("cpu"), dtype)
+    assert out.dtype == dtype and out.device.type == "cpu" and out.tolist() == [3, 0, 11]
+
+
+def test_lengths_on_is_a_fresh_tensor_each_call():
+    memory = _rows_memory([2, 5])
+    first = memory.lengths_on("cpu")
+    memory.truncate([1, 4])
+    assert first.tolist() == [2, 5] and memory.lengths_on("cpu").tolist() == [1, 4]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_lengths_on_cuda_copies_without_a_sync():
+    memory = _rows_memory([7, 9])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = memory.lengths_on(torch.device("cuda"), torch.int32)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.dtype == torch.int32 and out.cpu().tolist() == [7, 9]
