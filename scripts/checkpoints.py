@@ -7,6 +7,9 @@ every file is already there.
 
 usage: python scripts/checkpoints.py            # materialise (what `make checkpoints` runs)
        python scripts/checkpoints.py record PATH...  # add committed files to the manifest (checkpoints/README.md)
+       python scripts/checkpoints.py publish NAME SRC_DIR MESSAGE
+           # a new version of checkpoints/NAME from a drafter dir (config.json + model.safetensors): floats cast
+           # to bf16, then the three steps of checkpoints/README.md "Adding a checkpoint" (two commits)
 """
 from __future__ import annotations
 
@@ -87,9 +90,39 @@ def record(root: Path, paths: list[str]) -> None:
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
 
 
+def publish(root: Path, name: str, src: Path, message: str) -> None:
+    """checkpoints/NAME := SRC (config.json as is; floating tensors cast to bf16, the dtype the committed
+    drafters are evaluated and shipped in), committed, recorded in the manifest, then out of the tree."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    for f in ("config.json", "model.safetensors"):
+        if not (src / f).is_file():
+            raise SystemExit(f"checkpoints publish: SRC_DIR {src} has no {f}")
+    dest = root / "checkpoints" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "config.json", dest / "config.json")
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()},
+              str(dest / "model.safetensors"))
+    rel = f"checkpoints/{name}"
+    git(root, "add", "-f", f"{rel}/config.json", f"{rel}/model.safetensors")
+    git(root, "commit", "-q", "-m", message)
+    record(root, [str(dest / "model.safetensors")])
+    git(root, "rm", "-q", "--cached", f"{rel}/model.safetensors")
+    git(root, "add", str(MANIFEST))
+    git(root, "commit", "-q", "-m", f"{rel}: weights out of the tree (blob in checkpoints/MANIFEST.json)")
+    print(f"published {rel} from {src}: two commits, weights recorded and untracked")
+
+
 def main(argv: list[str], root: Path = ROOT) -> None:
     if argv[:1] == ["record"]:
         return record(root, argv[1:])
+    if argv[:1] == ["publish"]:
+        if len(argv) != 4:
+            raise SystemExit(__doc__)
+        return publish(root, argv[1], Path(argv[2]), argv[3])
     if argv:
         raise SystemExit(__doc__)
     written = [e["path"] for e in json.loads((root / MANIFEST).read_text())["files"] if materialise(root, e)]

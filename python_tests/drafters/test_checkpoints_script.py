@@ -115,3 +115,36 @@ def test_demo_loads_the_flashmap_checkpoint_with_the_best_committed_heldout_gamm
             gamma[path] = 1 + sum(r * p for r, p in enumerate(hist))
     assert len(gamma) == 2, gamma  # the distilled map and the flow model
     assert DEMO_DRAFTER == max(gamma, key=gamma.get), gamma
+
+
+def test_publish_casts_to_bf16_commits_records_and_untracks(repo, tmp_path, monkeypatch):
+    import torch
+    for who in ("AUTHOR", "COMMITTER"):  # publish commits: a CI machine may have no git identity
+        monkeypatch.setenv(f"GIT_{who}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{who}_EMAIL", "t@t")
+    from safetensors.torch import load_file, save_file
+    root, _, _ = repo
+    src = tmp_path / "drafter"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "tiny"}')
+    weight = torch.linspace(-1, 1, 12, dtype=torch.float32).reshape(3, 4)
+    save_file({"w": weight, "d2t": torch.arange(5)}, str(src / "model.safetensors"))
+    before = int(git(root, "rev-list", "--count", "HEAD"))
+    checkpoints.main(["publish", "fresh", str(src), "a new drafter"], root=root)
+    assert int(git(root, "rev-list", "--count", "HEAD")) == before + 2
+    out = load_file(str(root / "checkpoints" / "fresh" / "model.safetensors"))
+    assert out["w"].dtype == torch.bfloat16 and torch.equal(out["w"], weight.to(torch.bfloat16))
+    assert out["d2t"].dtype == torch.int64 and out["d2t"].tolist() == [0, 1, 2, 3, 4]
+    tracked = git(root, "ls-files", "checkpoints/fresh").split()
+    assert tracked == ["checkpoints/fresh/config.json"], "the weights leave the tree"
+    entries = {e["path"]: e for e in json.loads((root / "checkpoints" / "MANIFEST.json").read_text())["files"]}
+    entry = entries["checkpoints/fresh/model.safetensors"]
+    assert entry["blob"] == git(root, "rev-parse", "HEAD~1:checkpoints/fresh/model.safetensors")
+    assert entry["sha256"] == hashlib.sha256((root / "checkpoints/fresh/model.safetensors").read_bytes()).hexdigest()
+
+
+def test_publish_refuses_a_dir_without_weights(repo, tmp_path):
+    root, _, _ = repo
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="has no config.json"):
+        checkpoints.main(["publish", "x", str(tmp_path / "empty"), "m"], root=root)
