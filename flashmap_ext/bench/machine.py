@@ -44,6 +44,12 @@ def int_at_least(text: str, minimum: int, note: str = "") -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    """argparse type of the count options (--max-new-tokens, --batch-size, --limit, ...): an integer >= 1,
+    checked before any model loads (exit 2 naming the option)."""
+    return int_at_least(text, 1)
+
+
 def threads_arg(text: str) -> int:
     """argparse type of --threads: an integer >= 0 (0 = auto, see `set_threads`); ArgumentTypeError else."""
     return int_at_least(text, 0, " (0 = auto)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flashmap_ext.bench.machine import positive_int
 from flashmap_ext.commands import io_parser
 from flashmap_ext.train.runner import seed_below
 
@@ -32,12 +33,12 @@ def add_parser(subparsers) -> None:
                   "flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl --out regen.jsonl "
                   "--max-new-tokens 2048", "input conversations (jsonl with 'messages')",
                   "output jsonl (appended to; existing ids are skipped)")
-    r.add_argument("--batch-size", type=int, default=8, help="conversations per generate call")
-    r.add_argument("--max-new-tokens", type=int, default=1024)
+    r.add_argument("--batch-size", type=positive_int, default=8, help="conversations per generate call")
+    r.add_argument("--max-new-tokens", type=positive_int, default=1024)
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     r.add_argument("--top-p", type=float, default=1.0)
     r.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
-    r.add_argument("--limit", type=int, help="only the first N input conversations")
+    r.add_argument("--limit", type=positive_int, help="only the first N input conversations")
     r.add_argument("--seed", type=seed_below(2**32, "seed·2**32 + crc32(id) seeds torch per batch"), default=0)
     r.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
     r.add_argument("--device", choices=["cpu", "cuda"])

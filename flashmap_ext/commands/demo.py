@@ -13,14 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from flashmap_ext.bench.machine import add_threads_argument, int_at_least
+from flashmap_ext.bench.machine import add_threads_argument, positive_int
 from flashmap_ext.bench.metrics import NEAR_TIE
-
-
-def positive_int(text: str) -> int:
-    """argparse type of --max-new-tokens: an integer >= 1 (checked before any model loads)."""
-    return int_at_least(text, 1)
-
 
 # The committed FlashMap checkpoint with the higher held-out γ (checkpoints/heldout-eval/eval.json; a test
 # holds this to it): the flow model drafting in one step, ahead of its distilled map since the long run

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from flashmap_ext.assets.prompt_sets import PROMPT_SETS
-from flashmap_ext.bench.machine import add_threads_argument
+from flashmap_ext.bench.machine import add_threads_argument, positive_int
 from flashmap_ext.data.engine import EngineStats, Job, generate_refill, length_sorted
 from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 from flashmap_ext.train.store import ShardWriter
@@ -149,15 +149,15 @@ def add_arguments(p) -> None:
                    help="packaged prompt source, repeatable (taken in turn): sharegpt (default; domain by keywords), "
                         "asdiv (math word problems), codeio (code tasks); see data/README.md")
     p.add_argument("--prompts", help="answer this jsonl of {id, messages[, domain, source, licence]} instead")
-    p.add_argument("--per-domain", type=int, help="at most N prompts of each domain (math, code, chat)")
-    p.add_argument("--limit", type=int, help="answer at most N new prompts in this run")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--max-prompt-tokens", type=int, default=256, help="skip longer prompts")
-    p.add_argument("--batch-size", type=int, default=48, help="rows decoded together")
-    p.add_argument("--refill-at", type=int, default=4, help="free rows that trigger a prefill of new prompts")
-    p.add_argument("--bucket-window", type=int, default=256, help="prompts sorted by length in windows of N")
-    p.add_argument("--records-per-part", type=int, default=1000)
-    p.add_argument("--flush-every", type=int, default=16, help="records per fsynced gzip member")
+    p.add_argument("--per-domain", type=positive_int, help="at most N prompts of each domain (math, code, chat)")
+    p.add_argument("--limit", type=positive_int, help="answer at most N new prompts in this run")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=256, help="skip longer prompts")
+    p.add_argument("--batch-size", type=positive_int, default=48, help="rows decoded together")
+    p.add_argument("--refill-at", type=positive_int, default=4, help="free rows that trigger a prefill of new prompts")
+    p.add_argument("--bucket-window", type=positive_int, default=256, help="prompts sorted by length in windows of N")
+    p.add_argument("--records-per-part", type=positive_int, default=1000)
+    p.add_argument("--flush-every", type=positive_int, default=16, help="records per fsynced gzip member")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
     add_threads_argument(p)
     p.add_argument("--no-progress", action="store_true")

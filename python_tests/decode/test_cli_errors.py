@@ -230,6 +230,19 @@ def test_threads_zero_is_auto_and_stays_valid(command, text, threads):
     assert cli.build_parser().parse_args([*command, "--threads", text]).threads == threads
 
 
+@pytest.mark.parametrize("command, flag", [
+    (["data", "generate", "--out", "x"], f) for f in ("--limit", "--max-new-tokens", "--batch-size", "--refill-at",
+                                                       "--per-domain", "--records-per-part", "--flush-every")
+] + [(["data", "regenerate", "--data", "in.jsonl", "--out", "o.jsonl"], f)
+     for f in ("--limit", "--batch-size", "--max-new-tokens")])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_data_counts_below_one_are_argparse_errors(command, flag, value, capsys):
+    """Noticed in the 2026-12-04 note: `data generate` took --batch-size 0 or --limit -3 and failed (or did
+    nothing) only after the target loaded; now argparse refuses them in one line, naming the option."""
+    err = argparse_error([*command, flag, value], capsys)
+    assert flag in err and f"expected an integer >= 1, got {value}" in err, err
+
+
 def test_generate_context_window_none_runs(capsys):
     assert cli.main(["generate", *TINY, "--drafter", "random", "--prompt", "hi", "--max-new-tokens", "3",
                      "--context-window", "none"]) == 0
