@@ -29,7 +29,8 @@ BATCHED = ("AR", "FlashMap-1", "FlashMap-2", "DFlash")
 
 
 def run_batch(cfg, batch_size: int) -> dict:
-    """Runs the batch benchmark; writes batch-B.json and batch-B.md under cfg.out; returns the results."""
+    """Runs the batch benchmark; writes batch-B.json and batch-B.md under cfg.out after every batch (the
+    prompts done so far, "complete": false until the last one and the verify-cost ratio); returns the results."""
     dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
     meta = machine.describe() | {"dtype": dtype, "batch_size": batch_size}
     target, tokenizer = load_target(cfg.target, dtype)
@@ -42,28 +43,46 @@ def run_batch(cfg, batch_size: int) -> dict:
     for m in methods:  # untimed warm-up
         generate(target, m.drafter, batches[0], 4, stop_token_ids=stop)
     totals = {m.name: {"tokens": 0, "time_s": 0.0, "rounds": 0, "accepted": 0, "identical": 0} for m in methods}
-    for batch in tqdm(batches, desc=f"batch {batch_size}", unit="batch"):
-        ar = None
-        for m in methods:
-            start = time.perf_counter()
-            outs = generate(target, m.drafter, batch, cfg.max_new_tokens, temperature=cfg.temperature,
-                            seed=cfg.seed, stop_token_ids=stop)
-            t, ar = totals[m.name], ar or outs
-            t["time_s"] += time.perf_counter() - start
-            t["tokens"] += sum(len(o.tokens) for o in outs)
-            t["rounds"] += sum(o.stats.rounds for o in outs)
-            t["accepted"] += sum(sum(o.stats.accepted) for o in outs)
-            t["identical"] += sum(o.tokens == a.tokens for o, a in zip(outs, ar))
     K = max((m.drafter.num_draft_tokens for m in methods if m.drafter is not None), default=0)
-    rows = {name: summary(t, totals["AR"], len(prompts), cfg.temperature) for name, t in totals.items()}
-    results = {"meta": meta | {"finished": machine.describe()["date"]}, "prompts": len(prompts),
-               "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "K": K,
-               "verify_cost_ratio": verify_cost_ratio(target, batches[0], K) if K else None, "methods": rows}
-    out = Path(cfg.out)
+    done = 0
+    for batch in tqdm(batches, desc=f"batch {batch_size}", unit="batch"):
+        run_methods(cfg, target, methods, batch, stop, totals)
+        done += len(batch)
+        results = collect(cfg, meta, totals, done, K, None, complete=done == len(prompts) and not K)
+        write(cfg.out, batch_size, results)
+    if K:
+        results = collect(cfg, meta, totals, done, K, verify_cost_ratio(target, batches[0], K), complete=True)
+        write(cfg.out, batch_size, results)
+    return results
+
+
+def run_methods(cfg, target, methods, batch: list, stop, totals: dict) -> None:
+    """Generates `batch` with every method (timed); adds tokens, time, rounds, accepted and AR-identical rows."""
+    ar = None
+    for m in methods:
+        start = time.perf_counter()
+        outs = generate(target, m.drafter, batch, cfg.max_new_tokens, temperature=cfg.temperature,
+                        seed=cfg.seed, stop_token_ids=stop)
+        t, ar = totals[m.name], ar or outs
+        t["time_s"] += time.perf_counter() - start
+        t["tokens"] += sum(len(o.tokens) for o in outs)
+        t["rounds"] += sum(o.stats.rounds for o in outs)
+        t["accepted"] += sum(sum(o.stats.accepted) for o in outs)
+        t["identical"] += sum(o.tokens == a.tokens for o, a in zip(outs, ar))
+
+
+def collect(cfg, meta: dict, totals: dict, prompts: int, K: int, ratio, *, complete: bool) -> dict:
+    rows = {name: summary(t, totals["AR"], prompts, cfg.temperature) for name, t in totals.items()}
+    return {"meta": meta | {"finished": machine.describe()["date"]}, "complete": complete, "prompts": prompts,
+            "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "K": K,
+            "verify_cost_ratio": ratio, "methods": rows}
+
+
+def write(out, batch_size: int, results: dict) -> None:
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"batch-{batch_size}.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / f"batch-{batch_size}.md").write_text(markdown(results) + "\n")
-    return results
 
 
 def summary(t: dict, ar: dict, prompts: int, temperature: float) -> dict:
@@ -100,7 +119,8 @@ def markdown(results: dict) -> str:
     m = results["meta"]
     head = (f"B = {m['batch_size']}, {m['dtype']}, T = {results['temperature']}, {results['prompts']} prompts, "
             f"{results['max_new_tokens']} new tokens; {machine.summary_line(m)}; verify-cost ratio "
-            f"(K + 1 = {results['K'] + 1} vs 1 token) {results['verify_cost_ratio'] or float('nan'):.2f}")
+            f"(K + 1 = {results['K'] + 1} vs 1 token) {results['verify_cost_ratio'] or float('nan'):.2f}"
+            + ("" if results.get("complete", True) else "; **partial** (the run has not finished)"))
     lines = [head, "", "| method | tokens/s | speedup vs batched AR | γ | identical to AR |", "|---|---|---|---|---|"]
     for name, r in results["methods"].items():
         lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}× | {r['gamma']:.2f} | "

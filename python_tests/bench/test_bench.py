@@ -344,3 +344,25 @@ def test_bench_refuses_an_unknown_method_name(byte_bench):
                       peers=False, shuffle_n=0, methods=("FlashMap-1", "FlashMap 2"), out=str(tmp / "bench"))
     with pytest.raises(ValueError, match="--methods: no row named 'FlashMap 2'.*rows: AR, FlashMap-1, FlashMap-2"):
         run(cfg)
+
+
+def test_batch_bench_writes_after_every_batch(byte_bench, monkeypatch):
+    """Noticed in the 2026-12-04 note: `bench --batch-size` wrote only at the end, so an interrupted run kept
+    nothing. Now batch-B.json/.md are rewritten after each batch ("complete": false until the last one)."""
+    from flashmap_ext.bench import batch
+    from flashmap_ext.bench import run as bench_run
+    from flashmap_ext.bench.run import BenchConfig
+    tmp, dataset = byte_bench
+    monkeypatch.setattr(batch, "load_target", bench_run.load_target)  # the stub target
+    seen, real_write = [], batch.write
+    monkeypatch.setattr(batch, "write", lambda out, b, r: (seen.append((r["prompts"], r["complete"])),
+                                                           real_write(out, b, r)))
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=2, max_new_tokens=5, dtype="fp32",
+                      methods=("FlashMap-1",), out=str(tmp / "batch"))
+    results = batch.run_batch(cfg, 1)
+    assert seen == [(1, False), (2, False), (2, True)], seen  # the two prompts' first turns, then the ratio
+    assert results["complete"] and results["verify_cost_ratio"] > 0
+    assert results["methods"]["FlashMap-1"]["identical_to_ar"] == "2/2"
+    saved = json.loads((tmp / "batch" / "batch-1.json").read_text())
+    assert saved["complete"] and saved["prompts"] == 2
+    assert "partial" not in (tmp / "batch" / "batch-1.md").read_text()
