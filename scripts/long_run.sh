@@ -28,7 +28,7 @@ main() {
     else PIECE_STEPS=${PIECE_STEPS:-4000}; LR=${LR:-6e-4}; fi
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
     taskset -cp "$CORE" $$ > /dev/null   # this shell and everything it starts run on CORE
-    autogroup_nice
+    raise_priority
     PY=".venv/bin/python"; FM=".venv/bin/flashmap"
     mkdir -p "$RUN"
     case $kind in
@@ -53,14 +53,16 @@ main() {
     $PY scripts/long_run_verdict.py "$RUN" "$kind" "$INIT"
 }
 
-# The scheduler shares a core between autogroups (one per session) before it looks at nice values, so a
-# process of another session (a helper, CI) takes half of the pinned core whatever `nice` says. Raising this
-# session's autogroup (AUTOGROUP_NICE, default -10; root only, skipped elsewhere) keeps the piece's share.
-autogroup_nice() {
-    local want=${AUTOGROUP_NICE:--10}
-    [ -w /proc/$$/autogroup ] && echo "$want" 2>/dev/null > /proc/$$/autogroup \
-        && echo "long_run: autogroup nice $want ($(cat /proc/$$/autogroup))" \
-        || echo "long_run: autogroup nice left as is (not permitted here, or AUTOGROUP_NICE is not in -20..19)"
+# A pinned piece keeps its core against other work on it (a helper, CI): this shell and all it starts run at
+# nice PIECE_NICE (default -10; root only, left as is elsewhere), and where the kernel shares the CPU between
+# autogroups before it looks at nice values (sched_autogroup_enabled = 1) the session's autogroup gets it too.
+raise_priority() {
+    local want=${PIECE_NICE:--10}
+    renice -n "$want" -p $$ > /dev/null 2>&1 && echo "long_run: nice $want" \
+        || echo "long_run: nice left as is (not permitted here, or PIECE_NICE is not in -20..19)"
+    if [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" = 1 ]; then
+        echo "$want" 2> /dev/null > /proc/$$/autogroup && echo "long_run: autogroup nice $want" || true
+    fi
 }
 
 # CPU seconds (user + sys) of this shell's finished children: the training's own core time, which is the
