@@ -12,6 +12,7 @@ import sys
 
 from flashmap_ext.bench.machine import positive_int
 from flashmap_ext.commands import io_parser
+from flashmap_ext.commands.generate import non_negative_float, probability
 from flashmap_ext.train.runner import seed_below
 
 REGENERATE_DOC = """`flashmap data regenerate`: answer a conversations file with the target itself.
@@ -35,8 +36,8 @@ def add_parser(subparsers) -> None:
                   "output jsonl (appended to; existing ids are skipped)")
     r.add_argument("--batch-size", type=positive_int, default=8, help="conversations per generate call")
     r.add_argument("--max-new-tokens", type=positive_int, default=1024)
-    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    r.add_argument("--top-p", type=float, default=1.0)
+    r.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (the default)")
+    r.add_argument("--top-p", type=probability, default=1.0, help="nucleus mass in (0, 1] (1 = all)")
     r.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
     r.add_argument("--limit", type=positive_int, help="only the first N input conversations")
     r.add_argument("--seed", type=seed_below(2**32, "seed·2**32 + crc32(id) seeds torch per batch"), default=0)

@@ -243,6 +243,16 @@ def test_data_counts_below_one_are_argparse_errors(command, flag, value, capsys)
     assert flag in err and f"expected an integer >= 1, got {value}" in err, err
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--temperature", "-1", "expected a number >= 0, got -1.0"), ("--temperature", "nan", "expected a number >= 0"),
+    ("--top-p", "7", "expected a number in (0, 1], got 7.0")])
+def test_data_regenerate_sampling_is_checked_like_generate(flag, value, message, capsys):
+    """Newcomer pass 2026-12-04: `data regenerate --temperature -1` (or nan, or --top-p 7) ran and wrote
+    greedy data, since any temperature not > 0 meant greedy there; generate and bench refused them."""
+    err = argparse_error(["data", "regenerate", "--data", "in.jsonl", "--out", "o.jsonl", flag, value], capsys)
+    assert flag in err and message in err, err
+
+
 def test_generate_context_window_none_runs(capsys):
     assert cli.main(["generate", *TINY, "--drafter", "random", "--prompt", "hi", "--max-new-tokens", "3",
                      "--context-window", "none"]) == 0
