@@ -286,7 +286,9 @@ def tiny_drafter(kind: str, folder, hidden_size: int = 64, vocab_size: int = 257
     build = {"flashmap": lambda: FlashMapDrafter.for_target(model, n_layers=1, width=64, heads=4, block_size=4),
              "dflash": lambda: DFlashDrafter.for_target(model, mask_token_id=vocab_size - 1, block_size=4,
                                                         num_hidden_layers=1),
-             "eagle3": lambda: Eagle3Drafter.for_target(model, num_draft_tokens=3)}[kind]
+             "eagle3": lambda: Eagle3Drafter.for_target(model, num_draft_tokens=3),
+             "eagle3-frozen-head": lambda: Eagle3Drafter.for_target(model, num_draft_tokens=3,
+                                                                    frozen_lm_head=True)}[kind]
     build().save_pretrained(folder)
     return str(folder)
 
@@ -351,6 +353,9 @@ def test_drafter_dir_without_weights_before_any_load(command, tmp_path, monkeypa
     ("dflash", {"hidden_size": 32}, "hidden_size 32 != the target's hidden size 64"),
     ("dflash", {"vocab_size": 250}, "vocab_size 250 != the target's vocabulary (embedding rows) 257"),
     ("eagle3", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
+    # newcomer pass 2026-12-04: a frozen-head checkpoint gathered its head rows from the target first (IndexError)
+    ("eagle3-frozen-head", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
+    ("eagle3-frozen-head", {"hidden_size": 32}, "hidden_size 32 != the target's hidden size 64"),
 ])
 @pytest.mark.parametrize("command", ["generate", "eval"])
 def test_drafter_for_another_target_names_both_options_and_the_field(command, kind, shape, field, tmp_path,

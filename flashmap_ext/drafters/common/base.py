@@ -139,6 +139,18 @@ class TargetMismatch(ValueError):
     match the target it is attached to; one line naming each mismatching field and both values."""
 
 
+def config_fits(name: str, config: Any, shape: tuple[int, int], vocab_field: str, hidden_field: str) -> None:
+    """TargetMismatch ("NAME built for another target: ...") naming each field of `config` (`vocab_field`:
+    embedding rows, `hidden_field`: hidden size) that differs from the target's embedding `shape`; for
+    checks that must run before a drafter exists (a checkpoint's head rows are gathered from the target)."""
+    rows, hidden = shape
+    pairs = [(hidden_field, hidden, "hidden size"), (vocab_field, rows, "vocabulary (embedding rows)")]
+    wrong = [f"{field} {getattr(config, field)} != the target's {what} {value}"
+             for field, value, what in pairs if getattr(config, field) != value]
+    if wrong:
+        raise TargetMismatch(f"{name} built for another target: {'; '.join(wrong)}")
+
+
 class ReadsTarget:
     """Mixin of the drafters: the target's frozen tables they read (`attach_target` sets `_tables`) and
     their draft vocabulary (the buffer `d2t`, if any)."""
@@ -154,12 +166,7 @@ class ReadsTarget:
     def check_fits(self, shape: tuple[int, int], vocab_field: str, hidden_field: str) -> None:
         """TargetMismatch naming each config field (`vocab_field`: embedding rows, `hidden_field`: hidden
         size) whose value differs from the target's embedding `shape` (rows, hidden)."""
-        rows, hidden = shape
-        pairs = [(hidden_field, hidden, "hidden size"), (vocab_field, rows, "vocabulary (embedding rows)")]
-        wrong = [f"{field} {getattr(self.config, field)} != the target's {what} {value}"
-                 for field, value, what in pairs if getattr(self.config, field) != value]
-        if wrong:
-            raise TargetMismatch(f"{type(self).__name__} built for another target: {'; '.join(wrong)}")
+        config_fits(type(self).__name__, self.config, shape, vocab_field, hidden_field)
 
     def check_tap_layers(self, target: Any) -> None:
         """TargetMismatch when `config.target_layer_ids` name a layer `target` does not have."""

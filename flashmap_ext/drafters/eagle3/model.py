@@ -21,7 +21,7 @@ from torch import nn
 
 from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget, truncated
+from flashmap_ext.drafters.common.base import ReadsTarget, config_fits, truncated
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
@@ -331,7 +331,9 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         if config.frozen_lm_head and "lm_head.weight" not in weights:
             if target is None:
                 raise ValueError(f"{path}: frozen_lm_head checkpoint: pass the target (its LM head is the head)")
-            head = TargetTables.from_target(target).full_head_weight
+            tables = TargetTables.from_target(target)
+            config_fits(cls.__name__, config, tables.shape, "vocab_size", "hidden_size")  # before the gather
+            head = tables.full_head_weight
             ids = torch.arange(weights["d2t"].numel()) + weights["d2t"]
             weights["lm_head.weight"] = head[ids.to(head.device)].detach().to("cpu", weights["fc.weight"].dtype)
         return ckpt.build_loaded(cls, config, weights, f"{path} (EAGLE-3 drafter)", target, device, dtype)
