@@ -2,6 +2,8 @@
 HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md §9)."""
 from __future__ import annotations
 
+import os
+
 from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
 from flashmap_ext.train.runner import seed_arg
@@ -79,6 +81,19 @@ def check_args(args) -> None:
             check_spec(spec)
         except AssetError as err:
             raise ValueError(f"--datasets: {err}") from None
+    check_paths(args)
+
+
+def check_paths(args) -> None:
+    """The checkpoint options and --out, before the target loads (a wrong path used to cost a model load):
+    CheckpointError naming the option, ValueError for an --out that is a file."""
+    from flashmap_ext.drafters.load import check_drafter
+    for flag, path, kind in (("--drafter", args.drafter, "flashmap"), ("--dflash", args.dflash, "dflash"),
+                             ("--eagle3", args.eagle3, "eagle3")):
+        if path:
+            check_drafter(path, kind, flag=flag, kind_flag=None)
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out}: a file is there (expected a folder for results.json and the plots)")
 
 
 def run(args) -> int:

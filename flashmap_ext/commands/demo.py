@@ -46,7 +46,7 @@ def find_drafter(path: str | None) -> Path | None:
     """The committed demo checkpoint (cwd or repo root), or the given path; None when there is none."""
     if path:
         from flashmap_ext.drafters.load import check_drafter
-        check_drafter(path, "flashmap")  # CheckpointError naming --drafter
+        check_drafter(path, "flashmap", kind_flag=None)  # CheckpointError naming --drafter
         return Path(path)
     import flashmap_ext
     for root in (Path.cwd(), Path(flashmap_ext.__file__).resolve().parents[1]):

@@ -92,24 +92,31 @@ def checkpoint_type(path: str, flag: str = "--drafter") -> str:
 RANDOM = ("random", "random-eagle3")
 
 
-def check_drafter(path: str, kind: str | None = None) -> str:
+def check_drafter(path: str, kind: str | None = None, flag: str = "--drafter",
+                  kind_flag: str | None = "--drafter-type") -> str:
     """Reads and parses a drafter checkpoint's config.json and checks that its weights file is there,
     without loading weights or a target (commands call it before any model loads). Returns its kind;
-    CheckpointError (one line naming --drafter) as `load_drafter`, a missing model.safetensors included, and
-    naming --drafter-type when `kind` differs from the type the config names."""
+    CheckpointError (one line naming `flag`) as `load_drafter`, a missing model.safetensors included, and,
+    when `kind` differs from the type the config names, naming `kind_flag` (the option that asked for it),
+    or saying that `flag` takes a `kind` checkpoint where the option itself implies the type (kind_flag None:
+    bench's --dflash, demo's --drafter)."""
+    def wrong_type(what: str) -> CheckpointError:
+        if kind_flag is None:
+            return CheckpointError(f"{flag} {path} is a {what}; {flag} takes a {kind} checkpoint")
+        return CheckpointError(f"{kind_flag} {kind}: {flag} {path} is a {what}" + (
+            "" if path in RANDOM else "; --drafter-type checks the type, it cannot change it"))
     if path in RANDOM:
         made = "eagle3" if path == "random-eagle3" else "flashmap"
         if kind not in (None, made):
-            raise CheckpointError(f"--drafter-type {kind}: --drafter {path} is a random {made} drafter "
-                                  f"(random drafters: 'random' = FlashMap, 'random-eagle3' = EAGLE-3)")
+            raise wrong_type(f"random {made} drafter (random drafters: 'random' = FlashMap, "
+                                   "'random-eagle3' = EAGLE-3)")
         return made
-    found = checkpoint_type(path)
+    found = checkpoint_type(path, flag)
     if kind not in (None, found):
-        raise CheckpointError(f"--drafter-type {kind}: --drafter {path} is a {found} checkpoint (its config.json "
-                              f"says so); --drafter-type checks the type, it cannot change it")
+        raise wrong_type(f"{found} checkpoint (its config.json says so)")
     kind = found
     parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
-    with named_errors("--drafter", path):
+    with named_errors(flag, path):
         if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load
             load_config(path, kind, parse)
         else:

@@ -120,6 +120,36 @@ def test_drafter_type_checks_the_type_and_its_help_says_so(tmp_path, capsys, no_
     assert "cannot change it" in err, err
 
 
+@pytest.fixture
+def bench_no_loads(monkeypatch):
+    """`flashmap bench` must fail before its target loads."""
+    from flashmap_ext.bench import run as bench_run
+    monkeypatch.setattr(bench_run, "load_target", lambda *a, **kw: pytest.fail("the target loaded first"))
+
+
+def test_bench_checks_checkpoints_and_out_before_the_target_loads(tmp_path, capsys, bench_no_loads):
+    """Newcomer pass 2026-12-04: `bench --drafter /nonexistent` loaded the 0.5B target (48 s) before saying
+    so; `--out FILE` loaded it, then said only "[Errno 17] File exists"."""
+    fm = write_config(tmp_path / "fm", lambda cfg: None)  # a FlashMap checkpoint's config
+    (tmp_path / "fm" / "model.safetensors").write_bytes(b"")
+    base = ["bench", "--n", "1", "--no-peers", "--out", str(tmp_path / "out")]
+    err = one_line_error([*base, "--drafter", str(tmp_path / "nope")], capsys)
+    assert f"--drafter {tmp_path / 'nope'}" in err, err
+    err = one_line_error([*base, "--dflash", fm], capsys)
+    assert f"--dflash {fm} is a flashmap checkpoint (its config.json says so); --dflash takes a dflash" in err, err
+    (tmp_path / "file").write_text("x")
+    err = one_line_error(["bench", "--n", "1", "--drafter", fm, "--out", str(tmp_path / "file")], capsys)
+    assert f"--out {tmp_path / 'file'}: a file is there" in err, err
+
+
+def test_demo_names_its_own_option_for_a_checkpoint_of_another_type(tmp_path, capsys):
+    """Newcomer pass 2026-12-04: `demo --drafter <a DFlash checkpoint>` blamed --drafter-type, which demo lacks."""
+    dflash = tiny_drafter("dflash", tmp_path / "d")
+    err = one_line_error(["demo", "--drafter", dflash], capsys)
+    assert "--drafter-type" not in err and f"--drafter {dflash} is a dflash checkpoint" in err, err
+    assert "--drafter takes a flashmap checkpoint" in err, err
+
+
 def test_generate_bad_drafter_config_before_the_target_loads(tmp_path, capsys, no_loads):
     path = write_config(tmp_path / "d", lambda cfg: cfg.update(n_layers="two"))
     err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path], capsys)
