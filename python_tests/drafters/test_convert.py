@@ -1,5 +1,6 @@
 """`flashmap convert`: round trips checked against z-lab's reference code and the EAGLE-3 oracle chain."""
 import json
+import pathlib
 
 import pytest
 import torch
@@ -160,3 +161,16 @@ def test_dflash_unwindowed_drops_our_window_and_drafts_like_the_reference(target
     ours = load_drafter(str(src), target, context_window=None)
     assert ours.config.context_window is None
     assert_same_rounds(reference(out), ours, target, ids, _taps(target, ids))
+
+
+def test_speculative_config_refuses_an_unexported_flashmap_checkpoint(tmp_path):
+    """Newcomer pass 2026-12-04: speculative_config on the committed FlashMap checkpoint (not an export)
+    returned num_speculative_tokens 7 (DFlash's block_size − 1) where its export gives 8, without a word."""
+    from flashmap_ext.integrations.vllm import speculative_config
+    config = json.loads((pathlib.Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-qwen2.5-coder-0.5b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not an export for vLLM: run export_flashmap"):
+        speculative_config(tmp_path)
+    exported = {"architectures": ["DFlashFlashMapDrafter"], "model_type": "qwen3", "block_size": 8}
+    (tmp_path / "config.json").write_text(json.dumps(exported))
+    assert speculative_config(tmp_path)["num_speculative_tokens"] == 8

@@ -86,8 +86,12 @@ def vllm_config_dict(config: Any, *, max_position_embeddings: int, seed: int) ->
 
 def speculative_config(path: str | os.PathLike) -> dict[str, Any]:
     """`{"method": "dflash", "model": path, "num_speculative_tokens": K}` for an exported directory:
-    K = block_size − 1 for DFlash (anchor + K masks), block_size for FlashMap (every slot drafts)."""
+    K = block_size − 1 for DFlash (anchor + K masks), block_size for FlashMap (every slot drafts). ValueError
+    for an un-exported FlashMap checkpoint (its K cannot be read from a DFlash-shaped config)."""
     raw = json.loads((Path(path) / "config.json").read_text())
+    if raw.get("model_type") == "flashmap_drafter":  # a training checkpoint, not an export: K would be wrong
+        raise ValueError(f"path: {path} is a FlashMap checkpoint, not an export for vLLM: run "
+                         "export_flashmap(path, out) first and pass `out` (the export's K is its block size)")
     block = int(raw.get("block_size", 16))
     k = block if ARCHITECTURE in (raw.get("architectures") or []) else block - 1
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
