@@ -17,6 +17,7 @@ STEP    := scripts/step.sh $(LOG)
 .PHONY: demo test test-numerics lint test-real test-vllm build bench checkpoints cuda-check cutlass cutlass-min device-preflight clean
 
 $(STAMP): pyproject.toml
+	@$(PY) scripts/need_disk.py 2.5 . "$(VENV) (torch $(TORCH) and the test dependencies, about 1.6 GiB, plus pip's unpacking)"
 	@test -x $(BIN)/python || $(STEP) "creating $(VENV)" $(PY) -m venv $(VENV)
 	@$(STEP) "upgrading pip, setuptools, wheel" $(BIN)/pip install --upgrade pip setuptools wheel
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(STEP) "installing $(TORCH) (about 2 min)" $(BIN)/pip install "$(TORCH)"

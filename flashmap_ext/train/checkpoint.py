@@ -11,6 +11,7 @@ Loading never unpickles anything.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -113,6 +114,37 @@ def publish(out: str, step: int, keep: int) -> str:
     for d in done[:-keep] if keep > 0 else []:
         shutil.rmtree(os.path.join(root, d), ignore_errors=True)
     return final
+
+
+def estimated_bytes(model: torch.nn.Module) -> int:
+    """Bytes of one checkpoint of `model`: its state dict as stored plus AdamW's two fp32 moments per
+    trainable element (the RNG files and state.json are a few KB)."""
+    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return state + sum(8 * p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def check_disk(out: str, per_checkpoint: int, saves: int, keep: int) -> None:
+    """OSError (ENOSPC) before training when the checkpoints this run will hold at once cannot fit on the
+    disk of `out`: all `saves` of them when keep = 0, else keep + 1 (the new one is written before the
+    oldest is deleted). Names the options that bound it, so a long run never dies of a full disk mid-way."""
+    held = saves if keep == 0 else min(saves, keep + 1)
+    need, free = held * per_checkpoint, shutil.disk_usage(out).free
+    if need > free:
+        gib = 2 ** 30
+        raise OSError(errno.ENOSPC, f"{out}: this run would hold {held} checkpoints of about "
+                      f"{per_checkpoint / 2**20:.0f} MiB ({need / gib:.1f} GiB) but the disk has "
+                      f"{free / gib:.1f} GiB free: keep fewer (--keep-checkpoints N, 0 keeps all) or save less "
+                      "often (--save-every)")
+
+
+def saves_left(step: int, steps: int, save_every: int) -> int:
+    """Checkpoints a run at `step` writes until `steps`: every save_every steps and one at the end."""
+    if step >= steps:
+        return 0
+    if save_every == 0:
+        return 1
+    periodic = steps // save_every - step // save_every
+    return periodic + (0 if steps % save_every == 0 else 1)
 
 
 def read(path: str, rank: int) -> tuple[dict, dict, dict, tuple | None]:

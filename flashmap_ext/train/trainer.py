@@ -303,6 +303,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, dataset: Sequence, collate_
         trainer.load(path)
         if trainer.world.main:
             _truncate_metrics(os.path.join(cfg.out, "metrics.jsonl"), trainer.step)
+    if trainer.world.main:
+        ckpt.check_disk(cfg.out, ckpt.estimated_bytes(model), ckpt.saves_left(trainer.step, cfg.steps,
+                        cfg.save_every), cfg.keep)
     parallel.barrier()
     return trainer.run()
 
