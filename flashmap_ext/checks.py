@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 
 def check_int(name: str, value, low: int, high: int | None = None) -> int:
@@ -32,3 +33,30 @@ def check_real(name: str, value, low: float, high: float) -> float:
 def bound_text(n: int) -> str:
     """2**k for powers of two above 1024, else the number."""
     return f"2**{n.bit_length() - 1}" if n > 1024 and n & (n - 1) == 0 else str(n)
+
+
+def check_input_path(flag: str, path: str) -> None:
+    """FileNotFoundError naming the option when `path` (a file or folder to read) does not exist."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{flag} {path}: no such file or folder")
+
+
+def check_output_path(flag: str, path: str, folder: bool) -> None:
+    """ValueError naming the option when `path` cannot be written as a folder (folder=True) or a file:
+    the other kind is there, or a file stands where one of its parent folders should be."""
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        raise ValueError(f"{flag} {path}: a {'file' if folder else 'folder'} is there "
+                         f"(expected {'a folder' if folder else 'a file'})")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
+
+
+def describe(value) -> str:
+    """What an argument is, for an error message: 'a tensor of shape [2, 1] and dtype torch.int64' for a
+    tensor (anything with shape and dtype), else its type and repr ('int 5', cut at 40 characters)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a tensor of shape {list(value.shape)} and dtype {value.dtype}"
+    return f"{type(value).__name__} {value!r:.40}"

@@ -15,7 +15,12 @@ COMMANDS = ["generate", "train", "distill", "data", "features", "bench", "demo",
 
 class Parser(argparse.ArgumentParser):
     """argparse with a one-line error (`flashmap generate: error: ... (see flashmap generate --help)`,
-    exit code 2) instead of the usage block; the subcommands' parsers are of this class too."""
+    exit code 2) instead of the usage block; the subcommands' parsers are of this class too. Options are
+    never abbreviated: `demo --n 4` would otherwise silently mean `--no-auto`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
@@ -32,14 +37,44 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    parser.commands = sub.choices  # name -> its parser, for errors that name the subcommand
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """parse_args, with arguments no option took reported by the subcommand's parser (`flashmap eval:
+    error: unrecognized arguments: ...`), not by `flashmap`'s."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def check_target_is_no_drafter(target) -> None:
+    """ValueError when --target is a drafter checkpoint folder (--target and --drafter swapped): loading it
+    as a model would fail deep in the tokenizer, blaming sentencepiece."""
+    config = os.path.join(target, "config.json") if isinstance(target, str) else ""
+    if not os.path.isfile(config):
+        return
+    import json
+
+    from flashmap_ext.drafters.common.checkpoint import KINDS, config_kind
+    try:
+        with open(config, encoding="utf-8") as f:
+            kind = config_kind(json.load(f))
+    except (ValueError, AttributeError):
+        return  # not a JSON object: the target loader says what is wrong with it
+    if kind is not None:
+        raise ValueError(f"--target {target}: this is {KINDS[kind]} drafter checkpoint, not a target model "
+                         "(were --target and --drafter swapped?)")
 
 
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2; Ctrl-C prints
     one line and exits 130; FLASHMAP_DEBUG=1 shows the full traceback instead."""
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
+        check_target_is_no_drafter(getattr(args, "target", None))
         return int(args.func(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, NotImplementedError,
             AssetError) as err:

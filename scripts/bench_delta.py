@@ -1,6 +1,9 @@
 """Paired Δγ between rows of a `flashmap bench` results.json, and its shuffle-test Δγ, as Markdown (issue 23 item 5).
 
     .venv/bin/python scripts/bench_delta.py runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
+    .venv/bin/python scripts/bench_delta.py runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
+
+Several results files (e.g. one dataset per core) are pooled when their settings agree and no dataset is in two.
 
 Per prompt (every turn of a multi-turn prompt summed) the counts [accepted drafts, rounds] of each row;
 Δγ = pooled γ(A) − pooled γ(B) (γ = (Σ accepted + Σ rounds) / Σ rounds, bench/metrics.acceptance_length) with
@@ -53,6 +56,29 @@ def pair_delta(results: dict, a: str, b: str) -> dict:
     return out
 
 
+SAME = ("temperature", "max_new_tokens", "n", "seed")
+
+
+def merge(parts: list[dict], names: list[str]) -> dict:
+    """One results dict from several bench runs (records, rows and shuffle sections pooled; config and meta of
+    the first). ValueError naming the file whose settings (SAME, dtype) differ or whose dataset repeats."""
+    first, seen = parts[0], {}
+    for part, name in zip(parts, names):
+        for key in SAME:
+            if part["config"].get(key) != first["config"].get(key):
+                raise ValueError(f"{name}: {key} {part['config'].get(key)} differs from {names[0]}'s "
+                                 f"{first['config'].get(key)}: only runs of equal settings pool")
+        if part["meta"].get("dtype") != first["meta"].get("dtype"):
+            raise ValueError(f"{name}: dtype {part['meta'].get('dtype')} differs from {names[0]}'s")
+        for d in dict.fromkeys(r["dataset"] for r in part["records"]):
+            if d in seen:
+                raise ValueError(f"{name}: dataset {d} is in {seen[d]} too (each dataset from one run only)")
+            seen[d] = name
+    return {**first, "methods": list(dict.fromkeys(m for p in parts for m in p["methods"])),
+            "records": [r for p in parts for r in p["records"]],
+            "shuffle": {d: v for p in parts for d, v in p.get("shuffle", {}).items()}}
+
+
 def fmt(iv) -> str:
     return f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "— (one prompt)"
 
@@ -74,11 +100,11 @@ def markdown(results: dict, pairs: dict) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", help="a `flashmap bench` results.json")
+    p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
     p.add_argument("--out", help="JSON file for the pairs")
     args = p.parse_args(argv)
-    results = json.loads(Path(args.results).read_text())
+    results = merge([json.loads(Path(f).read_text()) for f in args.results], args.results)
     todo = []
     for spec in args.pair or ["FlashMap-2,FlashMap-1"]:
         if len(spec.split(",")) != 2:

@@ -38,8 +38,13 @@ class AssetError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """The asset cache: `$FLASHMAP_CACHE` if set, else `~/.cache/flashmap`."""
-    root = os.environ.get("FLASHMAP_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "flashmap")
+    """The asset cache: `$FLASHMAP_CACHE` if set, else `~/.cache/flashmap`; AssetError naming the variable
+    when a file stands there."""
+    set_by = os.environ.get("FLASHMAP_CACHE")
+    root = set_by or os.path.join(os.path.expanduser("~"), ".cache", "flashmap")
+    if os.path.exists(root) and not os.path.isdir(root):
+        name = f"FLASHMAP_CACHE={root}" if set_by else root
+        raise AssetError(f"{name}: a file is there, not a folder: point FLASHMAP_CACHE at a folder")
     return Path(root)
 
 

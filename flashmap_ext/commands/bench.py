@@ -2,10 +2,9 @@
 HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md §9)."""
 from __future__ import annotations
 
-import os
-
 from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
+from flashmap_ext.checks import check_output_path
 from flashmap_ext.train.runner import seed_arg
 from flashmap_ext.tree import TreeSpec
 
@@ -92,8 +91,8 @@ def check_paths(args) -> None:
                              ("--eagle3", args.eagle3, "eagle3")):
         if path:
             check_drafter(path, kind, flag=flag, kind_flag=None)
-    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise ValueError(f"--out {args.out}: a file is there (expected a folder for results.json and the plots)")
+    if args.out:
+        check_output_path("--out", args.out, folder=True)
 
 
 def run(args) -> int:

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from flashmap_ext.bench.machine import positive_int
+from flashmap_ext.checks import check_input_path, check_output_path
 from flashmap_ext.commands import io_parser
 from flashmap_ext.commands.generate import non_negative_float, probability
 from flashmap_ext.train.runner import seed_below
@@ -58,6 +59,8 @@ def run_regenerate(args) -> int:
     from flashmap_ext.train.regenerate import regenerate
     from flashmap_ext.train.runner import load_target
     args.target_dtype = args.dtype
+    check_input_path("--data", args.data)
+    check_output_path("--out", args.out, folder=False)
     target, tokenizer = load_target(args)
     n = regenerate(target.model, tokenizer, args.data, args.out, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+from flashmap_ext.checks import check_input_path, check_output_path
 from flashmap_ext.commands import io_parser
 
 
@@ -39,6 +40,8 @@ def run(args) -> int:
     from flashmap_ext.train.runner import load_target
     if args.topk < 0:
         raise ValueError(f"--topk: expected K >= 0 (0: no soft labels), got {args.topk}")
+    check_input_path("--data", args.data)
+    check_output_path("--out", args.out, folder=True)
     target, tokenizer = load_target(args)
     layers = tap_layers(args.layers, target.num_layers)
     report = DataReport()

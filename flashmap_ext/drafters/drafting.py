@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from flashmap_ext.checks import describe
 from flashmap_ext.drafters.common.base import DraftBlock, per_row
 from flashmap_ext.drafters.flashmap.draft import draft_block as flashmap_draft_block
 from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
@@ -47,8 +48,8 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     if not 0 <= num_tokens <= K:
         raise ValueError(f"num_tokens: expected an int in [0, K={K}] (drafter.num_draft_tokens), got {num_tokens}")
     if not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1 or anchor_tokens.dtype != torch.int64:
-        raise ValueError(f"anchor_tokens: expected a [B] int64 tensor, got {getattr(anchor_tokens, 'shape', None)} "
-                         f"{getattr(anchor_tokens, 'dtype', type(anchor_tokens).__name__)}")
+        raise ValueError(f"anchor_tokens: expected a [B] int64 tensor (each row's last committed token id), "
+                         f"got {describe(anchor_tokens)}")
     for name, value in (("anchor_tokens", anchor_tokens), ("position", position), ("seed", seed)):
         if isinstance(value, torch.Tensor) and value.is_meta:
             raise ValueError(f"{name}: a meta tensor (no values): pass a cpu or cuda tensor")

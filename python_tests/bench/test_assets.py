@@ -135,3 +135,11 @@ def test_real_target_and_qwen3_tokenizers_agree_when_cached():
     assert real("Hello world").input_ids == qwen3("Hello world").input_ids == [9707, 1879]
     assert real(text).input_ids == qwen3(text).input_ids
     assert real.convert_tokens_to_ids("<|im_end|>") == qwen3.convert_tokens_to_ids("<|im_end|>") == 151645
+
+
+def test_cache_that_is_a_file_names_the_variable(tmp_path, monkeypatch):
+    """Newcomer pass 2026-12-04: FLASHMAP_CACHE=<a file> failed with a bare NotADirectoryError."""
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "f"))
+    with pytest.raises(AssetError, match=f"^FLASHMAP_CACHE={tmp_path / 'f'}: a file is there"):
+        assets.cache_dir()

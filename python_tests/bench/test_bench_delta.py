@@ -57,3 +57,32 @@ def test_unknown_row_and_bad_pair_are_refused(tmp_path):
         bench_delta.main([str(path), "--pair", "A"])
     assert bench_delta.main([str(path), "--pair", "A,B", "--out", str(tmp_path / "d.json")]) == 0
     assert json.loads((tmp_path / "d.json").read_text())["A - B"]["gsm8k"]["prompts"] == 2
+
+
+def split_by_dataset(res):
+    return [{**res, "records": [r for r in res["records"] if r["dataset"] == d]} for d in ("gsm8k", "mtbench")]
+
+
+def test_two_runs_of_one_dataset_each_pool_to_the_single_run(tmp_path):
+    """One set per core, then pooled: the same Δγ (and interval seed) as the one run holding both."""
+    files = []
+    for i, part in enumerate(split_by_dataset(results())):
+        files.append(tmp_path / f"r{i}.json")
+        files[-1].write_text(json.dumps(part))
+    bench_delta.main([*map(str, files), "--pair", "A,B", "--out", str(tmp_path / "pooled.json")])
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(results()))
+    bench_delta.main([str(one), "--pair", "A,B", "--out", str(tmp_path / "single.json")])
+    assert json.loads((tmp_path / "pooled.json").read_text()) == json.loads((tmp_path / "single.json").read_text())
+
+
+@pytest.mark.parametrize("change, needle", [({"temperature": 1.0}, "temperature 1.0 differs"),
+                                            ({"n": 8}, "n 8 differs"), (None, "dataset gsm8k is in")])
+def test_runs_that_do_not_pool_are_refused(change, needle):
+    a, b = split_by_dataset(results())
+    if change is None:
+        b = a
+    else:
+        b = {**b, "config": {**b["config"], **change}}
+    with pytest.raises(ValueError, match=needle):
+        bench_delta.merge([a, b], ["a.json", "b.json"])

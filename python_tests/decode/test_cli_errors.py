@@ -421,3 +421,53 @@ def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
     code = cli.main(["generate", "--target", "tiny-random", "--prompt", "x"])
     err = capsys.readouterr().err
     assert code == 130 and err.count("\n") == 1 and "Traceback" not in err and "interrupted" in err, (code, err)
+
+
+def test_options_are_never_abbreviated(capsys):
+    """Newcomer pass 2026-12-04: `demo --n 4` parsed as `--no-auto 4`'s abbreviation (argparse allow_abbrev);
+    a prefix of an option is now an unknown argument, reported by the subcommand."""
+    err = argparse_error(["demo", "--n", "4"], capsys)
+    assert err.startswith("flashmap demo: error: unrecognized arguments: --n 4"), err
+    assert cli.build_parser().parse_args(["demo", "--no-auto"]).auto is False
+
+
+@pytest.mark.parametrize("command", [["eval"], ["bench"], ["data", "generate", "--out", "x"]])
+def test_unknown_argument_names_the_subcommand(command, capsys):
+    """Newcomer pass 2026-12-04: `flashmap eval --bogus` said `flashmap: error:`, not which command refused it."""
+    err = argparse_error([*command, "--bogus"], capsys)
+    assert err.startswith(f"flashmap {command[0]}: error: unrecognized arguments: --bogus"), err
+
+
+@pytest.fixture
+def runner_no_loads(monkeypatch):
+    import flashmap_ext.train.runner as runner
+    monkeypatch.setattr(runner, "load_target", lambda *a, **k: pytest.fail("the target loaded before the check"))
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+
+
+@pytest.mark.parametrize("command, out_is", [
+    (["features", *TINY], "folder"), (["data", "regenerate", *TINY], "file")])
+def test_data_and_out_paths_are_checked_before_the_target_loads(command, out_is, tmp_path, capsys,
+                                                                runner_no_loads):
+    """Newcomer pass 2026-12-04: `features --data missing` gave a bare Errno after loading the target, and
+    `data regenerate --data missing` glued its error onto the weights' progress bar."""
+    data, a_file, a_folder = tmp_path / "d.jsonl", tmp_path / "f", tmp_path / "dir"
+    a_file.write_text("x")
+    a_folder.mkdir()
+    err = one_line_error([*command, "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")], capsys)
+    assert f"--data {tmp_path / 'missing.jsonl'}: no such file or folder" in err, err
+    data.write_text("")
+    wrong = a_file if out_is == "folder" else a_folder
+    err = one_line_error([*command, "--data", str(data), "--out", str(wrong)], capsys)
+    assert f"--out {wrong}: a {'file' if out_is == 'folder' else 'folder'} is there" in err, err
+    err = one_line_error([*command, "--data", str(data), "--out", str(a_file / "sub")], capsys)
+    assert f"--out {a_file / 'sub'}: {a_file} is a file, not a folder" in err, err
+
+
+@pytest.mark.parametrize("config, kind", [({"model_type": "flashmap_drafter"}, "a FlashMap"),
+                                          ({"architectures": ["DFlashDraftModel"]}, "a DFlash")])
+def test_a_drafter_passed_as_target_is_named(config, kind, tmp_path, capsys, no_loads):
+    """Newcomer pass 2026-12-04: swapping --target and --drafter failed in the tokenizer, blaming sentencepiece."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    err = one_line_error(["generate", "--target", str(tmp_path), "--prompt", "x"], capsys)
+    assert f"--target {tmp_path}: this is {kind} drafter checkpoint, not a target model" in err, err

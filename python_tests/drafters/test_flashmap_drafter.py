@@ -285,6 +285,11 @@ def test_clear_errors_name_the_argument(target):
     cases = [
         ("anchor_tokens", lambda: draft_block(drafter, memory, torch.tensor([1]), seed=0, position=5)),
         ("anchor_tokens", lambda: draft_block(drafter, memory, anchor.int(), seed=0, position=5)),
+        # newcomer pass 2026-12-04: an int anchor read "got None int"
+        (r"anchor_tokens: expected a \[B=2\] int64 tensor \(each row's last committed token id\), got int 5$",
+         lambda: draft_block(drafter, memory, 5, seed=0, position=5)),
+        (r"got a tensor of shape \[2, 1\] and dtype torch.int64$",
+         lambda: draft_block(drafter, memory, anchor[:, None], seed=0, position=5)),
         ("steps", lambda: draft_block(drafter, memory, anchor, steps=3, seed=0, position=5)),
         # an id outside the target's vocabulary was a bare 'IndexError: index out of range in self'
         (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_block(drafter, memory, torch.tensor([1, 111]),

@@ -4,11 +4,10 @@ import errno
 import os
 
 import pytest
+from test_train_trainer import Net, collate, dataset, plain_loss
 
 from flashmap_ext.train import checkpoint as ckpt
 from flashmap_ext.train.trainer import TrainConfig, train
-
-from test_train_trainer import Net, collate, dataset, plain_loss
 
 
 def brute_force_saves(step, steps, save_every):
