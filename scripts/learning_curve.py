@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -64,6 +65,22 @@ def stopping_rule(points: list[dict]) -> list[dict]:
     return checks
 
 
+def recent_rate(points: list[dict]) -> dict | None:
+    """The rule applied to the newest stretch: from the last point back to the newest point with at most half
+    its steps, the slot-1 gain and that rate carried to a tripling (gain · log 3 / log ratio): {from, to, gain,
+    per_tripling, data_bound}. A tripling back from the end may not exist yet; the newest doubling always
+    reads the curve where it is now, not where it was (None with no such pair)."""
+    last = points[-1]
+    earlier = [p for p in points if 2 * p["steps"] <= last["steps"]]
+    if not earlier:
+        return None
+    p = earlier[-1]
+    gain = last["slot1"]["all"] - p["slot1"]["all"]
+    per_tripling = gain * math.log(TRIPLE) / math.log(last["steps"] / p["steps"])
+    return {"from": p["steps"], "to": last["steps"], "gain": gain, "per_tripling": per_tripling,
+            "data_bound": per_tripling < MIN_GAIN}
+
+
 def markdown(curve: dict) -> str:
     """One table row per point, then the stopping-rule verdict per series."""
     lines = ["| drafter | steps | CPU-hours | slot 1 math / code / chat | slot 1 all | γ implied | anchors |",
@@ -83,6 +100,11 @@ def markdown(curve: dict) -> str:
         c = checks[-1]
         verdict = "data-bound: grow the corpus" if c["data_bound"] else "still step-bound: train on"
         lines.append(f"- {s['name']}: {c['from']:,} → {c['to']:,} steps moved slot 1 by {c['gain']:+.3f} ({verdict}).")
+        r = recent_rate(s["points"])
+        if r is not None:
+            verdict = "data-bound: grow the corpus" if r["data_bound"] else "still step-bound"
+            lines.append(f"  Newest stretch: {r['from']:,} → {r['to']:,} steps moved slot 1 by {r['gain']:+.3f}, "
+                         f"{r['per_tripling']:+.3f} per tripling at that rate ({verdict}).")
     return "\n".join(lines) + "\n"
 
 

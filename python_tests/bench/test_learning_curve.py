@@ -60,3 +60,18 @@ def test_missing_drafter_is_named(tmp_path):
     path.write_text(json.dumps(spec))
     with pytest.raises(ValueError, match="series 'DFlash'.*no drafter 'EAGLE-3'"):
         curve.load_series(path)
+
+
+def test_newest_stretch_reads_the_rate_now(tmp_path):
+    """The tripling rule measured from an early point can say step-bound while the curve has flattened since;
+    the newest stretch (last point back to the newest one with at most half its steps) reads the rate now."""
+    c = curve.load_series(fixture(tmp_path))
+    r = curve.recent_rate(c["series"][0]["points"])   # 3,000 -> 9,000: +0.04 over exactly x3
+    assert (r["from"], r["to"]) == (3000, 9000) and r["per_tripling"] == pytest.approx(0.04) and not r["data_bound"]
+    pts = [{"steps": s, "slot1": {"all": a}} for s, a in ((7000, 0.365), (19000, 0.446), (20000, 0.45),
+                                                          (40000, 0.459))]
+    r = curve.recent_rate(pts)   # 20,000 -> 40,000: +0.009 over x2, carried to x3: 0.009 * ln 3 / ln 2
+    assert r["from"] == 20000 and r["per_tripling"] == pytest.approx(0.009 * 1.5849625, rel=1e-6)
+    assert r["data_bound"] is True
+    assert curve.recent_rate(pts[:1]) is None
+    assert "Newest stretch: 3,000 → 9,000 steps moved slot 1 by +0.040, +0.040 per tripling" in curve.markdown(c)
