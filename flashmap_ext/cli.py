@@ -50,6 +50,14 @@ def parse(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
     return args
 
 
+#: what an interrupted command left, for its Ctrl-C line (commands that write nothing have none)
+RESUME_HINT = {"train": "; rerun with --resume to continue from the newest checkpoint",
+               "distill": "; rerun with --resume to continue from the newest checkpoint",
+               "features": "; files already written are kept: rerun the same command to add the rest",
+               "data": "; files already written are kept: rerun the same command to add the rest",
+               "bench": "; results of finished rows are in --out"}
+
+
 def check_target_is_no_drafter(target) -> None:
     """ValueError when --target is a drafter checkpoint folder (--target and --drafter swapped): loading it
     as a model would fail deep in the tokenizer, blaming sentencepiece."""
@@ -86,9 +94,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
-        print(f"flashmap {args.command}: interrupted; files already written are kept (train/distill: rerun "
-              "with --resume for the newest checkpoint; features and data generate skip what they have)",
-              file=sys.stderr)
+        print(flush=True)  # ends a line the command was streaming (generate, demo) before the stderr line
+        print(f"flashmap {args.command}: interrupted{RESUME_HINT.get(args.command, '')}", file=sys.stderr)
         return 130
 
 

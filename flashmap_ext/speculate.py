@@ -23,6 +23,7 @@ import torch
 
 from flashmap_ext import ops
 from flashmap_ext.batched import embeddable, generate_rows
+from flashmap_ext.checks import describe
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
 from flashmap_ext.target import Target
 from flashmap_ext.tree import TreeSpec, tree_round
@@ -286,6 +287,9 @@ def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:
 
 def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor:
     """The prompt as a [1, S] int64 tensor on the target's device, or a ValueError saying why not."""
+    if isinstance(input_ids, (str, bytes)):
+        raise TypeError(f"input_ids must be token ids, not text ({describe(input_ids)}): tokenize it first, "
+                        "e.g. tokenizer(text, return_tensors='pt').input_ids[0]")
     ids = torch.as_tensor(input_ids)
     if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
         raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")

@@ -45,7 +45,7 @@ def add_parser(subparsers) -> None:
                         "(run it on a quiet machine)")
     add_threads_argument(p)
     p.add_argument("--batch-size", type=int, default=0,
-                   help="B >= 1: the batch throughput run instead (bench/batch.py): AR, FlashMap-1/2 and DFlash "
+                   help="0 (default): the per-prompt bench; B >= 1: the batch throughput run instead (bench/batch.py): AR, FlashMap-1/2 and DFlash "
                         "over batches of B prompts, tokens/s vs batched AR, written to OUT/batch-B.json and .md")
     p.add_argument("--out", default="runs/bench", help="output dir (results.json, results.md, *.png)")
     p.set_defaults(func=run)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from flashmap_ext.checks import check_output_path
+
 FORMATS = ("dflash", "specforge", "speculators")
 
 
@@ -40,6 +42,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from flashmap_ext.drafters.common.checkpoint import config_kind, read_config
+    check_output_path("dst", args.dst, folder=True)
     if (Path(args.dst) / "config.json").exists():
         raise FileExistsError(f"{args.dst} already holds a checkpoint (config.json): choose an empty directory")
     cfg = read_config(args.src)

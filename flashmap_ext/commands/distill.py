@@ -40,9 +40,7 @@ def run(args) -> int:
     def loss_fn(model, batch, generator):
         return distill_loss(model, teacher, batch, generator, frac_01=args.frac_01)
     metrics = runner.run_stage(student, loss_fn, args, run_settings, "distill", target=target)
-    print(f"distill: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
-          f"drafter in {args.out}/drafter")
-    return 0
+    return runner.finish("distill", metrics, args)
 
 
 def check_window_matches_teacher(args) -> None:

@@ -131,9 +131,7 @@ def run_flow(args) -> int:
         return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
                          recompute_head=not args.no_head_recompute, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "flow", target=target)
-    print(f"flow: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
-          f"drafter in {args.out}/drafter")
-    return 0
+    return runner.finish("flow", metrics, args)
 
 
 def check_resumed_clock(args) -> None:
@@ -214,9 +212,7 @@ def run_dflash(args) -> int:
     def loss_fn(model, batch, generator):
         return dflash_loss(model, batch, generator, gamma=gamma, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "dflash", target=target)
-    print(f"dflash: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
-          f"drafter in {args.out}/drafter")
-    return 0
+    return runner.finish("dflash", metrics, args)
 
 
 def run_eagle3(args) -> int:
@@ -242,6 +238,4 @@ def run_eagle3(args) -> int:
         return eagle3_loss(model, batch, generator, steps=args.ttt_steps, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "eagle3",
                                num_labels=max(args.ttt_steps, drafter.num_draft_tokens), target=target)
-    print(f"eagle3: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
-          f"drafter in {args.out}/drafter")
-    return 0
+    return runner.finish("eagle3", metrics, args)

@@ -219,11 +219,21 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
         loss = f"{metrics['loss']:.4f}" if "loss" in metrics else "none (no metrics.jsonl line)"
         print(f"{name}: the run in {args.out} is already complete (step {metrics['step']} of {cfg.steps}); "
               f"nothing to train. Last logged loss {loss}.")
-    elif metrics["step"] < cfg.steps and int(os.environ.get("RANK", "0")) == 0:
-        print(f"{name}: stopped by a signal at step {metrics['step']} of {cfg.steps}; checkpoint saved and "
-              f"{args.out}/drafter holds those weights. Rerun the same command with --resume to continue.",
-              file=sys.stderr)
+    elif metrics["step"] < cfg.steps:
+        metrics["stopped"] = True
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{name}: stopped by a signal at step {metrics['step']} of {cfg.steps}; checkpoint saved and "
+                  f"{args.out}/drafter holds those weights. Rerun the same command with --resume to continue.",
+                  file=sys.stderr)
     return metrics
+
+
+def finish(name: str, metrics: dict, args) -> int:
+    """Prints a stage's last line; its exit code: 130 when a signal stopped it before --steps (a script's
+    `train ... && distill ...` must not go on with half-trained weights), else 0."""
+    print(f"{name}: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
+          f"drafter in {args.out}/drafter")
+    return 130 if metrics.get("stopped") else 0
 
 
 def warm_start(drafter: torch.nn.Module, path: str, target) -> None:

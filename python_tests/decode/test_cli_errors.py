@@ -419,8 +419,10 @@ def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
         raise KeyboardInterrupt
     monkeypatch.setattr(generate, "run", interrupted)  # the parser is built per call: it binds this one
     code = cli.main(["generate", "--target", "tiny-random", "--prompt", "x"])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == 130 and err.count("\n") == 1 and "Traceback" not in err and "interrupted" in err, (code, err)
+    # newcomer pass 2026-12-04: generate's message spoke of train/distill, and was glued onto the streamed text
+    assert err == "flashmap generate: interrupted\n" and out.endswith("\n"), (out, err)
 
 
 def test_options_are_never_abbreviated(capsys):
@@ -471,3 +473,11 @@ def test_a_drafter_passed_as_target_is_named(config, kind, tmp_path, capsys, no_
     (tmp_path / "config.json").write_text(json.dumps(config))
     err = one_line_error(["generate", "--target", str(tmp_path), "--prompt", "x"], capsys)
     assert f"--target {tmp_path}: this is {kind} drafter checkpoint, not a target model" in err, err
+
+
+def test_convert_to_a_file_names_the_destination(tmp_path, capsys):
+    """Newcomer pass 2026-12-04: `convert SRC FILE` printed a bare '[Errno 17] File exists'."""
+    (tmp_path / "f").write_text("x")
+    err = one_line_error(["convert", str(ROOT / "checkpoints" / "dflash-qwen2.5-coder-0.5b"), str(tmp_path / "f"),
+                          "--to", "dflash"], capsys)
+    assert f"dst {tmp_path / 'f'}: a file is there (expected a folder)" in err, err

@@ -163,7 +163,8 @@ def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monke
     real_train = runner.train
     monkeypatch.setattr(runner, "train", lambda *a, **kw: {**real_train(*a, **kw), "step": 1})  # as if stopped
     capsys.readouterr()
-    assert main(["train", "dflash", *args[:-1], "3", "--mask-token-id", "0", "--resume"]) == 0
+    # newcomer pass 2026-12-04: a stopped run exited 0, so `train ... && distill ...` went on with half-trained weights
+    assert main(["train", "dflash", *args[:-1], "3", "--mask-token-id", "0", "--resume"]) == 130
     assert "stopped by a signal at step 1 of 3" in capsys.readouterr().err
 
 

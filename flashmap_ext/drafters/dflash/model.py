@@ -286,7 +286,8 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         if "mask_token_id" not in overrides:
             if tokenizer is None or len(tokenizer) >= rows:
                 raise ValueError(f"no spare embedding row known for the mask token (table has {rows} rows, "
-                                 f"tokenizer {'absent' if tokenizer is None else len(tokenizer)}): pass mask_token_id=")
+                                 f"tokenizer {'absent' if tokenizer is None else len(tokenizer)}): pass mask_token_id= "
+                                 "(flashmap train dflash: --mask-token-id)")
             overrides["mask_token_id"] = len(tokenizer)
         config = DFlashConfig(**{**shape, "vocab_size": rows, **overrides})
         weight = model.get_input_embeddings().weight
