@@ -190,11 +190,13 @@ def run(args) -> int:
     tree = None
     if args.auto:  # issue 15: the cost model picks the shape; one line says what pays here and why
         from flashmap_ext.draft_shapes.auto import AutoDrafter
-        from flashmap_ext.draft_shapes.calibrate import load_or_calibrate
-        print("     --auto: this machine's verify and draft costs (measured once, then cached) ...", end="", flush=True)
-        t0 = time.perf_counter()
+        from flashmap_ext.draft_shapes.calibrate import cache_path, fingerprint, load_or_calibrate
+        say("     --auto: this machine's verify and draft costs (measured once, then cached) ...")
+        t0, cached = time.perf_counter(), cache_path(fingerprint(target, drafter))
+        age = time.time() - cached.stat().st_mtime if cached.is_file() else None
         drafter = AutoDrafter(drafter, load_or_calibrate(target, drafter))
-        say(f" {time.perf_counter() - t0:.0f} s")
+        say(f"     measured in {time.perf_counter() - t0:.0f} s" if age is None else
+            f"     cached {age / 3600:.1f} h ago in {cached} (`flashmap bench --auto --recalibrate` measures again)")
         tree = drafter.tree_spec()
         say(f"     {drafter.explain()}")
     generate_warm_up(target, tokenizer, drafter, stop, tree)
@@ -205,7 +207,10 @@ def run(args) -> int:
         for prompt in prompts:
             rows += decode_prompt(target, tokenizer, drafter, prompt, args.max_new_tokens, stop, tree)
     meta = machine.describe()
-    say(f"\nFlashMap demo ({'trained' if trained else 'RANDOM untrained'} drafter, {dtype}, "
+    what = f"{'trained' if trained else 'RANDOM untrained'} drafter"
+    if args.auto:  # the γ of a round may come from the prompt: say so where the table is read
+        what += " + prompt lookup, --auto picks per round; --no-auto: the drafter alone"
+    say(f"\nFlashMap demo ({what}, {dtype}, "
         f"{machine.summary_line(meta)}; `{meta['command']}`):\n")
     say(table(rows, dtype))
     if note := machine.busy_note(load_start, os.getloadavg()[0], machine.usable_cores()):
