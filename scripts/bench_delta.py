@@ -3,7 +3,8 @@
     .venv/bin/python scripts/bench_delta.py runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
     .venv/bin/python scripts/bench_delta.py runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
 
-Several results files (e.g. one dataset per core) are pooled when their settings agree and no dataset is in two.
+Several results files (one dataset, or one drafter, per core) are pooled when their settings agree and no row
+(method, dataset) is in two; AR, which every run has, is kept from the first file holding each dataset.
 
 Per prompt (every turn of a multi-turn prompt summed) the counts [accepted drafts, rounds] of each row;
 Δγ = pooled γ(A) − pooled γ(B) (γ = (Σ accepted + Σ rounds) / Σ rounds, bench/metrics.acceptance_length) with
@@ -60,9 +61,10 @@ SAME = ("temperature", "max_new_tokens", "n", "seed")
 
 
 def merge(parts: list[dict], names: list[str]) -> dict:
-    """One results dict from several bench runs (records, rows and shuffle sections pooled; config and meta of
-    the first). ValueError naming the file whose settings (SAME, dtype) differ or whose dataset repeats."""
-    first, seen = parts[0], {}
+    """One results dict from several bench runs over the same prompts (records, rows and shuffle sections pooled;
+    config and meta of the first; AR's records of a dataset from the first file that has them). ValueError
+    naming the file whose settings (SAME, dtype) differ or whose row (method, dataset) another file has."""
+    first, seen, records = parts[0], {}, []
     for part, name in zip(parts, names):
         for key in SAME:
             if part["config"].get(key) != first["config"].get(key):
@@ -70,12 +72,13 @@ def merge(parts: list[dict], names: list[str]) -> dict:
                                  f"{first['config'].get(key)}: only runs of equal settings pool")
         if part["meta"].get("dtype") != first["meta"].get("dtype"):
             raise ValueError(f"{name}: dtype {part['meta'].get('dtype')} differs from {names[0]}'s")
-        for d in dict.fromkeys(r["dataset"] for r in part["records"]):
-            if d in seen:
-                raise ValueError(f"{name}: dataset {d} is in {seen[d]} too (each dataset from one run only)")
-            seen[d] = name
-    return {**first, "methods": list(dict.fromkeys(m for p in parts for m in p["methods"])),
-            "records": [r for p in parts for r in p["records"]],
+        rows = dict.fromkeys((r["method"], r["dataset"]) for r in part["records"])
+        for row in rows:
+            if row in seen and row[0] != "AR":
+                raise ValueError(f"{name}: {row[0]} on {row[1]} is in {seen[row]} too (each row from one run only)")
+        records += [r for r in part["records"] if (r["method"], r["dataset"]) not in seen]
+        seen.update({row: seen.get(row, name) for row in rows})
+    return {**first, "methods": list(dict.fromkeys(m for p in parts for m in p["methods"])), "records": records,
             "shuffle": {d: v for p in parts for d, v in p.get("shuffle", {}).items()}}
 
 

@@ -76,8 +76,18 @@ def test_two_runs_of_one_dataset_each_pool_to_the_single_run(tmp_path):
     assert json.loads((tmp_path / "pooled.json").read_text()) == json.loads((tmp_path / "single.json").read_text())
 
 
+def test_runs_of_one_drafter_each_pool_to_the_single_run(tmp_path):
+    """One drafter per core over the same prompts: AR (in both) is kept once, Δγ equals the single run's."""
+    res = results()
+    a = {**res, "records": [r for r in res["records"] if r["method"] in ("A", "AR")]}
+    b = {**res, "records": [r for r in res["records"] if r["method"] in ("B", "AR")]}
+    pooled = bench_delta.merge([a, b], ["a.json", "b.json"])
+    assert sorted(map(str, pooled["records"])) == sorted(map(str, res["records"]))
+    assert bench_delta.pair_delta(pooled, "A", "B") == bench_delta.pair_delta(res, "A", "B")
+
+
 @pytest.mark.parametrize("change, needle", [({"temperature": 1.0}, "temperature 1.0 differs"),
-                                            ({"n": 8}, "n 8 differs"), (None, "dataset gsm8k is in")])
+                                            ({"n": 8}, "n 8 differs"), (None, "A on gsm8k is in a.json too")])
 def test_runs_that_do_not_pool_are_refused(change, needle):
     a, b = split_by_dataset(results())
     if change is None:
