@@ -289,6 +289,9 @@ def train(model: torch.nn.Module, loss_fn: Callable, dataset: Sequence, collate_
 
     resume: continue from `<cfg.out>/checkpoints/latest` (a fresh start when there is none).
     device: "cpu" | "cuda" | None (cuda when available). Under torchrun, every process calls this.
+    Raises FileExistsError when `cfg.out` holds checkpoints and resume is False, and OSError (errno ENOSPC)
+    before the first step when the checkpoints the run will hold at once exceed the disk's free space
+    (`checkpoint.check_disk`).
     """
     check_train_args(model, loss_fn, collate_fn, cfg)
     os.makedirs(cfg.out, exist_ok=True)
