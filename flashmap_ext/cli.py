@@ -55,7 +55,7 @@ RESUME_HINT = {"train": "; rerun with --resume to continue from the newest check
                "distill": "; rerun with --resume to continue from the newest checkpoint",
                "features": "; files already written are kept: rerun the same command to add the rest",
                "data": "; files already written are kept: rerun the same command to add the rest",
-               "bench": "; results of finished rows are in --out"}
+               "bench": "; the datasets that finished are in --out (results.json, marked partial)"}
 
 
 def check_target_is_no_drafter(target) -> None:
