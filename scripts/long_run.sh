@@ -17,7 +17,7 @@
 #   `flashmap train`, e.g. the state/clock design's).
 # Progress: $RUN/<kind>/metrics.jsonl (step, loss, ...) and $RUN/<kind>.log; `tail -f` either.
 # Output: $RUN/eval-<kind>/eval.{json,md,png} and one JSON line appended to $RUN/curve-<kind>.jsonl with the
-#   cumulative steps and core-hours of the piece added to the committed weights' own (checkpoints/long-run/history.json).
+#   cumulative steps and core-hours of the piece added to the committed weights' own (docs/bench/long-run/history.json).
 set -euo pipefail
 
 main() {

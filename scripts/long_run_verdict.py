@@ -3,7 +3,7 @@
     python scripts/long_run_verdict.py RUN KIND INIT
 
 Reads RUN/eval-KIND/eval.json (`flashmap eval` of drafters "piece" and "committed"), RUN/KIND.piece.json and
-checkpoints/long-run/history.json; prints the held-out implied γ of both with a 95 % interval of the
+docs/bench/long-run/history.json; prints the held-out implied γ of both with a 95 % interval of the
 difference and appends one learning-curve line (a piece recorded with "warm_start": false, the map distilled
 from a new teacher, counts only its own steps and hours: its teacher's are on the flow's curve) to RUN/curve-KIND.jsonl. The interval treats anchors as
 independent (anchors of one sequence are correlated, so it is too narrow rather than too wide); "beats"
@@ -49,7 +49,7 @@ def main(run: str, kind: str, init: str) -> int:
         piece = json.load(f)
     past = {"steps": 0, "core_hours": 0.0}  # a fresh student (the map of a new teacher) starts at zero
     if piece.get("warm_start", True):
-        with open("checkpoints/long-run/history.json") as f:
+        with open("docs/bench/long-run/history.json") as f:
             past = json.load(f)[kind]
     out = verdict(ev["results"]["piece"], ev["results"]["committed"])
     slot1 = {d: ev["results"]["piece"][d]["slot_accuracy"][0] for d in ("math", "code", "chat", "all")}

@@ -16,7 +16,7 @@ from pathlib import Path
 from flashmap_ext.bench.machine import add_threads_argument, positive_int
 from flashmap_ext.bench.metrics import NEAR_TIE
 
-# The committed FlashMap checkpoint with the higher held-out γ (checkpoints/heldout-eval/eval.json; a test
+# The committed FlashMap checkpoint with the higher held-out γ (docs/bench/heldout-eval/eval.json; a test
 # holds this to it): the flow model drafting in one step, ahead of its distilled map since the long run
 # (DESIGN.md, "Long runs").
 DEMO_DRAFTER = "checkpoints/flashmap-flow-qwen2.5-coder-0.5b"

@@ -106,7 +106,7 @@ def test_demo_loads_the_flashmap_checkpoint_with_the_best_committed_heldout_gamm
     over all held-out domains is highest in the committed eval of every default drafter."""
     from flashmap_ext.commands.demo import DEMO_DRAFTER
     from flashmap_ext.evaluate.run import DEFAULT_DRAFTERS, parse_drafter
-    results = json.loads((ROOT / "checkpoints" / "heldout-eval" / "eval.json").read_text())["results"]
+    results = json.loads((ROOT / "docs" / "bench" / "heldout-eval" / "eval.json").read_text())["results"]
     gamma = {}
     for spec in DEFAULT_DRAFTERS:
         name, path, steps = parse_drafter(spec)
