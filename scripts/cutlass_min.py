@@ -1,15 +1,13 @@
 """Copies only the CUTLASS headers the CUDA kernels include, transitively, into third_party/cutlass-min.
 
-The full CUTLASS include tree (`make cutlass`, ~26 MB) is too large to carry to a GPU machine next to the
-repository (the device tool sends at most 64 MiB); the kernels need a small part of it. The part is found
+The full CUTLASS include tree (`make cutlass`, ~26 MB) is large; the kernels need a small part of it
+(~5 MiB), small enough to copy to a GPU machine with the repository. The part is found
 by the compiler itself: `nvcc -M` lists every header a translation unit opens, for every csrc/**/*.cu, with
 the flags of `make cuda-check` and with those torch's CUDAExtension adds (setup.py's build), for the host
 pass and the sm_90a device pass. `make cuda-check` then compiles every kernel against this copy, so a missing
 header fails in CI, not on the GPU machine.
 
     python scripts/cutlass_min.py [--src third_party/cutlass] [--dst third_party/cutlass-min]
-
-Fails when the copy exceeds MAX_MIB, the bound python_tests/bench/test_device_payload.py counts on.
 """
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_MIB = 8.0  # the carry bound test_device_payload.py counts on (5.3 MiB measured 2026-12-01, CUTLASS 4.2.0.0)
 BASE = ["-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda", "-gencode=arch=compute_90a,code=sm_90a"]
 TORCH_DEFINES = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                  "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "-DFLASHMAP_WITH_CUDA"]
@@ -68,9 +65,6 @@ def main(argv: list[str] | None = None) -> None:
     if not headers:
         sys.exit("cutlass_min: the kernels include no CUTLASS header: wrong --src?")
     mib = sum((include / rel).stat().st_size for rel in headers) / 2**20
-    if mib > MAX_MIB:  # checked before writing, so no oversized copy is left behind looking up to date
-        sys.exit(f"cutlass_min: {mib:.2f} MiB exceeds the {MAX_MIB} MiB carry bound the device payload test "
-                 "counts on (python_tests/bench/test_device_payload.py): raise it here if the copy must grow")
     shutil.rmtree(args.dst, ignore_errors=True)
     for rel in sorted(headers):
         target = args.dst / "include" / rel
