@@ -1,4 +1,4 @@
-"""Draft-step latency of the FlashMap drafter (issue 6 item 4; DESIGN.md §10 targets, measured, never asserted).
+"""Draft-step latency of the FlashMap drafter (DESIGN.md §10 targets, measured, never asserted).
 
 Shape: the Qwen3-8B FlashMap drafter (6 layers, width 2048, 16 heads, K 16, d 4096, V 151,936) with random
 weights, batch 1, memory length L ∈ {128, 1024, 4096}, 1 and 2 steps. Variants in one benchmark group per

@@ -1,4 +1,4 @@
-"""One decoding round end to end on a Qwen3-8B-shaped target (issue 6 item 6; DESIGN.md §10 target, measured,
+"""One decoding round end to end on a Qwen3-8B-shaped target (DESIGN.md §10 target, measured,
 never asserted: everything but the verify forward ≤ 10% of it).
 
 Random weights (timing does not need trained ones): an HF `Qwen3ForCausalLM` of the Qwen3-8B shape (36 layers,

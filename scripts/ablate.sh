@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13 ablations at equal budget on one CPU core: one feature cache of a fixed subset of the committed
+# Ablations at equal budget on one CPU core: one feature cache of a fixed subset of the committed
 # train corpus, one draft vocabulary, then one arm after another (train, then `flashmap eval` on the fixed
 # held-out set). Resumable: a finished stage or arm (its eval/eval.json exists) is skipped, an arm whose
 # training stopped resumes from its newest checkpoint. `scripts/ablation_table.py RUN` makes the table.
@@ -17,9 +17,9 @@
 #   flow-auto, flow-tau1   one of flow-auto-tau1's two changes each; flow-tau0: no block at τ = 0 (FLM)
 #   flow-v16k       flow with a 16,384-row draft vocabulary (stage vocab16k)
 #   flow-tapnorm-auto-tau1 the three changes together
-#   flow-full-state flow on FLM's clock of the V-dim state (--clock full-state; before issue 23 the default)
+#   flow-full-state flow on FLM's clock of the V-dim state (--clock full-state)
 #   flow-loglik     flow + --state-loglik (the state's exact log-likelihood added to the logits)
-#   dflash-kl, flow-kl     --loss kl: forward KL to the target's top-TOPK distribution (issue 25)
+#   dflash-kl, flow-kl     --loss kl: forward KL to the target's top-TOPK distribution
 #   dflash-klce, flow-klce --loss kl --kl-ce-weight 0.5 (plus half the CE of the target's argmax)
 #   ARM-sN                 any arm with --seed N (data order, anchors, noise; a seed repeat)
 # Knobs (env): RUN, N_CONV (first N_CONV train conversations by id), STEPS, THREADS, MAX_LEN, VOCAB, CORPUS,

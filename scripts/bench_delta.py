@@ -1,4 +1,4 @@
-"""Paired Δγ between rows of a `flashmap bench` results.json, and its shuffle-test Δγ, as Markdown (issue 23 item 5).
+"""Paired Δγ between rows of a `flashmap bench` results.json, and its shuffle-test Δγ, as Markdown.
 
     .venv/bin/python scripts/bench_delta.py runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
     .venv/bin/python scripts/bench_delta.py runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each

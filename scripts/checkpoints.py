@@ -1,7 +1,7 @@
 """Materialises the committed drafter checkpoints from git history (checkpoints/MANIFEST.json).
 
-The checkpoint weights were committed once and then removed from the working tree, so that what a clone
-sends to a GPU machine stays small (issue 11); their blobs stay reachable from main's history. This script
+The checkpoint weights were committed once and then removed from the working tree, so that a checkout
+stays small (the kernels and tests need no weights); their blobs stay reachable from main's history. This script
 writes each file listed in the manifest with `git cat-file blob <id>`, checks its sha256 and is silent when
 every file is already there.
 

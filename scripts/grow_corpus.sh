@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Grow the self-answered corpus in data/ (issue 13): the fixed held-out set first (PER_DOMAIN prompts of each
+# Grow the self-answered corpus in data/: the fixed held-out set first (PER_DOMAIN prompts of each
 # of math / code / chat), then training prompts until stopped. Resumable: rerun to continue where it stopped.
 #
 #   nohup taskset -c 1 scripts/grow_corpus.sh > runs/grow_corpus.log 2>&1 &

@@ -1,5 +1,5 @@
 """The learning curve of a long training run: held-out slot-1 accuracy and implied γ against cumulative
-optimizer steps and CPU-hours, one line per drafter, plus a Markdown table and the stopping rule (issue 25).
+optimizer steps and CPU-hours, one line per drafter, plus a Markdown table and the stopping rule.
 
     python scripts/learning_curve.py series.json --out runs/curve      # writes curve.png and curve.md
 

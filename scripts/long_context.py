@@ -1,4 +1,4 @@
-"""γ against prompt length for the committed drafters on the real target (issue 14, finding 5).
+"""γ against prompt length for the committed drafters on the real target.
 
 Prompt of N tokens: the chat-templated user turn "<Python source>\n\n" + QUESTION (explain the last function
 above in detail), where the source is the standard library's argparse, typing, inspect, ... modules concatenated and

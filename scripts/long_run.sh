@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One resumable piece of a long training run (issue 25 item 4): warm-start a drafter from its committed
+# One resumable piece of a long training run: warm-start a drafter from its committed
 # checkpoint, train PIECE_STEPS more steps on the whole corpus, evaluate it and the committed one on the
 # held-out set, and say whether the piece beats the committed weights (only then is it committed, by hand:
 # checkpoints/README.md "Adding a checkpoint"). Every stage is skipped when its output exists and training

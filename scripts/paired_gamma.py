@@ -1,4 +1,4 @@
-"""Held-out γ of several drafters with paired bootstrap intervals of their differences (issue 23 arms).
+"""Held-out γ of several drafters with paired bootstrap intervals of their differences.
 
     .venv/bin/python scripts/paired_gamma.py --drafter A=runs/x/drafter:1 --drafter B=runs/y/drafter:2 \
         [--per-domain 8] [--heldout ...] [--dtype fp32] [--out runs/x/paired.json]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 23 item 5: re-measure a retrained FlashMap on the real target, one core, fp32.
+# Re-measure a retrained FlashMap on the real target, one core, fp32.
 #
 #   scripts/remeasure_flashmap.sh MAP_DIR FLOW_DIR DFLASH_DIR [OUT]      # OUT default runs/remeasure
 #
@@ -49,7 +49,7 @@ if has heldout && [ ! -s "$OUT/heldout.json" ]; then
 fi
 
 {
-    echo "# FlashMap re-measure (issue 23 item 5): map $MAP, teacher $FLOW, DFlash $DFLASH"
+    echo "# FlashMap re-measure: map $MAP, teacher $FLOW, DFlash $DFLASH"
     for T in 0 1; do
         [ -s "$OUT/bench-t$T/delta.md" ] && { echo; echo "## bench, T = $T"; echo; cat "$OUT/bench-t$T/delta.md"; }
     done

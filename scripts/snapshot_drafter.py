@@ -1,4 +1,4 @@
-"""A drafter directory from a training checkpoint, for mid-piece points of a learning curve (issue 25).
+"""A drafter directory from a training checkpoint, for mid-piece points of a learning curve.
 
 `flashmap train --keep-checkpoints 0` keeps every `checkpoints/step-N/model.safetensors` of a run; the run's
 export (`RUN/drafter`) holds the config and the per-tensor dtypes of a finished drafter. This writes OUT with

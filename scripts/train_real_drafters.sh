@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train the committed drafters for the real offline target Qwen2.5-Coder-0.5B-Instruct on a CPU
-# (DESIGN.md §8, §9; issue 5 item 2). Every stage is resumable: it is skipped when its output exists,
+# (DESIGN.md §8, §9). Every stage is resumable: it is skipped when its output exists,
 # and training stages resume from their newest checkpoint. Logs and intermediate files go to runs/real/.
 #
 #   scripts/train_real_drafters.sh                 # every stage, in order
@@ -37,12 +37,12 @@ main() {
     STEPS=${STEPS:-3000}
     DISTILL_STEPS=${DISTILL_STEPS:-$(( STEPS * 2 / 5 ))}  # proportional to the flow's (1,200 at 3,000)
     FLOW_LR=${FLOW_LR:-1e-3}
-    DISTILL_LR=${DISTILL_LR:-8e-5}     # ~1/12 of the flow's LR, as FMLM (issue 23; was 3e-4 = 0.3x)
+    DISTILL_LR=${DISTILL_LR:-8e-5}     # ~1/12 of the flow's LR, as FMLM
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
     TAU0_FRAC=${TAU0_FRAC:-0.5}        # flow: share of blocks trained at tau = 0, what 1-step drafting sees
-    FRAC_01=${FRAC_01:-1/16}           # distill: share of 0->1 jumps (FMLM; was 1/4 before issue 23)
-    CLOCK=${CLOCK:-projected}          # flow: tau clock of the network's d-dim input (issue 23); full-state = FLM's
+    FRAC_01=${FRAC_01:-1/16}           # distill: share of 0->1 jumps (FMLM's)
+    CLOCK=${CLOCK:-projected}          # flow: tau clock of the network's d-dim input; full-state = FLM's
     FM_TAPS=${FM_TAPS:-1,6,11,16,21}   # FlashMap and DFlash: 5 layers spread over 1..L-3 (L = 24)
     E3_TAPS=${E3_TAPS:-1,11,20}        # EAGLE-3: low/mid/high = eagle3_layer_ids(24)
     E3_INTERMEDIATE=${E3_INTERMEDIATE:-1664}  # EAGLE-3 MLP width: 9.75 M trainable parameters like the others

@@ -1,4 +1,4 @@
-"""γ of the block-drafter tree shapes on the real target, and how distinct the multi-noise draws are (issue 15).
+"""γ of the block-drafter tree shapes on the real target, and how distinct the multi-noise draws are.
 
 T = 0, fp32, the committed FlashMap checkpoint (1 step), the first N prompts of each dataset, first turns:
 FlashMap-1 chain, multi-noise N = 2 / 4 (16 nodes), top-k 8 / 16 (top-4 per slot), through `generate`

@@ -1,4 +1,4 @@
-"""Weight alignment vs speed (issue 26 item 2): the real target's 1- and 9-token forward and a FlashMap drafter
+"""Weight alignment vs speed: the real target's 1- and 9-token forward and a FlashMap drafter
 step, with the weights as the loaders leave them or copied into torch-allocated (64-byte aligned) storage.
 
 Usage (pin it; one mode per process, alternate the modes):

@@ -1,4 +1,4 @@
-"""Packaged prompt sets in the benchmarks' domains that are not benchmark prompts (issue 13, item 1).
+"""Packaged prompt sets in the benchmarks' domains that are not benchmark prompts.
 
 | name   | domain | package==version     | file (in the wheel)                    | items | licence (as declared)        |
 |--------|--------|----------------------|----------------------------------------|-------|------------------------------|

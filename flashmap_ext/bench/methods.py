@@ -46,7 +46,7 @@ class StepsDrafter:
 
 
 class NoiseMeanDrafter(StepsDrafter):
-    """A FlashMap drafter that drafts from the noise's mean z = 0 instead of a draw (a probe of issue 24: one
+    """A FlashMap drafter that drafts from the noise's mean z = 0 instead of a draw (a probe: one
     deterministic block, as an argmax of the per-slot marginals is; z = 0 itself is never a training state)."""
 
     def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):

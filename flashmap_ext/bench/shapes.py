@@ -1,4 +1,4 @@
-"""Bench rows of issue 15's draft shapes and their projected H200 speedups.
+"""Bench rows of the draft shapes (lookup, block-drafter trees, --auto) and their projected H200 speedups.
 
 - lookup: prompt lookup through this library's loop (`LookupDrafter(None)`, transformers' rule, 10 tokens).
 - lookup + FlashMap-1 / lookup + DFlash: the hybrid, chain rounds (n-gram continuation where one

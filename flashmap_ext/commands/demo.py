@@ -188,7 +188,7 @@ def run(args) -> int:
     target, tokenizer, drafter, trained = load(model_dir, args.drafter, args.steps, dtype)
     stop = stop_token_ids(tokenizer)
     tree = None
-    if args.auto:  # issue 15: the cost model picks the shape; one line says what pays here and why
+    if args.auto:  # the cost model picks the shape; one line says what pays here and why
         from flashmap_ext.draft_shapes.auto import AutoDrafter
         from flashmap_ext.draft_shapes.calibrate import cache_path, fingerprint, load_or_calibrate
         say("     --auto: this machine's verify and draft costs (measured once, then cached) ...")

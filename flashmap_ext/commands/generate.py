@@ -95,7 +95,7 @@ def add_sampling_arguments(p, temperatures: tuple | None = None) -> None:
 
 
 def add_shape_arguments(p) -> None:
-    """--lookup, --block-tree, --auto: the draft shapes of issue 15 (shared by generate, bench and demo)."""
+    """--lookup, --block-tree, --auto: the draft shapes (shared by generate, bench and demo)."""
     p.add_argument("--lookup", action="store_true",
                    help="prompt-lookup hybrid: n-gram continuations from prompt + output where they match, the "
                         "drafter's tokens elsewhere (alone without --drafter); with --tree both as two branches")

@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--clock", choices=("projected", "full-state"), default="projected",
                        help="τ↔t clock: 'projected' (default) calibrates τ for the network's d-dim input Eᵀx "
                             "(a Monte-Carlo table built once from E, stored in config.json); 'full-state' is "
-                            "FLM's clock of the V-dim state, which that input cannot show (issue 23)")
+                            "FLM's clock of the V-dim state, which that input cannot show")
     shape.add_argument("--state-loglik", action="store_true",
                        help="add the input state's exact log-likelihood to the logits (config state_loglik)")
     shape.add_argument("--draft-vocab", metavar="N|FILE",

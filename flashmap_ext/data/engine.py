@@ -1,4 +1,4 @@
-"""Greedy self-answering with length-bucketed batches that refill finished rows (issue 13, item 1).
+"""Greedy self-answering with length-bucketed batches that refill finished rows.
 
 `generate_refill` keeps up to `batch_size` conversations decoding together over one HF `DynamicCache`.
 When a row ends (stop token or `max_new_tokens`) its slot is freed; once `refill_at` slots are free (or the

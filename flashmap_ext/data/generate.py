@@ -1,4 +1,4 @@
-"""`flashmap data generate`: grow the self-answered corpus under `data/` (issue 13, item 1).
+"""`flashmap data generate`: grow the self-answered corpus under `data/`.
 
 Prompts (math / code / chat, benchmark-decontaminated: ShareGPT first turns and the packaged prompt sets
 chosen with --source, `data.prompts`; or any jsonl of `{"id", "messages"}` via --prompts) are answered

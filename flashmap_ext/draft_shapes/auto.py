@@ -1,4 +1,4 @@
-"""`AutoDrafter`: each round, the draft shape the cost model expects to be fastest (issue 15, `--auto`).
+"""`AutoDrafter`: each round, the draft shape the cost model expects to be fastest (`--auto`).
 
 Per round, with the n-gram match m (prompt lookup, `draft_shapes/lookup.py`) and the wrapped block drafter's
 K slots, `cost_model.best_shape` picks plain decoding (no draft: a width-1 verify), a lookup chain of l ≤ m

@@ -1,4 +1,4 @@
-"""Token trees from block drafters (issue 15), verified by the EAGLE-3 tree round (`flashmap_ext/tree.py`).
+"""Token trees from block drafters, verified by the EAGLE-3 tree round (`flashmap_ext/tree.py`).
 
 - `MultiNoiseDrafter(flashmap)`: N = `topk` FlashMap blocks from N independent noise draws (the drafter's own
   stream, draw j keyed by seed + j·NOISE_SEED_STRIDE; draw 0 is the chain's noise) → N chains merged into

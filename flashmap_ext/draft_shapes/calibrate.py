@@ -1,4 +1,4 @@
-"""Measures this machine's `CostTable` once and caches it per machine fingerprint (issue 15).
+"""Measures this machine's `CostTable` once and caches it per machine fingerprint.
 
 One calibration: a `context`-token prefill, then target forwards over 1, 2, 3, 5, 9, 17, 33 new tokens
 (logits for all, taps as the drafter needs; each rolled back), the same for widths 1, 9, 33 after a

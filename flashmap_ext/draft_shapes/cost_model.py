@@ -1,4 +1,4 @@
-"""Which draft shape pays on this machine (issue 15): a cost table, an acceptance profile and the choice.
+"""Which draft shape pays on this machine: a cost table, an acceptance profile and the choice.
 
     round_cost(shape) = draft_s · draft_calls + verify_s(width) + overhead_s       (width = 1 + nodes)
     E[γ](chain of k)  = 1 + Σ_{j=1..k} Π_{i≤j} a_i                                  (a_i: P(slot i accepted | slot i−1 was))
@@ -106,7 +106,7 @@ class Roofline:
         return CostTable(verify, draft_s=draft, label=self.label)
 
 
-#: H200 (HBM3e 4.3 TB/s as in issue 15, ~989 TFLOP/s dense bf16) running Qwen3-8B (8.19 B parameters, bf16)
+#: H200 (HBM3e 4.3 TB/s, ~989 TFLOP/s dense bf16) running Qwen3-8B (8.19 B parameters, bf16)
 #: with the FlashMap paper-size drafter (DESIGN.md §5.2: ≈0.5 B trainable + the frozen 151,936 × 4,096 LM head
 #: it reads every step ≈ 0.62 B). A projection, never a measurement.
 H200_QWEN3_8B = Roofline(hbm_bytes_per_s=4.3e12, peak_flops=989e12, target_params=8.19e9,

@@ -1,4 +1,4 @@
-"""Prompt lookup, alone or as a hybrid around any block drafter (issue 15).
+"""Prompt lookup, alone or as a hybrid around any block drafter.
 
 `lookup_continuation` is transformers' prompt-lookup rule (`PromptLookupCandidateGenerator.get_candidates`,
 transformers 5.x): for n from `max_ngram` down to `min_ngram`, take the **leftmost** earlier occurrence of

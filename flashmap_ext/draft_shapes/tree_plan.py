@@ -1,4 +1,4 @@
-"""Expected tokens of block-drafter trees (issue 15, `--auto`): per-slot, per-rank acceptance and the best
+"""Expected tokens of block-drafter trees (`--auto`): per-slot, per-rank acceptance and the best
 tree of b nodes under it.
 
 A block drafter (FlashMap, DFlash) scores every slot of its block at once, so a tree's node at depth d is

@@ -1,4 +1,4 @@
-"""Append-only, resumable jsonl.gz shards for the self-answered corpus (`data/`, issue 13 item 1).
+"""Append-only, resumable jsonl.gz shards for the self-answered corpus (`data/`).
 
 A corpus is a folder of `part-NNNNN.jsonl.gz` files. Each flush appends one complete gzip member (gzip
 readers, Python's and `zcat`, read a multi-member file as one stream), then fsyncs, so an interrupted job

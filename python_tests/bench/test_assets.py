@@ -138,7 +138,7 @@ def test_real_target_and_qwen3_tokenizers_agree_when_cached():
 
 
 def test_cache_that_is_a_file_names_the_variable(tmp_path, monkeypatch):
-    """Newcomer pass 2026-12-04: FLASHMAP_CACHE=<a file> failed with a bare NotADirectoryError."""
+    """FLASHMAP_CACHE=<a file> failed with a bare NotADirectoryError."""
     (tmp_path / "f").write_text("x")
     monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "f"))
     with pytest.raises(AssetError, match=f"^FLASHMAP_CACHE={tmp_path / 'f'}: a file is there"):

@@ -206,7 +206,7 @@ def test_bench_shuffle_test_honours_n_and_peer_times_are_unmeasured(byte_bench):
 
 
 def test_bench_interrupted_after_a_dataset_keeps_its_rows(byte_bench, monkeypatch):
-    """Newcomer pass: bench wrote nothing until every dataset had finished, so an interrupt lost them all. Now
+    """Bench wrote nothing until every dataset had finished, so an interrupt lost them all. Now
     results.json / results.md hold the finished datasets after each one, marked partial; the complete run
     overwrites them without the mark."""
     from flashmap_ext.bench import run as bench_run

@@ -1,4 +1,4 @@
-"""Error paths a user can reach from the CLI (issue 14, finding 3): each ends with exit code 2 and one
+"""Error paths a user can reach from the CLI: each ends with exit code 2 and one
 line on stderr naming the argument, never a traceback."""
 import json
 from pathlib import Path
@@ -62,7 +62,7 @@ def test_bench_target_not_in_the_offline_cache(monkeypatch, capsys):
     assert "--target nobody/nomodel" in err and "couldn't connect" in err
 
 
-# --- arguments are checked before any model loads (issue 14, newcomer pass) ---------------------------
+# --- arguments are checked before any model loads ---------------------------
 @pytest.fixture
 def no_loads(monkeypatch):
     """Any target load fails the test: these errors must come first."""
@@ -106,7 +106,7 @@ def write_config(folder, change):
 
 
 def test_drafter_type_checks_the_type_and_its_help_says_so(tmp_path, capsys, no_loads):
-    """Newcomer pass: --drafter-type's help said "override the type read from the drafter's config.json",
+    """--drafter-type's help said "override the type read from the drafter's config.json",
     but a checkpoint of another type was refused (it checks, it cannot convert): help and error now agree."""
     from flashmap_ext.drafters.load import check_drafter
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["generate"]
@@ -128,7 +128,7 @@ def bench_no_loads(monkeypatch):
 
 
 def test_bench_checks_checkpoints_and_out_before_the_target_loads(tmp_path, capsys, bench_no_loads):
-    """Newcomer pass 2026-12-04: `bench --drafter /nonexistent` loaded the 0.5B target (48 s) before saying
+    """`bench --drafter /nonexistent` loaded the 0.5B target (48 s) before saying
     so; `--out FILE` loaded it, then said only "[Errno 17] File exists"."""
     fm = write_config(tmp_path / "fm", lambda cfg: None)  # a FlashMap checkpoint's config
     (tmp_path / "fm" / "model.safetensors").write_bytes(b"")
@@ -143,7 +143,7 @@ def test_bench_checks_checkpoints_and_out_before_the_target_loads(tmp_path, caps
 
 
 def test_demo_names_its_own_option_for_a_checkpoint_of_another_type(tmp_path, capsys):
-    """Newcomer pass 2026-12-04: `demo --drafter <a DFlash checkpoint>` blamed --drafter-type, which demo lacks."""
+    """`demo --drafter <a DFlash checkpoint>` blamed --drafter-type, which demo lacks."""
     dflash = tiny_drafter("dflash", tmp_path / "d")
     err = one_line_error(["demo", "--drafter", dflash], capsys)
     assert "--drafter-type" not in err and f"--drafter {dflash} is a dflash checkpoint" in err, err
@@ -217,7 +217,7 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     (["--drafter", "random", "--lookup", "--block-tree", "multinoise", "--tree", "4,2,8"], "give one of --lookup"),
 ])
 def test_conflicting_or_ignored_flags_are_refused_before_any_load(argv, needle, monkeypatch, capsys):
-    """Newcomer pass: --auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
+    """--auto with --tree/--lookup, --drafter-type on a random drafter, --steps on a drafter
     without draft steps, --lookup --tree without --drafter used to run silently, the flags ignored."""
     from flashmap_ext.commands import generate as gen
 
@@ -277,7 +277,7 @@ def test_data_counts_below_one_are_argparse_errors(command, flag, value, capsys)
     ("--temperature", "-1", "expected a number >= 0, got -1.0"), ("--temperature", "nan", "expected a number >= 0"),
     ("--top-p", "7", "expected a number in (0, 1], got 7.0")])
 def test_data_regenerate_sampling_is_checked_like_generate(flag, value, message, capsys):
-    """Newcomer pass 2026-12-04: `data regenerate --temperature -1` (or nan, or --top-p 7) ran and wrote
+    """`data regenerate --temperature -1` (or nan, or --top-p 7) ran and wrote
     greedy data, since any temperature not > 0 meant greedy there; generate and bench refused them."""
     err = argparse_error(["data", "regenerate", "--data", "in.jsonl", "--out", "o.jsonl", flag, value], capsys)
     assert flag in err and message in err, err
@@ -289,7 +289,7 @@ def test_generate_context_window_none_runs(capsys):
 
 
 def test_unbuilt_extension_says_make_build():
-    """Newcomer pass: `flashmap --help` while `make` was still compiling said 'cannot import name _C ...
+    """`flashmap --help` while `make` was still compiling said 'cannot import name _C ...
     (most likely due to a circular import)'."""
     import subprocess
     import sys
@@ -383,7 +383,7 @@ def test_drafter_dir_without_weights_before_any_load(command, tmp_path, monkeypa
     ("dflash", {"hidden_size": 32}, "hidden_size 32 != the target's hidden size 64"),
     ("dflash", {"vocab_size": 250}, "vocab_size 250 != the target's vocabulary (embedding rows) 257"),
     ("eagle3", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
-    # newcomer pass 2026-12-04: a frozen-head checkpoint gathered its head rows from the target first (IndexError)
+    # a frozen-head checkpoint gathered its head rows from the target first (IndexError)
     ("eagle3-frozen-head", {"vocab_size": 300}, "vocab_size 300 != the target's vocabulary (embedding rows) 257"),
     ("eagle3-frozen-head", {"hidden_size": 32}, "hidden_size 32 != the target's hidden size 64"),
 ])
@@ -421,12 +421,12 @@ def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
     code = cli.main(["generate", "--target", "tiny-random", "--prompt", "x"])
     out, err = capsys.readouterr()
     assert code == 130 and err.count("\n") == 1 and "Traceback" not in err and "interrupted" in err, (code, err)
-    # newcomer pass 2026-12-04: generate's message spoke of train/distill, and was glued onto the streamed text
+    # generate's message spoke of train/distill, and was glued onto the streamed text
     assert err == "flashmap generate: interrupted\n" and out.endswith("\n"), (out, err)
 
 
 def test_options_are_never_abbreviated(capsys):
-    """Newcomer pass 2026-12-04: `demo --n 4` parsed as `--no-auto 4`'s abbreviation (argparse allow_abbrev);
+    """`demo --n 4` parsed as `--no-auto 4`'s abbreviation (argparse allow_abbrev);
     a prefix of an option is now an unknown argument, reported by the subcommand."""
     err = argparse_error(["demo", "--n", "4"], capsys)
     assert err.startswith("flashmap demo: error: unrecognized arguments: --n 4"), err
@@ -435,7 +435,7 @@ def test_options_are_never_abbreviated(capsys):
 
 @pytest.mark.parametrize("command", [["eval"], ["bench"], ["data", "generate", "--out", "x"]])
 def test_unknown_argument_names_the_subcommand(command, capsys):
-    """Newcomer pass 2026-12-04: `flashmap eval --bogus` said `flashmap: error:`, not which command refused it."""
+    """`flashmap eval --bogus` said `flashmap: error:`, not which command refused it."""
     err = argparse_error([*command, "--bogus"], capsys)
     assert err.startswith(f"flashmap {command[0]}: error: unrecognized arguments: --bogus"), err
 
@@ -451,7 +451,7 @@ def runner_no_loads(monkeypatch):
     (["features", *TINY], "folder"), (["data", "regenerate", *TINY], "file")])
 def test_data_and_out_paths_are_checked_before_the_target_loads(command, out_is, tmp_path, capsys,
                                                                 runner_no_loads):
-    """Newcomer pass 2026-12-04: `features --data missing` gave a bare Errno after loading the target, and
+    """`features --data missing` gave a bare Errno after loading the target, and
     `data regenerate --data missing` glued its error onto the weights' progress bar."""
     data, a_file, a_folder = tmp_path / "d.jsonl", tmp_path / "f", tmp_path / "dir"
     a_file.write_text("x")
@@ -469,14 +469,14 @@ def test_data_and_out_paths_are_checked_before_the_target_loads(command, out_is,
 @pytest.mark.parametrize("config, kind", [({"model_type": "flashmap_drafter"}, "a FlashMap"),
                                           ({"architectures": ["DFlashDraftModel"]}, "a DFlash")])
 def test_a_drafter_passed_as_target_is_named(config, kind, tmp_path, capsys, no_loads):
-    """Newcomer pass 2026-12-04: swapping --target and --drafter failed in the tokenizer, blaming sentencepiece."""
+    """Swapping --target and --drafter failed in the tokenizer, blaming sentencepiece."""
     (tmp_path / "config.json").write_text(json.dumps(config))
     err = one_line_error(["generate", "--target", str(tmp_path), "--prompt", "x"], capsys)
     assert f"--target {tmp_path}: this is {kind} drafter checkpoint, not a target model" in err, err
 
 
 def test_convert_to_a_file_names_the_destination(tmp_path, capsys):
-    """Newcomer pass 2026-12-04: `convert SRC FILE` printed a bare '[Errno 17] File exists'."""
+    """`convert SRC FILE` printed a bare '[Errno 17] File exists'."""
     (tmp_path / "f").write_text("x")
     err = one_line_error(["convert", str(ROOT / "checkpoints" / "dflash-qwen2.5-coder-0.5b"), str(tmp_path / "f"),
                           "--to", "dflash"], capsys)

@@ -1,5 +1,5 @@
 """A prompt + max_new_tokens beyond the target's context (max_position_embeddings) is refused before any
-prefill (issue 14, finding 5), for the AR baseline, chain and tree drafting alike; exactly the context
+prefill, for the AR baseline, chain and tree drafting alike; exactly the context
 fits. Tiny random target with 512 positions."""
 import pytest
 

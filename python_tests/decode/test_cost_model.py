@@ -115,7 +115,7 @@ def test_calibration_is_cached_per_fingerprint(tmp_path, monkeypatch):
 
 
 def test_cached_table_records_its_load_and_a_busier_past_is_noted(tmp_path, monkeypatch, capsys):
-    """Newcomer pass: a table measured on a busy machine was cached for good without a word, and only `bench
+    """A table measured on a busy machine was cached for good without a word, and only `bench
     --recalibrate` measured again. The file records the load average; a cached table measured at a much higher
     load than now prints one line; `refresh=True` measures again."""
     from flashmap_ext.draft_shapes import calibrate as cost_calibrate
@@ -310,7 +310,7 @@ def test_chain_only_drafters_get_chains(model):
 K_CHAIN = 5
 
 
-# --- context length (issue 26): verify priced at each round's context ----------------------------------
+# --- context length: verify priced at each round's context ----------------------------------
 def context_table(per_context: float) -> CostTable:
     """verify(w, n) = 1 + 0.05 · (w − 1) + per_context · w · n seconds (attention of w new tokens over n
     cached ones), calibrated at n = 0."""

@@ -1,6 +1,6 @@
 """A drafter whose weights differ in dtype from the target (e.g. a bf16 checkpoint, `from_pretrained` keeping
-its stored dtype, on an fp32 target) runs as is, lossless, with one warning line naming both dtypes (newcomer
-pass: it ran without a word, and bf16 drafts several times slower on a CPU without bf16 hardware)."""
+its stored dtype, on an fp32 target) runs as is, lossless, with one warning line naming both dtypes
+(bf16 drafts several times slower on a CPU without bf16 hardware, so a silent mismatch would cost speed)."""
 import warnings
 
 import pytest

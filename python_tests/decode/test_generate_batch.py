@@ -1,4 +1,4 @@
-"""`generate` with a list of prompts of different lengths (issue 28 item 4): each row lossless — at T = 0
+"""`generate` with a list of prompts of different lengths: each row lossless — at T = 0
 in fp32 its plain greedy decoding (full recompute per token), at T > 0 the tokens and stats of its own
 solo call with its seed — with per-row budgets, stop tokens and stats. Tiny random Qwen3, CPU."""
 import pytest

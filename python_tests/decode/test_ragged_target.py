@@ -1,4 +1,4 @@
-"""Public target helpers for someone else's HF model (issue 28 item 3): `capture_taps` against HF's own
+"""Public target helpers for someone else's HF model: `capture_taps` against HF's own
 `output_hidden_states`, and a ragged batch in one DynamicCache (`left_pad`, `ragged_inputs`,
 `rollback_rows`) against plain single-row HF forwards without a cache. Tiny random Qwen3, fp32, CPU."""
 import pytest

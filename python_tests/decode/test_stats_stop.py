@@ -1,4 +1,4 @@
-"""Stats after a stop token (issue 14, finding 1): a round cut by a stop token is recorded as the tokens it
+"""Stats after a stop token: a round cut by a stop token is recorded as the tokens it
 returned, nothing past the stop, for chain rounds and EAGLE-3 tree rounds alike.
 
 Independent reference: the oracle drafters propose plain greedy decoding (every draft is accepted), so

@@ -1,4 +1,4 @@
-"""The projected clock (issue 23): the exact reader of the network's input Eᵀx against independent
+"""The projected clock: the exact reader of the network's input Eᵀx against independent
 references (argmax decoding of the full state for E = I, a direct float64 Gaussian posterior of Eᵀx), and
 the state probe's check that the state is as readable at τ = ½ as the clock says."""
 import pytest
@@ -62,7 +62,7 @@ def test_state_is_readable_at_half_where_the_projected_clock_says(wide_vocab_tar
 
 def test_full_state_clock_fails_the_same_check(wide_vocab_target):
     """The check the probe makes can fail: FLM's clock of the V-dim state promises 0.5 at τ = ½, the
-    network's d-dim input shows a few percent (issue 23: 0.6 % for the committed 8,192-row drafter)."""
+    network's d-dim input shows a few percent (0.6 % for the committed 8,192-row drafter)."""
     drafter = tiny_drafter(wide_vocab_target, "full-state")
     assert drafter.clock.name == "full-state"
     (acc,) = reader_uniform(drafter, [0.5], samples=6000, seed=11)

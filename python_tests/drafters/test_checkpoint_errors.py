@@ -1,4 +1,4 @@
-"""Broken drafter checkpoints (issue 14, finding 3): a missing directory, a malformed or empty config.json, a
+"""Broken drafter checkpoints: a missing directory, a malformed or empty config.json, a
 truncated model.safetensors, another kind's checkpoint. The API raises CheckpointError (a ValueError) with
 one line naming the path, what is wrong and the drafter kind its config names; the CLI exits 2 with that
 line and no traceback."""

@@ -1,4 +1,4 @@
-"""Drafter config.json fields as a newcomer gets them wrong (issue 14): a wrong JSON type names the field,
+"""Drafter config.json fields as a user gets them wrong: a wrong JSON type names the field,
 a missing block_size is refused (not defaulted), an unknown format_version is refused. The configs are
 the committed checkpoints' own files with one field changed; nothing is loaded past config.json."""
 import json

@@ -164,7 +164,7 @@ def test_dflash_unwindowed_drops_our_window_and_drafts_like_the_reference(target
 
 
 def test_speculative_config_refuses_an_unexported_flashmap_checkpoint(tmp_path):
-    """Newcomer pass 2026-12-04: speculative_config on the committed FlashMap checkpoint (not an export)
+    """`speculative_config` on the committed FlashMap checkpoint (not an export)
     returned num_speculative_tokens 7 (DFlash's block_size − 1) where its export gives 8, without a word."""
     from flashmap_ext.integrations.vllm import speculative_config
     config = json.loads((pathlib.Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-qwen2.5-coder-0.5b" / "config.json").read_text())

@@ -1,5 +1,5 @@
 """`flashmap_ext.draft_block`, one drafting call for FlashMap, DFlash and EAGLE-3 chains, and
-`FlashMapDrafter.for_target`'s presets and init (issue 28 items 1 and 5). Tiny random targets, CPU."""
+`FlashMapDrafter.for_target`'s presets and init. Tiny random targets, CPU."""
 import pytest
 import torch
 
@@ -55,7 +55,7 @@ def test_draft_block_one_call_for_every_drafter(setup, kind, K):
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
 @pytest.mark.parametrize("position", [S - 1, None])
 def test_draft_block_names_an_anchor_batch_the_memory_does_not_have(setup, kind, position):
-    """Newcomer pass: 2 anchors on a batch-1 memory blamed `position` ([8, 8] vs lengths [8])."""
+    """2 anchors on a batch-1 memory blamed `position` ([8, 8] vs lengths [8])."""
     model, ids, drafters = setup
     if position is None and kind != "flashmap":
         pytest.skip("position is required for DFlash and EAGLE-3")

@@ -183,7 +183,7 @@ def test_zero_init_starts_uniform_and_trains(target):
 
 def test_slot_positions_are_on_the_scale_of_the_slot_state(target):
     """At τ = 0 a slot's input is pure noise, so its identity is the slot-position embedding alone: a fresh
-    drafter draws it at the scale of the RMS-normalised state it is added to (issue 24: at std 0.02 it was ~3 %
+    drafter draws it at the scale of the RMS-normalised state it is added to (at std 0.02 it was ~3 %
     of the slot token, and the testbed's flow model drafted +0.20 γ better at T = 0 with std 1)."""
     torch.manual_seed(0)
     drafter = FlashMapDrafter.for_target(target, **TINY)
@@ -285,7 +285,7 @@ def test_clear_errors_name_the_argument(target):
     cases = [
         ("anchor_tokens", lambda: draft_block(drafter, memory, torch.tensor([1]), seed=0, position=5)),
         ("anchor_tokens", lambda: draft_block(drafter, memory, anchor.int(), seed=0, position=5)),
-        # newcomer pass 2026-12-04: an int anchor read "got None int"
+        # an int anchor read "got None int"
         (r"anchor_tokens: expected a \[B=2\] int64 tensor \(each row's last committed token id\), got int 5$",
          lambda: draft_block(drafter, memory, 5, seed=0, position=5)),
         (r"got a tensor of shape \[2, 1\] and dtype torch.int64$",

@@ -1,4 +1,4 @@
-"""Per-tap RMSNorm before the tap projection (FlashMapConfig.tap_input_norm, issue 13): a float64 loop
+"""Per-tap RMSNorm before the tap projection (FlashMapConfig.tap_input_norm): a float64 loop
 reference, the eager drafter's memory, the fused path on CPU, and the checkpoint round trip."""
 import json
 

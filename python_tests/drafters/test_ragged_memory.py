@@ -1,4 +1,4 @@
-"""Ragged drafter memories (issue 28 item 2): rows of different lengths in one memory, with per-row
+"""Ragged drafter memories: rows of different lengths in one memory, with per-row
 extend (`extend_memory` appends T positions to every row, each from its own length) and `truncate`.
 Each row of a ragged batch of 4 must draft what it drafts alone in a batch-1 memory: tokens exactly,
 logits within fp32 tolerance (a batch of 4 with masks rounds differently from a solo run). FlashMap

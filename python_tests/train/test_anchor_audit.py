@@ -1,4 +1,4 @@
-"""Anchor audit (issue 25 item 2; SpecForge #470 / PR #473): a block anchored at a must not see the target's
+"""Anchor audit (SpecForge #470 / PR #473): a block anchored at a must not see the target's
 taps at positions >= a (they do not exist when a is drafted) nor the tokens after a, in training — several
 anchors per sequence, closer together than the block size, in one forward — and in held-out evaluation
 (`evaluate.heldout.slot_hits`, which feeds memory the way decoding does). Replaced by noise, they must leave

@@ -1,4 +1,4 @@
-"""Training samples cut or dropped by --max-length (issue 14, finding 2): counted, reported at the end of
+"""Training samples cut or dropped by --max-length: counted, reported at the end of
 `flashmap features` and in the cache's manifest.json; a dataset where every sample drops is refused.
 
 Expected counts by hand: the byte tokenizer renders a turn as "user: <text>\\n" and the generation prompt

@@ -1,4 +1,4 @@
-"""Recipe options of `train flow` (issue 13): slot decay tied to K, LM head without recomputation."""
+"""Recipe options of `train flow`: slot decay tied to K, LM head without recomputation."""
 import math
 
 import pytest

@@ -163,7 +163,7 @@ def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monke
     real_train = runner.train
     monkeypatch.setattr(runner, "train", lambda *a, **kw: {**real_train(*a, **kw), "step": 1})  # as if stopped
     capsys.readouterr()
-    # newcomer pass 2026-12-04: a stopped run exited 0, so `train ... && distill ...` went on with half-trained weights
+    # a stopped run exited 0, so `train ... && distill ...` went on with half-trained weights
     assert main(["train", "dflash", *args[:-1], "3", "--mask-token-id", "0", "--resume"]) == 130
     assert "stopped by a signal at step 1 of 3" in capsys.readouterr().err
 
@@ -208,7 +208,7 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path):
 
 
 def test_flow_trains_on_the_projected_clock_and_an_older_run_resumes_only_on_its_own(tmp_path):
-    """New flow runs store the projected clock's table (issue 23); a run started before --clock existed
+    """New flow runs store the projected clock's table; a run started before --clock existed
     (run.json without it) trained on the full-state clock, and resuming it on another clock is refused."""
     common = tiny_feature_cache(tmp_path, ("one", "two"))
     run = tmp_path / "flow"
@@ -227,7 +227,7 @@ def test_flow_trains_on_the_projected_clock_and_an_older_run_resumes_only_on_its
 
 
 def test_dflash_slot_decay_reaches_the_loss(tmp_path, monkeypatch):
-    """`train dflash --slot-decay` (issue 23 item 4: one flag for both drafters' slot weighting): the value reaches
+    """`train dflash --slot-decay` (one flag for both drafters' slot weighting): the value reaches
     dflash_loss's gamma, 'auto' / no flag leaves DFlash's rule (None → default_gamma), a bad value is refused."""
     from flashmap_ext.train import dflash
     common = tiny_feature_cache(tmp_path, ("one", "two"))

@@ -1,4 +1,4 @@
-"""Issue 4 "done when": tiny target → its own greedy outputs → features → flow → distill → generate, and
+"""End to end: tiny target → its own greedy outputs → features → flow → distill → generate, and
 the trained drafter's acceptance length on held-out prompts strictly beats a random drafter's.
 
 The target is a random tiny Qwen3 over a word-level vocabulary (decode → encode round-trips exactly) with

@@ -1,4 +1,4 @@
-"""`--init-from`: a training stage starts from a committed drafter's weights (issue 25's long runs)."""
+"""`--init-from`: a training stage starts from a committed drafter's weights (long runs in pieces)."""
 from __future__ import annotations
 
 import torch

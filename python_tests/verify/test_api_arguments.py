@@ -1,4 +1,4 @@
-"""Public API argument handling found by a newcomer's break-it pass: every bad argument raises an error that
+"""Public API argument handling tried as a user would: every bad argument raises an error that
 names it (no obscure overflow / attribute errors, no silent truncation, no garbage from a meta tensor)."""
 import math
 
@@ -103,7 +103,7 @@ def test_generate_arguments_are_checked(model, args, kw, error, message):
     ("Qwen/Qwen3-8B", None, r"target: .* got str 'Qwen/Qwen3-8B' .*fm.load_target"),
 ])
 def test_generate_names_a_wrong_target_or_drafter(model, target, drafter, message):
-    """Newcomer pass: generate(target, "random", ...) and generate(None, ...) raised a raw AttributeError."""
+    """Generate(target, "random", ...) and generate(None, ...) raised a raw AttributeError."""
     with pytest.raises(TypeError, match=message):
         generate(model if target == "model" else target, drafter, [1, 2], 3)
     with pytest.raises(TypeError, match=message):  # a batch of prompts too

@@ -145,7 +145,7 @@ def test_verify_row_params_outside_domain_flagged_by_the_op(device):
     B, K, V = 8, 2, 40
     logits, drafts = random_case(B, K, V, gen_seed=8)
     params = per_row(B, torch.tensor([1.0, math.nan, 1.0, 1.0, 1.0, 0.0, -1.0, math.inf]),  # rows 6, 7: issue of
-                     torch.tensor([0, 0, -3, 0, 0, 0, 0, 0]),                               # the newcomer pass: a
+                     torch.tensor([0, 0, -3, 0, 0, 0, 0, 0]),                               # a
                      torch.tensor([0.9, 0.9, 0.9, 1.5, math.nan, -0.5, 0.9, 0.9]),          # greedy / uniform row
                      device=device)
     op = torch.ops.flashmap.verify.default

@@ -1,4 +1,4 @@
-"""`verify` / `sample` Python scalars outside their domain (issue 14, finding 4): ValueError naming the
+"""`verify` / `sample` Python scalars outside their domain: ValueError naming the
 argument, as the loop's Request and the CLI do (temperature finite and >= 0, top_p in (0, 1], top_k >= 0)."""
 import math
 

@@ -36,13 +36,13 @@ class FlashMapConfig:
         its anchor, in training and at inference (common/window.py, DESIGN.md §5.6); None: all of them.
     tap_input_norm: divide each tapped layer's d_target vector by its RMS before the tap projection
         (x / sqrt(mean(x²) + norm_eps), no gain: the projection right after it holds any per-channel
-        scale). The target's tap norms grow ~10x from the first to the last taps (issue 13); without this
+        scale). The target's tap norms grow ~10x from the first to the last taps; without this
         the projection sees mostly the late layers. False (the default) for checkpoints made before it.
     clock_t, clock_tau: the τ↔t table of the "projected" clock (flow.projected_clock_table: τ is the
         fraction of decoding errors the exact reader of the network's d-dim input removes; built once from
         the state embedding by `FlashMapDrafter.calibrate_clock`). None (checkpoints made before it): the
         "full-state" clock of FLM, argmax decoding of the V-dim state, which that input cannot show
-        (issue 23, DESIGN.md §4).
+        (DESIGN.md §4).
     state_loglik: add the exact log-likelihood of the slot's input state under each token,
         `flow.reader_log_likelihood` at t(τ_s), to the logits (the network then predicts the context's
         part of the posterior). False for checkpoints made before it.

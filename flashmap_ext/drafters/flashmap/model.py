@@ -40,7 +40,7 @@ from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
 
 # Slot-position init std: the slot token is RMSNorm(Linear(Eᵀx)) (unit RMS) + slot_pos. At τ = 0 that state is
-# pure noise, so at 0.02 (the value before issue 24) the slot's identity was ~3 % of its token and learned slowly.
+# pure noise, so at the usual 0.02 the slot's identity would be ~3 % of its token and learn slowly.
 SLOT_POS_STD = 1.0
 
 

@@ -1,4 +1,4 @@
-"""vLLM peer rows on the real target: vLLM AR, n-gram, our DFlash and FlashMap checkpoints (issue 17).
+"""vLLM peer rows on the real target: vLLM AR, n-gram, our DFlash and FlashMap checkpoints.
 
     python -m flashmap_ext.integrations.vllm.bench --out DIR [--n 3] [--max-new-tokens 64]   # DIR also gets the exports
 
