@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from drafter_doubles import greedy_continuation
+from support.drafter_doubles import greedy_continuation
 from flashmap_ext import ops
 from flashmap_ext.speculate import generate
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from drafter_doubles import random_flashmap
+from support.drafter_doubles import random_flashmap
 from flashmap_ext import DFlashDrafter, Eagle3Drafter, FlashMapDrafter, TreeSpec, draft_block, generate, ops
 from flashmap_ext.draft_shapes.auto import AutoDrafter
 from flashmap_ext.draft_shapes.cost_model import CostTable

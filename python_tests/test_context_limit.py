@@ -4,7 +4,7 @@ fits. Tiny random target with 512 positions."""
 import pytest
 
 from conftest import tiny_qwen3
-from drafter_doubles import OracleDrafter, OracleTreeDrafter
+from support.drafter_doubles import OracleDrafter, OracleTreeDrafter
 from flashmap_ext import Target, TreeSpec, generate
 
 

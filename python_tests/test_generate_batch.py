@@ -6,7 +6,7 @@ import torch
 
 import flashmap_ext as fm
 from conftest import tiny_qwen3
-from drafter_doubles import greedy_continuation, random_flashmap
+from support.drafter_doubles import greedy_continuation, random_flashmap
 
 LENGTHS = (7, 13, 4, 10)
 BUDGETS = [20, 9, 15, 1]

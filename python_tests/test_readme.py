@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 REAL_TARGET = "qwen2.5-coder-0.5b"
 CLI_SWAPS = {f"--target {REAL_TARGET}": "--target tiny-random",
@@ -94,7 +94,7 @@ def test_own_decoder_says_what_model_is_and_that_way_runs():
     import tempfile
 
     import flashmap_ext as fm
-    from drafter_doubles import greedy_continuation, random_flashmap
+    from support.drafter_doubles import greedy_continuation, random_flashmap
     from flashmap_ext.target import TINY
     prose = section("Use it in your own decoder").split("```python")[0]
     for said in ("`model` is the target as a plain Hugging Face", "`AutoModelForCausalLM`", "`target.model`",
@@ -210,7 +210,7 @@ def test_own_decoder_loop_runs_as_written_and_equals_greedy(kind, steps):
     """The "Use it in your own decoder" block, exec'd as written, then called on a tiny random Qwen3 for one
     prompt and a ragged batch of two: each row equals plain greedy decoding (full recompute per token)."""
     from conftest import tiny_qwen3
-    from drafter_doubles import greedy_continuation, random_flashmap
+    from support.drafter_doubles import greedy_continuation, random_flashmap
     (block,) = fenced_blocks("python", section("Use it in your own decoder"))
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)

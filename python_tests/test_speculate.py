@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from drafter_doubles import OracleDrafter, RandomDrafter, ScheduledRejectDrafter, greedy_continuation, random_flashmap
+from support.drafter_doubles import OracleDrafter, RandomDrafter, ScheduledRejectDrafter, greedy_continuation, random_flashmap
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target
-from loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
+from support.loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
 
 K = 4            # draft length of the test drafters
 NEW = 2 * K + 5  # new tokens per identity run: several full rounds plus a budget-limited last one

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from conftest import tiny_qwen3
-from drafter_doubles import OracleDrafter, ScheduledRejectDrafter
+from support.drafter_doubles import OracleDrafter, ScheduledRejectDrafter
 from flashmap_ext.speculate import Timer, generate
 
 K, N = 4, 14

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from drafter_doubles import OracleTreeDrafter, RandomDrafter, greedy_continuation
+from support.drafter_doubles import OracleTreeDrafter, RandomDrafter, greedy_continuation
 from flashmap_ext import Eagle3Drafter, Target, TreeSpec, generate
-from loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
+from support.loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
 
 V, NEW = 111, 13
 SMALL = TreeSpec(depth=3, topk=4, num_nodes=8)

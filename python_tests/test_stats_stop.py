@@ -9,7 +9,7 @@ cut by the stop records the drafts before the stop as accepted and the stop in t
 import pytest
 
 from conftest import tiny_qwen3
-from drafter_doubles import OracleDrafter, OracleTreeDrafter, greedy_continuation
+from support.drafter_doubles import OracleDrafter, OracleTreeDrafter, greedy_continuation
 from flashmap_ext.speculate import TreeSpec, generate
 
 K = 4

@@ -6,7 +6,7 @@ import torch
 from scipy.stats import chi2
 
 from conftest import tiny_qwen3
-from drafter_doubles import OracleTreeDrafter, greedy_continuation
+from support.drafter_doubles import OracleTreeDrafter, greedy_continuation
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.ops.verify_reference import verify_target_probs
 from flashmap_ext.speculate import generate_tree

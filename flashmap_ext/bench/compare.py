@@ -1,7 +1,8 @@
-"""Paired Δγ between rows of a `flashmap bench` results.json, and its shuffle-test Δγ, as Markdown (issue 23 item 5).
+"""`flashmap bench compare`: paired Δγ between rows of `flashmap bench` results.json files, and their
+shuffle-test Δγ, as Markdown.
 
-    .venv/bin/python scripts/bench_delta.py runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
-    .venv/bin/python scripts/bench_delta.py runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
+    flashmap bench compare runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
+    flashmap bench compare runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
 
 Several results files (one dataset, or one drafter, per core) are pooled when their settings agree and no row
 (method, dataset) is in two; AR, which every run has, is kept from the first file holding each dataset.
@@ -14,13 +15,8 @@ noise) are copied from the results' own "shuffle" section, which bench computed 
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 ALL = "all datasets"
 
@@ -101,24 +97,29 @@ def markdown(results: dict, pairs: dict) -> list[str]:
     return lines
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
     p.add_argument("--out", help="JSON file for the pairs")
-    args = p.parse_args(argv)
-    results = merge([json.loads(Path(f).read_text()) for f in args.results], args.results)
+
+
+def parse_pairs(specs: list[str] | None) -> list[tuple[str, str]]:
+    """--pair values → [(A, B)]; ValueError naming the option for anything but two row names."""
     todo = []
-    for spec in args.pair or ["FlashMap-2,FlashMap-1"]:
-        if len(spec.split(",")) != 2:
+    for spec in specs or ["FlashMap-2,FlashMap-1"]:
+        names = [n.strip() for n in spec.split(",")]
+        if len(names) != 2 or not all(names):
             raise ValueError(f"--pair {spec!r}: expected A,B (two bench row names)")
-        todo.append(tuple(spec.split(",")))
+        todo.append((names[0], names[1]))
+    return todo
+
+
+def run(args) -> int:
+    """Prints the Markdown table of every --pair (and the shuffle rows); writes --out when given."""
+    todo = parse_pairs(args.pair)
+    results = merge([json.loads(Path(f).read_text()) for f in args.results], args.results)
     pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
     print("\n".join(markdown(results, pairs)))
     if args.out:
         Path(args.out).write_text(json.dumps({f"{a} - {b}": v for (a, b), v in pairs.items()}, indent=1) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

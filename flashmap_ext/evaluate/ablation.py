@@ -1,14 +1,13 @@
-"""The ablation table of `scripts/ablate.sh` as Markdown: one row per arm (RUN/<arm>/arm.json +
-RUN/<arm>/eval/eval.json), in the order the arms ran.
+"""`flashmap eval ablation`: the table of an ablation run (research/ablate.sh) as Markdown: one row per arm
+(RUN/<arm>/arm.json + RUN/<arm>/eval/eval.json), in the order the arms ran.
 
-    python scripts/ablation_table.py runs/ablate [--baseline flow] > table.md
+    flashmap eval ablation runs/ablate [--baseline flow] > table.md
 
 Columns: the arm and its flags, steps and training wall time, held-out slot-1 accuracy per domain, slots 1-4
 over all anchors, implied γ per domain and overall (Δγ against --baseline), draft-vocabulary coverage.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -50,19 +49,16 @@ def markdown(arms: list[dict], baseline: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", type=Path, help="the RUN folder of scripts/ablate.sh")
+def add_arguments(p) -> None:
+    p.add_argument("run", type=Path, help="the RUN folder of the ablation (one sub-folder per arm)")
     p.add_argument("--baseline", default="flow", help="arm the Δγ column is measured against (default flow)")
-    args = p.parse_args(argv)
+
+
+def run(args) -> int:
+    """Prints the table; ValueError naming RUN when no arm has finished."""
     arms = load_arms(args.run)
     if not arms:
-        print(f"{args.run}: no finished arm (arm.json + eval/eval.json)", file=sys.stderr)
-        return 1
+        raise ValueError(f"{args.run}: no finished arm (arm.json + eval/eval.json)")
     has_base = any(a["arm"] == args.baseline for a in arms)
     sys.stdout.write(markdown(arms, args.baseline if has_base else None))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

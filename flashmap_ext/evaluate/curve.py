@@ -1,7 +1,8 @@
-"""The learning curve of a long training run: held-out slot-1 accuracy and implied γ against cumulative
-optimizer steps and CPU-hours, one line per drafter, plus a Markdown table and the stopping rule (issue 25).
+"""`flashmap eval curve`: the learning curve of a long training run: held-out slot-1 accuracy and implied γ
+against cumulative optimizer steps and CPU-hours, one line per drafter, plus a Markdown table and the
+stopping rule.
 
-    python scripts/learning_curve.py series.json --out runs/curve      # writes curve.png and curve.md
+    flashmap eval curve series.json --out runs/curve      # writes curve.png and curve.md
 
 series.json lists, per drafter, the evaluated pieces of the run in any order (eval paths relative to the file):
 
@@ -14,7 +15,6 @@ less than 0.02, the run is data-bound and the corpus should grow instead.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -135,21 +135,16 @@ def plot(curve: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("series", type=Path, help="series.json (module docstring)")
+def add_arguments(p) -> None:
+    p.add_argument("series", type=Path, help="series.json (see the description above)")
     p.add_argument("--out", type=Path, required=True, help="folder for curve.png and curve.md (created)")
-    args = p.parse_args(argv)
-    try:
-        curve = load_series(args.series)
-    except (ValueError, OSError) as err:
-        p.error(str(err))
+
+
+def run(args) -> int:
+    """Writes OUT/curve.md and OUT/curve.png; ValueError naming the series file for a missing field."""
+    curve = load_series(args.series)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "curve.md").write_text(markdown(curve))
     plot(curve, args.out / "curve.png")
     print(f"{args.out / 'curve.md'}\n{args.out / 'curve.png'}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,10 @@
-"""Verdict of one long-run piece (scripts/long_run.sh): does it beat the committed checkpoint on held-out?
+"""`flashmap eval verdict`: does one piece of a long run (recipes/long_run.sh) beat the committed checkpoint
+on held-out?
 
-    python scripts/long_run_verdict.py RUN KIND INIT
+    flashmap eval verdict RUN KIND INIT --history HISTORY.json
 
 Reads RUN/eval-KIND/eval.json (`flashmap eval` of drafters "piece" and "committed"), RUN/KIND.piece.json and
-checkpoints/long-run/history.json; prints the held-out implied γ of both with a 95 % interval of the
+the committed weights' training history (HISTORY.json: steps and core-hours per kind); prints the held-out implied γ of both with a 95 % interval of the
 difference and appends one learning-curve line (a piece recorded with "warm_start": false, the map distilled
 from a new teacher, counts only its own steps and hours: its teacher's are on the flow's curve) to RUN/curve-KIND.jsonl. The interval treats anchors as
 independent (anchors of one sequence are correlated, so it is too narrow rather than too wide); "beats"
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
 
 def gamma_and_var(entry: dict) -> tuple[float, float]:
@@ -42,14 +42,15 @@ def piece_core_s(piece: dict) -> float:
     return float(piece["cpu_s"]) if "cpu_s" in piece else float(piece["wall_s"])
 
 
-def main(run: str, kind: str, init: str) -> int:
+def judge(run: str, kind: str, init: str, history: str) -> int:
+    """Prints the verdict line and appends the piece's learning-curve line to RUN/curve-KIND.jsonl."""
     with open(os.path.join(run, f"eval-{kind}", "eval.json")) as f:
         ev = json.load(f)
     with open(os.path.join(run, f"{kind}.piece.json")) as f:
         piece = json.load(f)
     past = {"steps": 0, "core_hours": 0.0}  # a fresh student (the map of a new teacher) starts at zero
     if piece.get("warm_start", True):
-        with open("checkpoints/long-run/history.json") as f:
+        with open(history) as f:
             past = json.load(f)[kind]
     out = verdict(ev["results"]["piece"], ev["results"]["committed"])
     slot1 = {d: ev["results"]["piece"][d]["slot_accuracy"][0] for d in ("math", "code", "chat", "all")}
@@ -69,7 +70,13 @@ def main(run: str, kind: str, init: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit("usage: python scripts/long_run_verdict.py RUN KIND INIT")
-    sys.exit(main(*sys.argv[1:]))
+def add_arguments(p) -> None:
+    p.add_argument("run", help="the long run's folder (RUN of recipes/long_run.sh)")
+    p.add_argument("kind", choices=("dflash", "flow", "map"), help="the piece's drafter kind")
+    p.add_argument("init", help="the committed checkpoint the piece started from (recorded in the curve line)")
+    p.add_argument("--history", required=True,
+                   help="training history of the committed weights (JSON: {kind: {steps, core_hours}})")
+
+
+def run(args) -> int:
+    return judge(args.run, args.kind, args.init, args.history)

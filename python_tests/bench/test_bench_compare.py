@@ -1,17 +1,18 @@
-"""scripts/bench_delta.py: paired Δγ of two bench rows from results.json, turns merged per prompt."""
+"""`flashmap bench compare` (bench/compare.py): paired Δγ of two bench rows from results.json, turns merged per
+prompt."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("bench_delta", ROOT / "scripts" / "bench_delta.py")
-bench_delta = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_delta)
+from flashmap_ext import cli
+from flashmap_ext.bench import compare as bench_delta
+
+
+def compare(argv: list[str]) -> int:
+    return cli.main(["bench", "compare", *argv])
 
 
 def rec(method, dataset, prompt_id, accepted):
@@ -48,14 +49,14 @@ def test_pooled_delta_by_hand_and_turns_merged(monkeypatch):
     assert lo <= out["all datasets"]["delta"] <= hi and np.isfinite([lo, hi]).all()
 
 
-def test_unknown_row_and_bad_pair_are_refused(tmp_path):
+def test_unknown_row_and_bad_pair_are_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match="no row 'FlashMap-2'"):
         bench_delta.pair_delta(results(), "FlashMap-2", "B")
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results()))
-    with pytest.raises(ValueError, match="--pair 'A'"):
-        bench_delta.main([str(path), "--pair", "A"])
-    assert bench_delta.main([str(path), "--pair", "A,B", "--out", str(tmp_path / "d.json")]) == 0
+    assert compare([str(path), "--pair", "A"]) == 2
+    assert capsys.readouterr().err == "flashmap bench: error: --pair 'A': expected A,B (two bench row names)\n"
+    assert compare([str(path), "--pair", "A,B", "--out", str(tmp_path / "d.json")]) == 0
     assert json.loads((tmp_path / "d.json").read_text())["A - B"]["gsm8k"]["prompts"] == 2
 
 
@@ -69,10 +70,10 @@ def test_two_runs_of_one_dataset_each_pool_to_the_single_run(tmp_path):
     for i, part in enumerate(split_by_dataset(results())):
         files.append(tmp_path / f"r{i}.json")
         files[-1].write_text(json.dumps(part))
-    bench_delta.main([*map(str, files), "--pair", "A,B", "--out", str(tmp_path / "pooled.json")])
+    assert compare([*map(str, files), "--pair", "A,B", "--out", str(tmp_path / "pooled.json")]) == 0
     one = tmp_path / "one.json"
     one.write_text(json.dumps(results()))
-    bench_delta.main([str(one), "--pair", "A,B", "--out", str(tmp_path / "single.json")])
+    assert compare([str(one), "--pair", "A,B", "--out", str(tmp_path / "single.json")]) == 0
     assert json.loads((tmp_path / "pooled.json").read_text()) == json.loads((tmp_path / "single.json").read_text())
 
 

@@ -11,15 +11,7 @@ from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.load import checkpoint_type, load_drafter
 from flashmap_ext.target import ByteTokenizer
 from flashmap_ext.target import load_target as load_target_and_tokenizer
-
-BASE = ["generate", "--target", "tiny-random", "--prompt", "Hello, world", "--max-new-tokens", "24",
-        "--dtype", "fp32"]
-
-
-def run_cli(argv, capsys):
-    assert cli.main(argv) == 0
-    captured = capsys.readouterr()
-    return captured.out, captured.err
+from support.cli_runs import BASE, run_cli
 
 
 def test_generate_streams_text_and_stats(capsys):

@@ -9,11 +9,11 @@ import torch
 from test_speculate import random_flashmap
 
 from conftest import tiny_qwen3
-from drafter_doubles import RecordingDrafter, greedy_continuation
+from support.drafter_doubles import RecordingDrafter, greedy_continuation
 from flashmap_ext import Target, TreeSpec, generate
 from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter, merge_chains, topk_tree
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
-from loop_helpers import V_SMALL, assert_matches_joint, prompt_of
+from support.loop_helpers import V_SMALL, assert_matches_joint, prompt_of
 
 V, NEW, K = 111, 13, 4
 TAPS = (0, 1)
@@ -281,7 +281,7 @@ def test_sampling_matches_target_joint_distribution(kind):
                                    ["--drafter", "random", "--block-tree", "multinoise", "--tree", "4,2,8"],
                                    ["--drafter", "random", "--auto"]])
 def test_generate_cli_shapes_print_the_greedy_text(extra, capsys, tmp_path, monkeypatch):
-    from test_generate_cli import BASE, run_cli
+    from support.cli_runs import BASE, run_cli
     monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path))  # --auto calibrates into a fresh cache
     ar_out, _ = run_cli(BASE, capsys)
     out, err = run_cli(BASE + extra, capsys)

@@ -1,15 +1,12 @@
-"""scripts/ablation_table.py: the Markdown table of scripts/ablate.sh's arms from their JSON files."""
-import importlib.util
+"""`flashmap eval ablation` (evaluate/ablation.py): the Markdown table of an ablation run's arms from their JSON
+files."""
 import json
 import os
-import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("ablation_table", ROOT / "scripts" / "ablation_table.py")
-table = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(table)
+from flashmap_ext import cli
+from flashmap_ext.evaluate import ablation as table
 
 
 def write_arm(run, arm, kind, flags, gammas, slot1, mtime):
@@ -28,15 +25,16 @@ def test_rows_in_run_order_with_delta_gamma_against_the_baseline(tmp_path, capsy
     write_arm(tmp_path, "flow", "flow", "", (1.3, 1.2, 1.25, 1.25), (0.25, 0.16, 0.2, 0.2), 1000)
     (tmp_path / "unfinished").mkdir()
     (tmp_path / "unfinished" / "arm.json").write_text("{}")  # no eval yet: left out
-    assert table.main([str(tmp_path)]) == 0
+    assert cli.main(["eval", "ablation", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and lines[2].startswith("| flow |") and lines[3].startswith("| dflash |")
     assert "| 0.250 / 0.160 / 0.200 | .200 .100 .050 .025 | 1.300 / 1.200 / 1.250 / 1.250 | +0.000 |" in lines[2]
     assert "| +0.100 | 0.930 |" in lines[3] and "| 20.0 |" in lines[3]
 
 
-def test_no_finished_arm_and_unknown_baseline(tmp_path):
-    assert table.main([str(tmp_path)]) == 1
+def test_no_finished_arm_and_unknown_baseline(tmp_path, capsys):
+    assert cli.main(["eval", "ablation", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"flashmap eval: error: {tmp_path}: no finished arm (arm.json + eval/eval.json)\n"
     write_arm(tmp_path, "flow", "flow", "--block-size 5", (1.3, 1.2, 1.25, 1.25), (0.25, 0.16, 0.2, 0.2), 1000)
     with pytest.raises(ValueError, match="--baseline 'dflash'"):
         table.markdown(table.load_arms(tmp_path), "dflash")

@@ -1,14 +1,12 @@
-"""scripts/learning_curve.py: table, stopping rule and plot of a long run's held-out evals (fixture JSONs)."""
-import importlib.util
+"""`flashmap eval curve` (evaluate/curve.py): table, stopping rule and plot of a long run's held-out evals
+(fixture JSONs)."""
 import json
 import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("learning_curve", ROOT / "scripts" / "learning_curve.py")
-curve = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(curve)
+from flashmap_ext import cli
+from flashmap_ext.evaluate import curve
 
 
 def write_eval(path: pathlib.Path, name: str, slot1_all: float, gamma: float):
@@ -48,7 +46,7 @@ def test_table_and_stopping_rule(tmp_path):
 
 
 def test_cli_writes_plot_and_table(tmp_path):
-    assert curve.main([str(fixture(tmp_path)), "--out", str(tmp_path / "out")]) == 0
+    assert cli.main(["eval", "curve", str(fixture(tmp_path)), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curve.png").stat().st_size > 1000
     assert (tmp_path / "out" / "curve.md").read_text().startswith("| drafter |")
 

@@ -1,16 +1,17 @@
-"""scripts/long_run_verdict.py: held-out γ and its interval from `flashmap eval`'s run-length histograms."""
+"""`flashmap eval verdict` (evaluate/verdict.py): held-out γ and its interval from `flashmap eval`'s run-length
+histograms."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("long_run_verdict", ROOT / "scripts" / "long_run_verdict.py")
-verdict_mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(verdict_mod)
+from flashmap_ext import cli
+from flashmap_ext.evaluate import verdict as verdict_mod
+
+
+def judge(run, kind: str) -> int:
+    return cli.main(["eval", "verdict", str(run), kind, "ckpt", "--history", "checkpoints/long-run/history.json"])
 
 
 def entry(runs: list[int]) -> dict:
@@ -20,7 +21,7 @@ def entry(runs: list[int]) -> dict:
 
 
 def piece_run(tmp_path, monkeypatch, kind: str, piece: dict, committed: dict, record: dict, history: dict):
-    """A run directory as scripts/long_run.sh leaves it (eval.json, KIND.piece.json) and a history.json; cwd there."""
+    """A run directory as recipes/long_run.sh leaves it (eval.json, KIND.piece.json) and a history.json; cwd there."""
     run = tmp_path / "run"
     (run / f"eval-{kind}").mkdir(parents=True)
     meta = {"date": "2026-12-02", "dtype": "bf16", "cpu": "x", "bf16_hw": True}
@@ -50,7 +51,7 @@ def test_verdict_words_and_the_curve_line(tmp_path, monkeypatch):
     base = {d: {**entry(low), "slot_accuracy": [0.2] * 8} for d in ("math", "code", "chat", "all")}
     run = piece_run(tmp_path, monkeypatch, "dflash", result, base, {"piece_steps": 500, "wall_s": 1800},
                     {"steps": 3000, "core_hours": 1.0})
-    assert verdict_mod.main(str(run), "dflash", "ckpt") == 0
+    assert judge(run, "dflash") == 0
     line = json.loads((run / "curve-dflash.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (3500, 1.5, "beats")
     assert line["slot1"]["all"] == 0.6
@@ -61,7 +62,7 @@ def test_a_fresh_student_counts_only_its_own_steps(tmp_path, monkeypatch):
     result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
     run = piece_run(tmp_path, monkeypatch, "map", result, result,
                     {"piece_steps": 1600, "wall_s": 3600, "warm_start": False}, {"steps": 1200, "core_hours": 0.45})
-    assert verdict_mod.main(str(run), "map", "ckpt") == 0
+    assert judge(run, "map") == 0
     line = json.loads((run / "curve-map.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["verdict"]) == (1600, 1.0, "ties")
 
@@ -71,6 +72,6 @@ def test_a_piece_on_a_shared_core_counts_its_cpu_time_not_its_wall_time(tmp_path
     result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
     run = piece_run(tmp_path, monkeypatch, "flow", result, result,
                     {"piece_steps": 1000, "wall_s": 3600, "cpu_s": 1800}, {"steps": 7000, "core_hours": 1.25})
-    assert verdict_mod.main(str(run), "flow", "ckpt") == 0
+    assert judge(run, "flow") == 0
     line = json.loads((run / "curve-flow.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["piece_wall_s"]) == (8000, 1.75, 3600)

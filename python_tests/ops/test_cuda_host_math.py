@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from cxx_helpers import build_driver
+from support.cxx_helpers import build_driver
 
 DRIVER = r"""
 #include <cstdio>

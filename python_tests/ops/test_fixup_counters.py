@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from cxx_helpers import build_driver
+from support.cxx_helpers import build_driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Commands, one per argument: `reserve:N:S` (an uncaptured call needing N counters on stream S),

@@ -8,7 +8,7 @@ import torch
 
 from flashmap_ext import ops
 from flashmap_ext.ops.verify_reference import verify_reference
-from verify_helpers import DEVICES, check_against_reference, per_row, random_case
+from support.verify_helpers import DEVICES, check_against_reference, per_row, random_case
 
 NEG = -math.inf
 

@@ -9,7 +9,7 @@ from flashmap_ext import ops
 from flashmap_ext.ops.verify_reference import verify_reference_detailed
 from flashmap_ext.rng import philox4x32_10_words as philox4x32_10
 from flashmap_ext.rng import verify_uniform
-from verify_helpers import DEVICES, FRAGILE, check_against_reference, per_row, random_case
+from support.verify_helpers import DEVICES, FRAGILE, check_against_reference, per_row, random_case
 
 # Random123 kat_vectors, philox4x32 10.
 PHILOX_KAT = [

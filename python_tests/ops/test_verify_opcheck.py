@@ -3,7 +3,7 @@ sample input, on CPU always and CUDA when present."""
 import pytest
 import torch
 
-from verify_helpers import DEVICES, per_row, random_case
+from support.verify_helpers import DEVICES, per_row, random_case
 
 
 def sample_inputs(device):

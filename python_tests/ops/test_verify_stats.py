@@ -30,7 +30,7 @@ import torch
 
 from flashmap_ext import ops
 from flashmap_ext.ops.verify_reference import verify_target_probs
-from verify_helpers import DEVICES, assert_chi_square
+from support.verify_helpers import DEVICES, assert_chi_square
 
 N, V, K = 200_000, 16, 3
 FILTERS = [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.0, 6, 0.8), (0.6, 10, 0.9)]  # (temperature, top_k, top_p)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from drafter_doubles import ScheduledRejectDrafter, greedy_continuation
+from support.drafter_doubles import ScheduledRejectDrafter, greedy_continuation
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target, resolve_dtype
 

@@ -1,17 +1,13 @@
-"""scripts/snapshot_drafter.py: a mid-run checkpoint becomes a drafter dir with the export's config and
+"""`flashmap train snapshot` (train/snapshot.py): a mid-run checkpoint becomes a drafter dir with the export's config and
 per-tensor dtypes (expected values: the checkpoint's tensors cast by torch, independently)."""
-import importlib.util
 import json
-import pathlib
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("snapshot_drafter", ROOT / "scripts" / "snapshot_drafter.py")
-snap = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(snap)
+from flashmap_ext import cli
+from flashmap_ext.train import snapshot as snap
 
 
 def run_dir(tmp_path, step_tensors):
@@ -38,7 +34,18 @@ def test_snapshot_takes_the_steps_weights_in_the_exports_dtypes(tmp_path):
 
 def test_snapshot_refuses_a_missing_step_and_other_tensors(tmp_path):
     run = run_dir(tmp_path, {"w": torch.zeros(2, 3), "extra": torch.zeros(1), "d2t": torch.arange(4)})
-    with pytest.raises(SystemExit, match="step-00001000"):
+    with pytest.raises(FileNotFoundError, match="step-00001000"):
         snap.snapshot(run, 1000, tmp_path / "o")
-    with pytest.raises(SystemExit, match="different tensors"):
+    with pytest.raises(ValueError, match="different tensors"):
         snap.snapshot(run, 9000, tmp_path / "o")
+
+
+def test_cli_writes_the_snapshot_and_names_a_missing_step(tmp_path, capsys):
+    w = torch.randn(2, 3, generator=torch.Generator().manual_seed(1))
+    run = run_dir(tmp_path, {"w": w, "d2t": torch.arange(4)})
+    assert cli.main(["train", "snapshot", str(run), "9000", str(tmp_path / "snap")]) == 0
+    assert torch.equal(load_file(str(tmp_path / "snap" / "model.safetensors"))["w"], w.to(torch.bfloat16))
+    capsys.readouterr()
+    assert cli.main(["train", "snapshot", str(run), "10", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flashmap train: error: ") and "step-00000010" in err and err.count("\n") == 1
