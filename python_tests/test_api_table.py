@@ -1,6 +1,6 @@
 """Every public entry point refuses a bad argument in one TypeError / ValueError naming it and its range,
 before any model work (DESIGN.md §12). One row per (entry point, argument, bad value, message fragment);
-every command's --seed range: decode/test_cli_errors.py."""
+every command's --seed range: commands/test_cli_errors.py."""
 import math
 
 import pytest

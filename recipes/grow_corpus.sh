@@ -2,7 +2,7 @@
 # Grow the self-answered corpus in data/ (issue 13): the fixed held-out set first (PER_DOMAIN prompts of each
 # of math / code / chat), then training prompts until stopped. Resumable: rerun to continue where it stopped.
 #
-#   nohup taskset -c 1 scripts/grow_corpus.sh > runs/grow_corpus.log 2>&1 &
+#   nohup taskset -c 1 recipes/grow_corpus.sh > runs/grow_corpus.log 2>&1 &
 #
 # Knobs (env): TARGET, OUT (corpus root), PER_DOMAIN (held-out prompts per domain), MAX_NEW, BATCH, THREADS,
 #   LIMIT (training prompts this run; empty = all).

@@ -5,9 +5,9 @@
 # checkpoints/README.md "Adding a checkpoint"). Every stage is skipped when its output exists and training
 # resumes from its newest checkpoint, so rerunning the same command after an interruption loses nothing.
 #
-#   CORE=1 scripts/long_run.sh dflash          # features (if missing), vocab, train, eval, curve line
-#   CORE=1 scripts/long_run.sh flow            # the FlashMap flow model (then `map` on its output)
-#   CORE=1 scripts/long_run.sh map             # distil RUN/flow/drafter into a 1-2 step map (fresh student:
+#   CORE=1 recipes/long_run.sh dflash          # features (if missing), vocab, train, eval, curve line
+#   CORE=1 recipes/long_run.sh flow            # the FlashMap flow model (then `map` on its output)
+#   CORE=1 recipes/long_run.sh map             # distil RUN/flow/drafter into a 1-2 step map (fresh student:
 #                                              # the teacher's Euler step; PIECE_STEPS defaults to 2/5 of the
 #                                              # flow piece's, LR to 8e-5, --frac-01 1/16: the recipe's ratios)
 #
@@ -22,7 +22,7 @@ set -euo pipefail
 
 main() {
     cd "$(dirname "$0")/.."
-    local kind=${1:?usage: scripts/long_run.sh dflash|flow|map}
+    local kind=${1:?usage: recipes/long_run.sh dflash|flow|map}
     RUN=${RUN:-runs/long}; CORE=${CORE:-1}; PER_DOMAIN=${PER_DOMAIN:-8}; WARMUP=${WARMUP:-0.04}
     if [ "$kind" = map ]; then PIECE_STEPS=${PIECE_STEPS:-$(( $(flow_piece_steps) * 2 / 5 ))}; LR=${LR:-8e-5}
     else PIECE_STEPS=${PIECE_STEPS:-4000}; LR=${LR:-6e-4}; fi
@@ -36,11 +36,11 @@ main() {
         flow) INIT=checkpoints/flashmap-flow-qwen2.5-coder-0.5b ;;
         map) INIT=checkpoints/flashmap-qwen2.5-coder-0.5b
              [ -s "$RUN/flow/drafter/model.safetensors" ] \
-                 || { echo "scripts/long_run.sh map: teacher $RUN/flow/drafter missing: run the flow piece first" >&2; exit 2; } ;;
-        *) echo "scripts/long_run.sh: kind: expected dflash, flow or map, got '$kind'" >&2; exit 2 ;;
+                 || { echo "recipes/long_run.sh map: teacher $RUN/flow/drafter missing: run the flow piece first" >&2; exit 2; } ;;
+        *) echo "recipes/long_run.sh: kind: expected dflash, flow or map, got '$kind'" >&2; exit 2 ;;
     esac
     [ -s "$INIT/model.safetensors" ] || { echo "$INIT/model.safetensors missing: run 'make checkpoints'" >&2; exit 2; }
-    RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} scripts/train_real_drafters.sh features
+    RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} recipes/train_real_drafters.sh features
     vocab_of "$INIT" "$RUN/vocab-$kind.json"
     local t0 c0; t0=$(date +%s); cpu_now; c0=$CPU_S
     "train_$kind" 2>&1 | tee -a "$RUN/$kind.log"
@@ -50,7 +50,7 @@ main() {
         > "$RUN/$kind.piece.json"
     $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
         --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
-    $PY scripts/long_run_verdict.py "$RUN" "$kind" "$INIT"
+    $FM eval verdict "$RUN" "$kind" "$INIT" --history checkpoints/long-run/history.json
 }
 
 # A pinned piece keeps its core against other work on it (a helper, CI): this shell and all it starts run at
@@ -107,7 +107,7 @@ flow_piece_steps() {
 
 resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && echo --resume || true; }
 
-# The committed recipe's shapes (scripts/train_real_drafters.sh), so the warm start fits.
+# The committed recipe's shapes (recipes/train_real_drafters.sh), so the warm start fits.
 train_dflash() {
     # shellcheck disable=SC2046
     $FM train dflash $(COMMON dflash) $(resume_flag "$RUN/dflash") --layers 2 --block-size 9 \

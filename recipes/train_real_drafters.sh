@@ -3,8 +3,8 @@
 # (DESIGN.md §8, §9; issue 5 item 2). Every stage is resumable: it is skipped when its output exists,
 # and training stages resume from their newest checkpoint. Logs and intermediate files go to runs/real/.
 #
-#   scripts/train_real_drafters.sh                 # every stage, in order
-#   scripts/train_real_drafters.sh regen features  # only the named stages
+#   recipes/train_real_drafters.sh                 # every stage, in order
+#   recipes/train_real_drafters.sh regen features  # only the named stages
 #
 # Stages: data regen features vocab flow distill dflash eagle3 export
 # Knobs (env): N_REGEN, N_ORIG (training conversations), MAX_LEN, N_HELDOUT, MAX_NEW (tokens per regenerated answer),

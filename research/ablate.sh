@@ -2,12 +2,12 @@
 # Issue 13 ablations at equal budget on one CPU core: one feature cache of a fixed subset of the committed
 # train corpus, one draft vocabulary, then one arm after another (train, then `flashmap eval` on the fixed
 # held-out set). Resumable: a finished stage or arm (its eval/eval.json exists) is skipped, an arm whose
-# training stopped resumes from its newest checkpoint. `scripts/ablation_table.py RUN` makes the table.
+# training stopped resumes from its newest checkpoint. `flashmap eval ablation RUN` makes the table.
 #
-#   nohup taskset -c 1 scripts/ablate.sh > runs/ablate.log 2>&1 &
-#   scripts/ablate.sh subset features vocab flow dflash      # only the named stages / arms
+#   nohup taskset -c 1 research/ablate.sh > runs/ablate.log 2>&1 &
+#   research/ablate.sh subset features vocab flow dflash      # only the named stages / arms
 #
-# Arms (the shared settings are scripts/train_real_drafters.sh's, --no-head-recompute everywhere: the same
+# Arms (the shared settings are recipes/train_real_drafters.sh's, --no-head-recompute everywhere: the same
 # gradients, less compute on a CPU):
 #   flow            FlashMap flow model as in the recipe (slot decay 7, τ = 0 for half the blocks, K = 8)
 #   dflash          DFlash baseline as in the recipe (block 9 = anchor + 8)

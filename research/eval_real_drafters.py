@@ -1,10 +1,10 @@
-"""Held-out acceptance check of the drafters trained by scripts/train_real_drafters.sh.
+"""Held-out acceptance check of the drafters trained by recipes/train_real_drafters.sh.
 
 For each held-out ShareGPT prompt (never trained on): AR greedy through `speculate.generate(drafter=None)`,
 then each drafter at T = 0; reports γ (mean committed per round, bonus included), per-slot acceptance,
 tokens/s and whether the output is token-identical to AR greedy.
 
-    python scripts/eval_real_drafters.py [--run runs/real] [--n 4] [--max-new-tokens 64] [--dtype bf16]
+    python research/eval_real_drafters.py [--run runs/real] [--n 4] [--max-new-tokens 64] [--dtype bf16]
         [--drafters flow:1,map:1,map:2,dflash,eagle3] [--from-checkpoints] [--json out.json]
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ cut so that the whole prompt is exactly N tokens (the question, so the answer, a
 the context). Each drafter decodes `--max-new-tokens` at T = 0 (greedy); the output is checked
 token-identical to the autoregressive baseline's, which runs once per length (`--no-ar` skips it).
 
-    taskset -c 0 python scripts/long_context.py --lengths 1024,4096,8192 [--drafters flashmap,dflash]
+    taskset -c 0 python research/long_context.py --lengths 1024,4096,8192 [--drafters flashmap,dflash]
         [--max-new-tokens 48] [--context-window W] [--json out.json]
 
 --context-window W | none: the drafters read the last W memory entries only (common/window.py), or all

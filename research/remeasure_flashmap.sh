@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 23 item 5: re-measure a retrained FlashMap on the real target, one core, fp32.
 #
-#   scripts/remeasure_flashmap.sh MAP_DIR FLOW_DIR DFLASH_DIR [OUT]      # OUT default runs/remeasure
+#   research/remeasure_flashmap.sh MAP_DIR FLOW_DIR DFLASH_DIR [OUT]      # OUT default runs/remeasure
 #
 # 1. `flashmap bench` at T = 0 and at T = 1 (rows AR, FlashMap-1, FlashMap-2; DFlash too with ROWS=...,DFlash; no
 #    HF peers), N prompts per dataset, TOKENS new tokens, the shuffle test on SHUFFLE_N (default N) prompts; then
-#    scripts/bench_delta.py: FlashMap-2 − FlashMap-1 Δγ and the shuffle Δγ (shared − per-slot noise), each with
+#    flashmap bench compare: FlashMap-2 − FlashMap-1 Δγ and the shuffle Δγ (shared − per-slot noise), each with
 #    its paired-bootstrap 95 % interval over prompts within datasets (bench/interval.py).
-# 2. Held-out, teacher-forced as `flashmap eval` (scripts/paired_gamma.py, fp32): map 1 step vs its teacher flow
+# 2. Held-out, teacher-forced as `flashmap eval` (flashmap eval compare, fp32): map 1 step vs its teacher flow
 #    1 step, and map 2 steps vs map 1 step, with paired-bootstrap intervals over sequences within domains.
 # Resumable: a finished stage (its output file exists) is skipped. Summary of what is done: OUT/summary.md.
 # Knobs (env): DATASETS (gsm8k,mtbench), N (8), SHUFFLE_N (N), TOKENS (64), PER_DOMAIN (8), CORE (0), SEED (0),
@@ -38,12 +38,12 @@ for T in 0 1; do
             --datasets "$DATASETS" --n "$N" --shuffle-n "$SHUFFLE_N" --max-new-tokens "$TOKENS" --temperature "$T" \
             --seed "$SEED" --dtype fp32 --threads 1 --no-peers --out "$dir"
     fi
-    [ -s "$dir/results.json" ] && "$PY" scripts/bench_delta.py "$dir/results.json" --out "$dir/delta.json" > "$dir/delta.md"
+    [ -s "$dir/results.json" ] && "$PY" -m flashmap_ext.cli bench compare "$dir/results.json" --out "$dir/delta.json" > "$dir/delta.md"
 done
 
 if has heldout && [ ! -s "$OUT/heldout.json" ]; then
     echo "=== held-out map vs teacher ($(date -u +%H:%M:%S))"
-    "${PIN[@]}" "$PY" scripts/paired_gamma.py --dtype fp32 --threads 1 --per-domain "$PER_DOMAIN" \
+    "${PIN[@]}" "$PY" -m flashmap_ext.cli eval compare --dtype fp32 --threads 1 --per-domain "$PER_DOMAIN" \
         --drafter "map1=$MAP:1" --drafter "map2=$MAP:2" --drafter "teacher=$FLOW:1" \
         --pair map1,teacher --pair map2,map1 --out "$OUT/heldout.json" > "$OUT/heldout.md"
 fi

@@ -5,7 +5,7 @@ FlashMap-1 chain, multi-noise N = 2 / 4 (16 nodes), top-k 8 / 16 (top-4 per slot
 exactly as `flashmap bench --shapes` runs them. For the multi-noise rounds it also counts, over 4 draws,
 the distinct slot-1 tokens and the distinct chains. γ is hardware-independent (no timings are printed).
 
-usage: taskset -c 0 python scripts/tree_gamma.py N MAX_NEW_TOKENS gsm8k,humaneval
+usage: taskset -c 0 python research/tree_gamma.py N MAX_NEW_TOKENS gsm8k,humaneval
 """
 from __future__ import annotations
 

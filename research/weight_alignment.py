@@ -2,7 +2,7 @@
 step, with the weights as the loaders leave them or copied into torch-allocated (64-byte aligned) storage.
 
 Usage (pin it; one mode per process, alternate the modes):
-    taskset -c 0 .venv/bin/python scripts/weight_alignment.py fp32|bf16 THREADS REPEATS as_loaded|aligned
+    taskset -c 0 .venv/bin/python research/weight_alignment.py fp32|bf16 THREADS REPEATS as_loaded|aligned
 prints one JSON line: misaligned / all tensors of target and drafter, median seconds of fwd1, fwd9, draft.
 """
 import json
