@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import greedy_continuation
 from flashmap_ext import ops
 from flashmap_ext.speculate import generate
+from support.drafter_doubles import greedy_continuation
 
 V = 10
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import random_flashmap
 from flashmap_ext import DFlashDrafter, Eagle3Drafter, FlashMapDrafter, TreeSpec, draft_block, generate, ops
 from flashmap_ext.draft_shapes.auto import AutoDrafter
 from flashmap_ext.draft_shapes.cost_model import CostTable
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
 from flashmap_ext.target import load_target
 from flashmap_ext.train.trainer import TrainConfig, train
+from support.drafter_doubles import random_flashmap
 
 V = 111
 

@@ -4,8 +4,8 @@ fits. Tiny random target with 512 positions."""
 import pytest
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleDrafter, OracleTreeDrafter
 from flashmap_ext import Target, TreeSpec, generate
+from support.drafter_doubles import OracleDrafter, OracleTreeDrafter
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import torch
 
 import flashmap_ext as fm
 from conftest import tiny_qwen3
-from support.drafter_doubles import greedy_continuation
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
+from support.drafter_doubles import greedy_continuation
 
 PROMPT = [5, 9, 2, 7, 5, 9]
 

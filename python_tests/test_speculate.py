@@ -8,9 +8,15 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleDrafter, RandomDrafter, ScheduledRejectDrafter, greedy_continuation, random_flashmap
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target
+from support.drafter_doubles import (
+    OracleDrafter,
+    RandomDrafter,
+    ScheduledRejectDrafter,
+    greedy_continuation,
+    random_flashmap,
+)
 from support.loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
 
 K = 4            # draft length of the test drafters

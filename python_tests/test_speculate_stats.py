@@ -4,8 +4,8 @@ import math
 import pytest
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleDrafter, ScheduledRejectDrafter
 from flashmap_ext.speculate import Timer, generate
+from support.drafter_doubles import OracleDrafter, ScheduledRejectDrafter
 
 K, N = 4, 14
 PROMPT = [7, 1, 42, 42, 9]

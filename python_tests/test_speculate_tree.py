@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleTreeDrafter, RandomDrafter, greedy_continuation
 from flashmap_ext import Eagle3Drafter, Target, TreeSpec, generate
+from support.drafter_doubles import OracleTreeDrafter, RandomDrafter, greedy_continuation
 from support.loop_helpers import V_SMALL, assert_matches_joint, nan_block_logits, prompt_of
 
 V, NEW = 111, 13

@@ -9,8 +9,8 @@ cut by the stop records the drafts before the stop as accepted and the stop in t
 import pytest
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleDrafter, OracleTreeDrafter, greedy_continuation
 from flashmap_ext.speculate import TreeSpec, generate
+from support.drafter_doubles import OracleDrafter, OracleTreeDrafter, greedy_continuation
 
 K = 4
 PROMPT = [47, 15, 17, 40, 51, 109, 19, 56, 8, 74]  # its greedy continuation starts with 11 distinct tokens

@@ -6,12 +6,12 @@ import torch
 from scipy.stats import chi2
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleTreeDrafter, greedy_continuation
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.ops.verify_reference import verify_target_probs
 from flashmap_ext.speculate import generate_tree
 from flashmap_ext.target import Target
 from flashmap_ext.tree import tree_accept, tree_attention_mask
+from support.drafter_doubles import OracleTreeDrafter, greedy_continuation
 
 V = 111
 

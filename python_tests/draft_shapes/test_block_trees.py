@@ -6,14 +6,14 @@ first 3 tokens (loop_helpers.exact_joint); tree shapes against hand-enumerated e
 """
 import pytest
 import torch
-from test_speculate import random_flashmap
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import RecordingDrafter, greedy_continuation
 from flashmap_ext import Target, TreeSpec, generate
 from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter, merge_chains, topk_tree
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
+from support.drafter_doubles import RecordingDrafter, greedy_continuation
 from support.loop_helpers import V_SMALL, assert_matches_joint, prompt_of
+from test_speculate import random_flashmap
 
 V, NEW, K = 111, 13, 4
 TAPS = (0, 1)

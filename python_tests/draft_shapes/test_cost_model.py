@@ -12,7 +12,6 @@ import torch
 from test_block_trees import SlotOracle
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import OracleDrafter, greedy_continuation
 from flashmap_ext import Target, generate
 from flashmap_ext.draft_shapes.auto import AutoDrafter
 from flashmap_ext.draft_shapes.cost_model import (
@@ -24,6 +23,7 @@ from flashmap_ext.draft_shapes.cost_model import (
     projected_speedup,
 )
 from flashmap_ext.draft_shapes.tree_plan import RankProfile, chain_plan, plan_tokens, reach_by_depth
+from support.drafter_doubles import OracleDrafter, greedy_continuation
 from support.loop_helpers import V_SMALL, assert_matches_joint, prompt_of
 
 

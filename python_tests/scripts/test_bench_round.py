@@ -5,8 +5,8 @@ import torch
 
 from benches import bench_round
 from conftest import tiny_qwen3
-from support.drafter_doubles import random_flashmap
 from flashmap_ext.speculate import Timer, generate
+from support.drafter_doubles import random_flashmap
 
 FIELDS = ("draft_ms", "forward_ms", "verify_op_ms", "bookkeeping_ms", "total_ms", "round_ms")
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import ScheduledRejectDrafter, greedy_continuation
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target, resolve_dtype
+from support.drafter_doubles import ScheduledRejectDrafter, greedy_continuation
 
 V = 97
 
