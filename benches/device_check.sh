@@ -37,7 +37,7 @@
 # Steps, in this order (a failed build skips the rest):
 #   env, build            toolkit and GPU facts; setup.py build_ext --inplace (CUDA_HOME from
 #                         scripts/cuda_home.sh: a wrapper nvcc on PATH makes torch guess wrong)
-#   verify_tests          python_tests/verify/test_verify_*.py -k cuda   (CUDA_LAUNCH_BLOCKING=1: an illegal address
+#   verify_tests          python_tests/ops/test_verify_*.py -k cuda   (CUDA_LAUNCH_BLOCKING=1: an illegal address
 #   dit_op_tests          DiT ops -m cuda                          is reported at its kernel, not later)
 #   dit_step_tests        fused draft step / graph / noise -m cuda
 #   bench_verify          verify vs the PyTorch composition, K = 16, V = 151,936, B 1/8/64
@@ -202,16 +202,16 @@ fi
 step build "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build failed"
 
 # Fused acceptance `verify`: exact vs the fp64 reference, edge cases, graph replay, chi-square, opcheck.
-step verify_tests "${TESTS[@]}" python_tests/verify/test_verify_exact.py python_tests/verify/test_verify_edge.py \
-  python_tests/verify/test_verify_stats.py python_tests/verify/test_verify_opcheck.py -k cuda --junitxml="${WORK:-}/verify_tests.xml"
+step verify_tests "${TESTS[@]}" python_tests/ops/test_verify_exact.py python_tests/ops/test_verify_edge.py \
+  python_tests/ops/test_verify_stats.py python_tests/ops/test_verify_opcheck.py -k cuda --junitxml="${WORK:-}/verify_tests.xml"
 # DiT drafter kernels vs the fp64 oracle under the error budget; then the fused step, graph replay, seeded
 # noise. Two steps, so that a timeout (pytest writes its junit XML only at the end) loses one half; the
 # torch.compile test (inductor: the slowest to start) runs last of all, after the benchmarks.
 NO_COMPILE="not torch_compile"
-step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/dit/test_dit_ops.py \
+step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
   --junitxml="${WORK:-}/dit_op_tests.xml"
-step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/dit/test_dit_fused.py \
-  python_tests/dit/test_draft_graph.py python_tests/dit/test_drafter_noise.py --junitxml="${WORK:-}/dit_step_tests.xml"
+step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/drafters/test_dit_fused.py \
+  python_tests/drafters/test_draft_graph.py python_tests/test_drafter_noise.py --junitxml="${WORK:-}/dit_step_tests.xml"
 
 step bench_verify "${BENCH[@]}" benches/bench_verify.py -k cuda --benchmark-json="${WORK:-}/bench_verify.json"
 # Draft step, Qwen3-8B drafter shape: one process per variant, each with its own JSON.
@@ -225,7 +225,7 @@ for variant in fused fused-eager eager; do
     --benchmark-json="${WORK:-}/bench_draft_$variant.json"
 done
 step bench_round "$PY" benches/bench_round.py --json "${WORK:-}/bench_round.json"
-step dit_compile_tests "${TESTS[@]}" -m cuda -k torch_compile python_tests/dit/test_dit_ops.py \
+step dit_compile_tests "${TESTS[@]}" -m cuda -k torch_compile python_tests/ops/test_dit_ops.py \
   --junitxml="${WORK:-}/dit_compile_tests.xml"
 
 # ------------------------------------------------------------------------------------------ SUMMARY

@@ -95,7 +95,8 @@ def main(argv=None) -> int:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         print(flush=True)  # ends a line the command was streaming (generate, demo) before the stderr line
-        print(f"flashmap {args.command}: interrupted{RESUME_HINT.get(args.command, '')}", file=sys.stderr)
+        hint = getattr(args, "resume_hint", RESUME_HINT.get(args.command, ""))
+        print(f"flashmap {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
 

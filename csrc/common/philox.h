@@ -1,7 +1,7 @@
 // Counter-based Philox4x32-10 RNG (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3";
 // constants and round structure as in Random123 / cuRAND), usable from host and device code alike so
 // that the CPU and CUDA kernels draw identical coins. Python twin: flashmap_ext/rng.py
-// (philox4x32_10_words, verify_uniform); known-answer vectors are checked in python_tests/verify/test_verify_exact.py.
+// (philox4x32_10_words, verify_uniform); known-answer vectors are checked in python_tests/ops/test_verify_exact.py.
 //
 // FlashMap's convention: key = seed (64 bits), counter = (position, stream, 0) where position is the
 // absolute token position (64 bits) and stream separates the consumers of randomness at one position.

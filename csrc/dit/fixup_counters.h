@@ -3,7 +3,7 @@
 // allocator — a CUDA-graph pool (torch.compile reduce-overhead routes even its uncaptured warm-up there)
 // would otherwise own it — and never freed: captured graphs hold its address. The kernels leave every
 // counter they used at zero, so the buffer needs one memset per growth. CUDA runtime only, no torch:
-// python_tests/dit/test_fixup_counters.py compiles it on a CPU machine against a fake runtime.
+// python_tests/ops/test_fixup_counters.py compiles it on a CPU machine against a fake runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>

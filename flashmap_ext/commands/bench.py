@@ -5,6 +5,7 @@ from __future__ import annotations
 from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
 from flashmap_ext.checks import check_output_path
+from flashmap_ext.commands import add_actions
 from flashmap_ext.train.runner import seed_arg
 from flashmap_ext.tree import TreeSpec
 
@@ -49,6 +50,9 @@ def add_parser(subparsers) -> None:
                         "over batches of B prompts, tokens/s vs batched AR, written to OUT/batch-B.json and .md")
     p.add_argument("--out", default="runs/bench", help="output dir (results.json, results.md, *.png)")
     p.set_defaults(func=run)
+    from flashmap_ext.bench import compare
+    add_actions(p, "analyses of finished runs (without ACTION: run the benchmark)",
+                {"compare": ("paired Δγ between rows of results.json files, with bootstrap intervals", compare)})
 
 
 def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:

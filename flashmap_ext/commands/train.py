@@ -1,4 +1,5 @@
-"""`flashmap train {flow,dflash,eagle3}`: train a drafter on a feature cache.
+"""`flashmap train {flow,dflash,eagle3}`: train a drafter on a feature cache (`snapshot`: a drafter folder
+from one of a run's training checkpoints).
 
   flow    the FlashMap flow model (DESIGN.md §4): τ ~ U[0,1] stratified, slot-weighted CE, d-space noise.
           Its output is the teacher for `flashmap distill`, and already drafts on its own (one Euler step).
@@ -80,6 +81,11 @@ def add_parser(subparsers) -> None:
                        help="draft vocabulary as for `train flow` (overrides --draft-vocab-size)")
     shape.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll length (default 7)")
     eagle.set_defaults(func=run_eagle3)
+    from flashmap_ext.train import snapshot
+    snap = stages.add_parser("snapshot", help="a drafter folder from one training checkpoint of a run",
+                             description=snapshot.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    snapshot.add_arguments(snap)
+    snap.set_defaults(func=snapshot.run, resume_hint="")
 
 
 def add_slot_decay(parser, default: str, default_help: str) -> None:

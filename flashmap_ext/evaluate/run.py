@@ -38,7 +38,7 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
                          "the corpus's: id, domain, messages; `flashmap data generate --split heldout` writes them)")
     records.sort(key=lambda r: r["id"])
     if not records:
-        raise ValueError(f"--heldout {path}: no records (run scripts/grow_corpus.sh or flashmap data generate "
+        raise ValueError(f"--heldout {path}: no records (run recipes/grow_corpus.sh or flashmap data generate "
                          f"--split heldout first)")
     out, counts = [], {}
     for r in records:
@@ -175,7 +175,7 @@ def check_args(args) -> list[tuple[str, str, int | None]]:
             raise ValueError(f"{opt}: must be >= {low} (got {value})")
     if not Path(args.heldout).exists():
         raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
-                         f".jsonl(.gz); scripts/grow_corpus.sh or flashmap data generate --split heldout writes one)")
+                         f".jsonl(.gz); recipes/grow_corpus.sh or flashmap data generate --split heldout writes one)")
     specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
     for i, (name, path, steps) in enumerate(specs):
         if name in (n for n, _, _ in specs[:i]):

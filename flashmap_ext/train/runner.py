@@ -256,7 +256,7 @@ def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
     d2t = [k for k in mine if k.endswith("d2t")]
     if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
         raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
-                         "checkpoint's ids (scripts/long_run.sh writes them from its d2t)")
+                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t)")
     with torch.no_grad():
         for key, value in mine.items():
             value.copy_(theirs[key].to(value.dtype))

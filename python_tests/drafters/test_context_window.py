@@ -15,13 +15,13 @@ from test_dflash_drafter import D, inference_logits, released_weights, write_rel
 from test_dflash_drafter import oracle_logits as dflash_oracle
 
 from conftest import tiny_qwen3
-from drafter_doubles import greedy_continuation, random_flashmap
 from flashmap_ext.drafters.common.window import check_window, visible_context, window_start
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, draft_block, fused
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.speculate import generate
-from loop_helpers import prompt_of
+from support.drafter_doubles import greedy_continuation, random_flashmap
+from support.loop_helpers import prompt_of
 
 TINY = dict(n_layers=2, width=32, heads=4, block_size=4, cond_dim=16, target_layer_ids=(0, 2))
 

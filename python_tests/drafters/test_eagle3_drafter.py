@@ -19,7 +19,7 @@ from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.eagle3.config import eagle3_layer_ids
 from flashmap_ext.speculate import generate
 from flashmap_ext.train.eagle3 import build_draft_vocab, count_tokens, eagle3_loss
-from numerics import assert_close_to_reference
+from support.numerics import assert_close_to_reference
 
 D, H, G, HD, INTER, V, VD = 64, 4, 2, 16, 96, 111, 40
 TAPS = [1, 3, 5]

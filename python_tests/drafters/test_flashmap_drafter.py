@@ -11,7 +11,7 @@ from conftest import HAS_CUDA, tiny_qwen3
 from flashmap_ext.drafters.common.base import BlockDrafter
 from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapConfig, FlashMapDrafter, draft_block, flow
 from flashmap_ext.drafters.flashmap.config import default_tap_layers
-from numerics import assert_close_to_reference
+from support.numerics import assert_close_to_reference
 
 TINY = dict(n_layers=2, width=32, heads=4, block_size=4, cond_dim=16, target_layer_ids=(0, 2))
 

@@ -131,7 +131,7 @@ def test_truncate_refuses_growth_and_the_fused_step_a_ragged_window(model, rows)
 
 
 # RaggedRows.lengths_on: the row lengths on a device without a host sync (the graphed CUDA step reads them;
-# python_tests/dit/test_draft_graph.py::test_graph_replay_syncs_nothing runs it under sync-debug mode).
+# python_tests/drafters/test_draft_graph.py::test_graph_replay_syncs_nothing runs it under sync-debug mode).
 def _rows_memory(rows):
     k = torch.zeros(1, len(rows), 1, 16, 2)
     return FlashMapMemory(k, k.clone(), lengths=rows)

@@ -6,7 +6,7 @@ import torch
 
 from flashmap_ext.train.data import load_samples, read_jsonl, render_conversation
 from flashmap_ext.train.regenerate import done_ids, regenerate
-from train_fixtures import qwen3_style_tokenizer
+from support.train_fixtures import qwen3_style_tokenizer
 
 CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
           "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")

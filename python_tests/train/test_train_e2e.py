@@ -22,7 +22,7 @@ from flashmap_ext.train.flow import flow_loss
 from flashmap_ext.train.regenerate import regenerate
 from flashmap_ext.train.runner import make_collate
 from flashmap_ext.train.trainer import TrainConfig, train
-from train_fixtures import qwen3_style_tokenizer
+from support.train_fixtures import qwen3_style_tokenizer
 
 WORDS = [f"w{i}" for i in range(58)] + ["user", "assistant", "system"]
 SHAPE = dict(n_layers=2, width=128, heads=4, block_size=8)

@@ -104,7 +104,7 @@ class RaggedRows:
         """`lengths` as [B] `dtype` on `device`, without a host sync on CUDA: staged in pinned memory and
         copied asynchronously (the caching host allocator keeps the staging block until the copy has run,
         so a later call cannot overwrite it early). A pageable host-to-device copy would synchronise, which
-        a CUDA-graph replay must not (python_tests/dit/test_draft_graph.py)."""
+        a CUDA-graph replay must not (python_tests/drafters/test_draft_graph.py)."""
         host = torch.tensor(self.rows, dtype=dtype)
         if torch.device(device).type != "cuda":
             return host.to(device)

@@ -38,7 +38,7 @@ def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch
     c = drafter.config
     steps = check_draft_args(drafter, memory, anchor_tokens, steps, noise, seed, position)
     packed = drafter.fused_weights() if anchor_tokens.is_cuda and fused_reads(memory, c.context_window) else None
-    if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/dit/test_dit_fused.py)
+    if packed is not None:  # fused CUDA kernels: same result up to fp rounding (python_tests/drafters/test_dit_fused.py)
         return fused_draft_block(packed, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
                                  position=position, return_logits=return_logits, graph=graphs_enabled(drafter))
     B = anchor_tokens.shape[0]

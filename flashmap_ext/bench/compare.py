@@ -1,0 +1,125 @@
+"""`flashmap bench compare`: paired Δγ between rows of `flashmap bench` results.json files, and their
+shuffle-test Δγ, as Markdown.
+
+    flashmap bench compare runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
+    flashmap bench compare runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
+
+Several results files (one dataset, or one drafter, per core) are pooled when their settings agree and no row
+(method, dataset) is in two; AR, which every run has, is kept from the first file holding each dataset.
+
+Per prompt (every turn of a multi-turn prompt summed) the counts [accepted drafts, rounds] of each row;
+Δγ = pooled γ(A) − pooled γ(B) (γ = (Σ accepted + Σ rounds) / Σ rounds, bench/metrics.acceptance_length) with
+the paired percentile-bootstrap 95 % interval over prompts, resampled within each dataset (bench/interval.py),
+per dataset and over all of them. Default pair: FlashMap-2 − FlashMap-1. The shuffle rows (shared − per-slot
+noise) are copied from the results' own "shuffle" section, which bench computed with the same interval.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ALL = "all datasets"
+
+
+def prompt_counts(rows: list[dict], method: str) -> dict:
+    """{(dataset, prompt): [Σ accepted, rounds]} of one bench row over its records (turns "id#n" merged)."""
+    out: dict = {}
+    for r in rows:
+        if r["method"] == method:
+            c = out.setdefault((r["dataset"], r["prompt_id"].split("#")[0]), [0, 0])
+            c[0] += sum(r["accepted"])
+            c[1] += len(r["accepted"])
+    return out
+
+
+def pair_delta(results: dict, a: str, b: str) -> dict:
+    """{dataset, ..., "all datasets": {gamma_a, gamma_b, delta, interval [lo, hi] or None, prompts}} of Δγ = γ(a) −
+    γ(b) over the prompts where both rows have rounds. ValueError naming the row when results lack it."""
+    from flashmap_ext.bench.interval import delta_interval
+    for m in (a, b):
+        if m not in results["methods"]:
+            raise ValueError(f"--pair: no row {m!r} in these results (rows: {', '.join(results['methods'])})")
+    ca, cb = prompt_counts(results["records"], a), prompt_counts(results["records"], b)
+    keys = [k for k in ca if k in cb and ca[k][1] and cb[k][1]]
+    out = {}
+    for name in [*dict.fromkeys(d for d, _ in keys), ALL]:
+        sel = [k for k in keys if name in (ALL, k[0])]
+        counts = [ca[k] + cb[k] for k in sel]
+        a1, r1, a2, r2 = (sum(c[i] for c in counts) for i in range(4))
+        ga, gb = (a1 + r1) / r1, (a2 + r2) / r2
+        iv = delta_interval(counts, [k[0] for k in sel]) if counts else None
+        out[name] = {"gamma_a": ga, "gamma_b": gb, "delta": ga - gb, "interval": list(iv) if iv else None,
+                     "prompts": len(sel)}
+    return out
+
+
+SAME = ("temperature", "max_new_tokens", "n", "seed")
+
+
+def merge(parts: list[dict], names: list[str]) -> dict:
+    """One results dict from several bench runs over the same prompts (records, rows and shuffle sections pooled;
+    config and meta of the first; AR's records of a dataset from the first file that has them). ValueError
+    naming the file whose settings (SAME, dtype) differ or whose row (method, dataset) another file has."""
+    first, seen, records = parts[0], {}, []
+    for part, name in zip(parts, names):
+        for key in SAME:
+            if part["config"].get(key) != first["config"].get(key):
+                raise ValueError(f"{name}: {key} {part['config'].get(key)} differs from {names[0]}'s "
+                                 f"{first['config'].get(key)}: only runs of equal settings pool")
+        if part["meta"].get("dtype") != first["meta"].get("dtype"):
+            raise ValueError(f"{name}: dtype {part['meta'].get('dtype')} differs from {names[0]}'s")
+        rows = dict.fromkeys((r["method"], r["dataset"]) for r in part["records"])
+        for row in rows:
+            if row in seen and row[0] != "AR":
+                raise ValueError(f"{name}: {row[0]} on {row[1]} is in {seen[row]} too (each row from one run only)")
+        records += [r for r in part["records"] if (r["method"], r["dataset"]) not in seen]
+        seen.update({row: seen.get(row, name) for row in rows})
+    return {**first, "methods": list(dict.fromkeys(m for p in parts for m in p["methods"])), "records": records,
+            "shuffle": {d: v for p in parts for d, v in p.get("shuffle", {}).items()}}
+
+
+def fmt(iv) -> str:
+    return f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "— (one prompt)"
+
+
+def markdown(results: dict, pairs: dict) -> list[str]:
+    meta = results["meta"]
+    lines = [f"T = {results['config']['temperature']}, {meta['dtype']}, {results['config']['max_new_tokens']} new "
+             f"tokens, {results['config']['n']} prompts per dataset; {meta.get('cpu')}, {meta.get('torch_threads')} "
+             f"thread(s), load {meta.get('load_average')}; {meta.get('date')}", "",
+             "| pair | dataset | γ A | γ B | Δγ | 95 % paired bootstrap | prompts |", "|---|---|---|---|---|---|---|"]
+    for (a, b), table in pairs.items():
+        lines += [f"| {a} − {b} | {d} | {v['gamma_a']:.3f} | {v['gamma_b']:.3f} | {v['delta']:+.3f} | "
+                  f"{fmt(v['interval'])} | {v['prompts']} |" for d, v in table.items()]
+    for d, rows in results.get("shuffle", {}).items():
+        lines += [f"| {m} shared − per-slot noise | {d} | {v['shared']:.3f} | {v['per_slot']:.3f} | "
+                  f"{v['delta']:+.3f} | {fmt(v['interval'])} | {v['prompts']} |" for m, v in rows.items()]
+    return lines
+
+
+def add_arguments(p) -> None:
+    p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
+    p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
+    p.add_argument("--out", help="JSON file for the pairs")
+
+
+def parse_pairs(specs: list[str] | None) -> list[tuple[str, str]]:
+    """--pair values → [(A, B)]; ValueError naming the option for anything but two row names."""
+    todo = []
+    for spec in specs or ["FlashMap-2,FlashMap-1"]:
+        names = [n.strip() for n in spec.split(",")]
+        if len(names) != 2 or not all(names):
+            raise ValueError(f"--pair {spec!r}: expected A,B (two bench row names)")
+        todo.append((names[0], names[1]))
+    return todo
+
+
+def run(args) -> int:
+    """Prints the Markdown table of every --pair (and the shuffle rows); writes --out when given."""
+    todo = parse_pairs(args.pair)
+    results = merge([json.loads(Path(f).read_text()) for f in args.results], args.results)
+    pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
+    print("\n".join(markdown(results, pairs)))
+    if args.out:
+        Path(args.out).write_text(json.dumps({f"{a} - {b}": v for (a, b), v in pairs.items()}, indent=1) + "\n")
+    return 0

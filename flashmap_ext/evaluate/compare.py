@@ -1,0 +1,116 @@
+"""`flashmap eval compare`: held-out γ of several drafters with paired bootstrap intervals of their differences.
+
+    flashmap eval compare --drafter A=runs/x/drafter:1 --drafter B=runs/y/drafter:2 \
+        [--per-domain 8] [--heldout ...] [--dtype fp32] [--out runs/x/paired.json]
+
+Teacher-forced slot hits as `flashmap eval` (evaluate/heldout.py) on the same held-out sequences; per
+sequence the counts [Σ leading run, anchors] of each drafter; γ = 1 + Σ run / anchors pooled over
+sequences; for every pair (first named minus each later one) Δγ with the paired percentile bootstrap
+interval over sequences, resampled within each domain (bench/interval.py, 95 %). Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--drafter", action="append", required=True, help="NAME=DIR[:STEPS], two or more")
+    p.add_argument("--target", default="qwen2.5-coder-0.5b")
+    p.add_argument("--heldout", default="data/qwen2.5-coder-0.5b-instruct/heldout")
+    p.add_argument("--per-domain", type=int, default=8)
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="target dtype (auto: bench.machine.auto_dtype, bf16 on a CPU with avx512_bf16)")
+    p.add_argument("--pair", action="append", metavar="A,B",
+                   help="Δγ = γ(A) − γ(B) to report (repeatable); default: the first drafter minus each later one")
+    p.add_argument("--out", help="JSON file for the per-sequence counts and the table")
+
+
+def check_args(args) -> tuple[list, list[tuple[str, str]]]:
+    """(drafter specs, pairs to report); ValueError naming --drafter or --pair before any model loads."""
+    from flashmap_ext.evaluate.run import parse_drafter
+    specs = [parse_drafter(s) for s in args.drafter]
+    if len(specs) < 2:
+        raise ValueError("--drafter: give two or more (the first is compared with each later one)")
+    names = [n for n, _, _ in specs]
+    pairs = []
+    for pair in args.pair or []:
+        if len(pair.split(",")) != 2 or not set(pair.split(",")) <= set(names):
+            raise ValueError(f"--pair {pair!r}: expected A,B with A and B among the --drafter names {sorted(names)}")
+        pairs.append(tuple(pair.split(",")))
+    return specs, pairs or [(names[0], n) for n in names[1:]]
+
+
+def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
+    """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
+    from flashmap_ext.bench.methods import StepsDrafter
+    from flashmap_ext.drafters.load import load_drafter
+    from flashmap_ext.evaluate.heldout import add_taps, slot_hits
+    from flashmap_ext.evaluate.run import load_heldout
+    from flashmap_ext.target import load_target
+    target, tok = load_target(args.target, dtype, "cpu")
+    drafters = {}
+    for name, path, steps in specs:
+        d = load_drafter(path, target)
+        drafters[name] = StepsDrafter(d, steps) if steps else d
+    seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
+    add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
+    counts = {}
+    for name, d in drafters.items():
+        hits = slot_hits(d, seqs, min(args.slots, d.num_draft_tokens), dtype=target.dtype)
+        counts[name] = [[int(h.long().cumprod(1).sum()), int(h.shape[0])] for h in hits]
+        print(f"{name}: γ {gamma(counts[name]):.4f}", file=sys.stderr, flush=True)
+    return counts, seqs
+
+
+def paired_deltas(counts: dict, domains: list[str], todo: list[tuple[str, str]]) -> dict:
+    """{"A - B": {delta, interval [lo, hi]}}: the bootstrap resamples sequences within their domain."""
+    from flashmap_ext.bench.interval import delta_interval
+    first = next(iter(counts))
+    keep = [i for i in range(len(domains)) if counts[first][i][1]]
+    strata = [domains[i] for i in keep]
+    pairs = {}
+    for a, b in todo:
+        c = [counts[a][i] + counts[b][i] for i in keep]
+        low, high = delta_interval(c, strata) or (float("nan"), float("nan"))
+        pairs[f"{a} - {b}"] = {"delta": gamma(counts[a]) - gamma(counts[b]), "interval": [low, high]}
+    return pairs
+
+
+def markdown(counts: dict, pairs: dict, meta: dict) -> list[str]:
+    table = ["| drafter | γ |", "|---|---|"] + [f"| {n} | {gamma(c):.4f} |" for n, c in counts.items()]
+    table += ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
+    table += [f"| {k} | {v['delta']:+.4f} | [{v['interval'][0]:+.4f}, {v['interval'][1]:+.4f}] |"
+              for k, v in pairs.items()]
+    table += ["", f"{meta['sequences']} held-out sequences, {meta['anchors']} anchors; `{meta['command']}`; "
+                  f"{meta['cpu']}, {meta['torch_threads']} thread(s), {meta['dtype']}, load {meta['load_average']}; "
+                  f"{meta['date']}"]
+    return table
+
+
+def run(args) -> int:
+    from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    specs, todo = check_args(args)
+    set_threads(args.threads)
+    dtype = auto_dtype() if args.dtype == "auto" else args.dtype
+    counts, seqs = sequence_counts(args, specs, dtype)
+    domains = [s.domain for s in seqs]
+    pairs = paired_deltas(counts, domains, todo)
+    meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
+            "sequences": len(seqs), "anchors": sum(c[1] for c in next(iter(counts.values()))), "domains": domains}
+    table = markdown(counts, pairs, meta)
+    print("\n".join(table))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"meta": meta, "counts": counts, "pairs": pairs, "domains": domains,
+                                              "specs": args.drafter, "table": table}, indent=1) + "\n")
+    return 0
+
+
+def gamma(counts: list[list[int]]) -> float:
+    """Pooled γ = 1 + Σ leading run / Σ anchors over sequences (nan without anchors)."""
+    runs, n = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    return 1.0 + runs / n if n else float("nan")

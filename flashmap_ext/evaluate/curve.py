@@ -1,0 +1,150 @@
+"""`flashmap eval curve`: the learning curve of a long training run: held-out slot-1 accuracy and implied γ
+against cumulative optimizer steps and CPU-hours, one line per drafter, plus a Markdown table and the
+stopping rule.
+
+    flashmap eval curve series.json --out runs/curve      # writes curve.png and curve.md
+
+series.json lists, per drafter, the evaluated pieces of the run in any order (eval paths relative to the file):
+
+    {"title": "...", "series": [{"name": "DFlash", "points": [
+        {"steps": 3000, "cpu_hours": 0.97, "eval": "eval-3000/eval.json", "drafter": "DFlash"}, ...]}]}
+
+`eval` is an eval.json of `flashmap eval`; `drafter` names its column there (default: the series name).
+Stopping rule (checkpoints/README.md): if tripling the steps moves held-out slot-1 accuracy (all domains) by
+less than 0.02, the run is data-bound and the corpus should grow instead.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+TRIPLE, MIN_GAIN = 3.0, 0.02
+DOMAINS = ("math", "code", "chat")
+
+
+def load_series(path: Path) -> dict:
+    """{"title", "series": [{"name", "points": [{steps, cpu_hours, slot1 {domain: acc}, gamma, anchors}]}]},
+    points sorted by steps. ValueError (naming the series and field) for a missing field or drafter."""
+    spec = json.loads(path.read_text())
+    out = []
+    for s in spec.get("series", []):
+        name, points = s.get("name"), []
+        for p in s.get("points", []):
+            for key in ("steps", "cpu_hours", "eval"):
+                if key not in p:
+                    raise ValueError(f"{path}: series {name!r}: a point has no {key!r}")
+            report = json.loads((path.parent / p["eval"]).read_text())
+            drafter = p.get("drafter", name)
+            if drafter not in report.get("results", {}):
+                raise ValueError(f"{path}: series {name!r}: {p['eval']} has no drafter {drafter!r} "
+                                 f"(it has {sorted(report.get('results', {}))})")
+            r = report["results"][drafter]
+            points.append({"steps": int(p["steps"]), "cpu_hours": float(p["cpu_hours"]),
+                           "slot1": {d: r[d]["slot_accuracy"][0] for d in (*DOMAINS, "all") if d in r},
+                           "gamma": r["all"]["gamma"], "anchors": r["all"]["anchors"],
+                           "date": report.get("meta", {}).get("date", "")})
+        if not points:
+            raise ValueError(f"{path}: series {name!r} has no points")
+        out.append({"name": name, "points": sorted(points, key=lambda q: q["steps"])})
+    if not out:
+        raise ValueError(f"{path}: no series")
+    return {"title": spec.get("title", ""), "series": out}
+
+
+def stopping_rule(points: list[dict]) -> list[dict]:
+    """For each point, the first later point with at least TRIPLE× its steps: {from, to, gain, data_bound}
+    (gain = slot-1 accuracy over all domains, to minus from; data_bound = gain < MIN_GAIN)."""
+    checks = []
+    for p in points:
+        later = next((q for q in points if q["steps"] >= TRIPLE * p["steps"]), None)
+        if later is not None:
+            gain = later["slot1"]["all"] - p["slot1"]["all"]
+            checks.append({"from": p["steps"], "to": later["steps"], "gain": gain, "data_bound": gain < MIN_GAIN})
+    return checks
+
+
+def recent_rate(points: list[dict]) -> dict | None:
+    """The rule applied to the newest stretch: from the last point back to the newest point with at most half
+    its steps, the slot-1 gain and that rate carried to a tripling (gain · log 3 / log ratio): {from, to, gain,
+    per_tripling, data_bound}. A tripling back from the end may not exist yet; the newest doubling always
+    reads the curve where it is now, not where it was (None with no such pair)."""
+    last = points[-1]
+    earlier = [p for p in points if 2 * p["steps"] <= last["steps"]]
+    if not earlier:
+        return None
+    p = earlier[-1]
+    gain = last["slot1"]["all"] - p["slot1"]["all"]
+    per_tripling = gain * math.log(TRIPLE) / math.log(last["steps"] / p["steps"])
+    return {"from": p["steps"], "to": last["steps"], "gain": gain, "per_tripling": per_tripling,
+            "data_bound": per_tripling < MIN_GAIN}
+
+
+def markdown(curve: dict) -> str:
+    """One table row per point, then the stopping-rule verdict per series."""
+    lines = ["| drafter | steps | CPU-hours | slot 1 math / code / chat | slot 1 all | γ implied | anchors |",
+             "|---|---|---|---|---|---|---|"]
+    for s in curve["series"]:
+        for p in s["points"]:
+            doms = " / ".join(f"{p['slot1'][d]:.3f}" if d in p["slot1"] else "–" for d in DOMAINS)
+            lines.append(f"| {s['name']} | {p['steps']:,} | {p['cpu_hours']:.2f} | {doms} | "
+                         f"{p['slot1']['all']:.3f} | {p['gamma']:.3f} | {p['anchors']} |")
+    lines += ["", f"Stopping rule: if tripling the steps moves held-out slot-1 accuracy (all) by < {MIN_GAIN}, "
+                  "the run is data-bound — grow the corpus instead."]
+    for s in curve["series"]:
+        checks = stopping_rule(s["points"])
+        if not checks:
+            lines.append(f"- {s['name']}: no pair of points {TRIPLE:g}× apart in steps yet.")
+            continue
+        c = checks[-1]
+        verdict = "data-bound: grow the corpus" if c["data_bound"] else "still step-bound: train on"
+        lines.append(f"- {s['name']}: {c['from']:,} → {c['to']:,} steps moved slot 1 by {c['gain']:+.3f} ({verdict}).")
+        r = recent_rate(s["points"])
+        if r is not None:
+            verdict = "data-bound: grow the corpus" if r["data_bound"] else "still step-bound"
+            lines.append(f"  Newest stretch: {r['from']:,} → {r['to']:,} steps moved slot 1 by {r['gain']:+.3f}, "
+                         f"{r['per_tripling']:+.3f} per tripling at that rate ({verdict}).")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curve: dict, path: Path) -> None:
+    """2×2 panels: slot-1 accuracy and implied γ (rows) against steps and CPU-hours (columns)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6.4), sharey="row")
+    for s in curve["series"]:
+        for col, x_key in enumerate(("steps", "cpu_hours")):
+            x = [p[x_key] for p in s["points"]]
+            axes[0][col].plot(x, [p["slot1"]["all"] for p in s["points"]], marker="o", label=s["name"])
+            axes[1][col].plot(x, [p["gamma"] for p in s["points"]], marker="o", label=s["name"])
+    for col, label in enumerate(("cumulative optimizer steps (thousands)", "cumulative CPU-hours")):
+        axes[1][col].set_xlabel(label)
+    for ax in axes[:, 0]:  # 12000 → "12": five-digit step labels ran into each other
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))
+    axes[0][0].set_ylabel("held-out slot-1 accuracy (all)")
+    axes[1][0].set_ylabel("implied γ (T = 0)")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(curve["title"] or "learning curve (held-out, teacher-forced)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("series", type=Path, help="series.json (see the description above)")
+    p.add_argument("--out", type=Path, required=True, help="folder for curve.png and curve.md (created)")
+
+
+def run(args) -> int:
+    """Writes OUT/curve.md and OUT/curve.png; ValueError naming the series file for a missing field."""
+    curve = load_series(args.series)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "curve.md").write_text(markdown(curve))
+    plot(curve, args.out / "curve.png")
+    print(f"{args.out / 'curve.md'}\n{args.out / 'curve.png'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,45 @@
+"""`flashmap train snapshot`: a drafter directory from a training checkpoint, for mid-run points of a
+learning curve.
+
+`flashmap train --keep-checkpoints 0` keeps every `checkpoints/step-N/model.safetensors` of a run; the run's
+export (`RUN/drafter`) holds the config and the per-tensor dtypes of a finished drafter. This writes OUT with
+that config.json and step N's weights cast to the export's dtypes, so that `flashmap eval` loads it like the
+export (a snapshot of the last step equals the export bit for bit).
+
+usage: flashmap train snapshot RUN_KIND_DIR STEP OUT     # e.g. runs/long/flow 9000 runs/long/snap/flow-9000
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+
+def snapshot(run: Path, step: int, out: Path) -> Path:
+    """Writes OUT (config.json of RUN's export, STEP's weights in the export's dtypes) and returns it."""
+    weights = run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"
+    export = run / "drafter"
+    for path in (weights, export / "config.json", export / "model.safetensors"):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing (RUN {run}, STEP {step})")
+    ref = load_file(str(export / "model.safetensors"))
+    tensors = load_file(str(weights))
+    if set(tensors) != set(ref):
+        raise ValueError(f"STEP {step}: its checkpoint and the export hold different tensors "
+                         f"({sorted(set(tensors) ^ set(ref))[:4]}...)")
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(export / "config.json", out / "config.json")
+    save_file({k: v.to(ref[k].dtype) for k, v in tensors.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run", type=Path, help="a training run's folder (its checkpoints/ and its export drafter/)")
+    p.add_argument("step", type=int, help="the optimizer step of the checkpoint to take")
+    p.add_argument("out", type=Path, help="the drafter folder to write (created)")
+
+
+def run(args) -> int:
+    print(snapshot(args.run, args.step, args.out))
+    return 0

@@ -1,0 +1,99 @@
+"""`flashmap bench compare` (bench/compare.py): paired Δγ of two bench rows from results.json, turns merged per
+prompt."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from flashmap_ext import cli
+from flashmap_ext.bench import compare as bench_delta
+
+
+def compare(argv: list[str]) -> int:
+    return cli.main(["bench", "compare", *argv])
+
+
+def rec(method, dataset, prompt_id, accepted):
+    return {"method": method, "dataset": dataset, "prompt_id": prompt_id, "accepted": accepted}
+
+
+def results():
+    rows = [rec("A", "gsm8k", "g1#1", [3, 0, 2]), rec("B", "gsm8k", "g1#1", [1, 1, 1, 0]),
+            rec("A", "gsm8k", "g2#1", [0, 0]), rec("B", "gsm8k", "g2#1", [1]),
+            rec("A", "mtbench", "m1#1", [4]), rec("A", "mtbench", "m1#2", [1, 1]),
+            rec("B", "mtbench", "m1#1", [2, 0]), rec("B", "mtbench", "m1#2", [0]),
+            rec("A", "mtbench", "m2#1", [2, 2]), rec("B", "mtbench", "m2#1", [0, 0, 1]),
+            rec("AR", "gsm8k", "g1#1", [])]
+    return {"methods": ["AR", "A", "B"], "records": rows, "shuffle": {},
+            "config": {"temperature": 0.0, "max_new_tokens": 16, "n": 2}, "meta": {"dtype": "fp32"}}
+
+
+def test_pooled_delta_by_hand_and_turns_merged(monkeypatch):
+    from flashmap_ext.bench import interval
+    seen = {}
+    real = interval.delta_interval
+    monkeypatch.setattr(interval, "delta_interval",
+                        lambda counts, strata: (seen.setdefault(tuple(strata), counts), real(counts, strata))[1])
+    out = bench_delta.pair_delta(results(), "A", "B")
+    # by hand: gsm8k A: accepted 5, rounds 5; B: accepted 4, rounds 5 → γ 2.0 vs 1.8
+    assert out["gsm8k"]["gamma_a"] == pytest.approx(2.0) and out["gsm8k"]["gamma_b"] == pytest.approx(1.8)
+    # mtbench A: accepted 4+2+4 = 10 over 1+2+2 = 5 rounds → 3.0; B: 2+0+1 = 3 over 2+1+3 = 6 → 1.5
+    assert out["mtbench"]["delta"] == pytest.approx(1.5) and out["mtbench"]["prompts"] == 2  # m1's two turns: one
+    assert out["all datasets"]["delta"] == pytest.approx((15 + 10) / 10 - (7 + 11) / 11)
+    # the bootstrap gets one row [A acc, A rounds, B acc, B rounds] per prompt, stratified by dataset
+    strata = ("gsm8k", "gsm8k", "mtbench", "mtbench")
+    assert seen[strata] == [[5, 3, 3, 4], [0, 2, 1, 1], [6, 3, 2, 3], [4, 2, 1, 3]]
+    lo, hi = out["all datasets"]["interval"]
+    assert lo <= out["all datasets"]["delta"] <= hi and np.isfinite([lo, hi]).all()
+
+
+def test_unknown_row_and_bad_pair_are_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="no row 'FlashMap-2'"):
+        bench_delta.pair_delta(results(), "FlashMap-2", "B")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results()))
+    assert compare([str(path), "--pair", "A"]) == 2
+    assert capsys.readouterr().err == "flashmap bench: error: --pair 'A': expected A,B (two bench row names)\n"
+    assert compare([str(path), "--pair", "A,B", "--out", str(tmp_path / "d.json")]) == 0
+    assert json.loads((tmp_path / "d.json").read_text())["A - B"]["gsm8k"]["prompts"] == 2
+
+
+def split_by_dataset(res):
+    return [{**res, "records": [r for r in res["records"] if r["dataset"] == d]} for d in ("gsm8k", "mtbench")]
+
+
+def test_two_runs_of_one_dataset_each_pool_to_the_single_run(tmp_path):
+    """One set per core, then pooled: the same Δγ (and interval seed) as the one run holding both."""
+    files = []
+    for i, part in enumerate(split_by_dataset(results())):
+        files.append(tmp_path / f"r{i}.json")
+        files[-1].write_text(json.dumps(part))
+    assert compare([*map(str, files), "--pair", "A,B", "--out", str(tmp_path / "pooled.json")]) == 0
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(results()))
+    assert compare([str(one), "--pair", "A,B", "--out", str(tmp_path / "single.json")]) == 0
+    assert json.loads((tmp_path / "pooled.json").read_text()) == json.loads((tmp_path / "single.json").read_text())
+
+
+def test_runs_of_one_drafter_each_pool_to_the_single_run(tmp_path):
+    """One drafter per core over the same prompts: AR (in both) is kept once, Δγ equals the single run's."""
+    res = results()
+    a = {**res, "records": [r for r in res["records"] if r["method"] in ("A", "AR")]}
+    b = {**res, "records": [r for r in res["records"] if r["method"] in ("B", "AR")]}
+    pooled = bench_delta.merge([a, b], ["a.json", "b.json"])
+    assert sorted(map(str, pooled["records"])) == sorted(map(str, res["records"]))
+    assert bench_delta.pair_delta(pooled, "A", "B") == bench_delta.pair_delta(res, "A", "B")
+
+
+@pytest.mark.parametrize("change, needle", [({"temperature": 1.0}, "temperature 1.0 differs"),
+                                            ({"n": 8}, "n 8 differs"), (None, "A on gsm8k is in a.json too")])
+def test_runs_that_do_not_pool_are_refused(change, needle):
+    a, b = split_by_dataset(results())
+    if change is None:
+        b = a
+    else:
+        b = {**b, "config": {**b["config"], **change}}
+    with pytest.raises(ValueError, match=needle):
+        bench_delta.merge([a, b], ["a.json", "b.json"])

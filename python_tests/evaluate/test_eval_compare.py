@@ -1,0 +1,28 @@
+"""`flashmap eval compare` (evaluate/compare.py): argument refusals before any model loads, pooled γ and the
+paired Δγ against sums by hand."""
+import pytest
+
+from flashmap_ext import cli
+from flashmap_ext.evaluate import compare
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--drafter", "A=x"], "--drafter: give two or more"),
+    (["--drafter", "A"], "--drafter 'A': expected NAME=DIR"),
+    (["--drafter", "A=x", "--drafter", "B=y", "--pair", "A,C"], "--pair 'A,C': expected A,B with A and B among"),
+])
+def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
+    assert cli.main(["eval", "compare", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flashmap eval: error: {message}") and err.count("\n") == 1
+
+
+def test_pooled_gamma_and_paired_delta_by_hand():
+    # sequences: [Σ leading run, anchors]; γ = 1 + Σ run / Σ anchors
+    counts = {"A": [[3, 2], [1, 2], [0, 0], [4, 4], [0, 0]], "B": [[1, 2], [1, 2], [0, 0], [2, 4], [0, 0]]}
+    assert compare.gamma(counts["A"]) == pytest.approx(1 + 8 / 8)
+    assert compare.gamma(counts["B"]) == pytest.approx(1 + 4 / 8)
+    assert compare.gamma([]) != compare.gamma([])  # nan without anchors
+    pairs = compare.paired_deltas(counts, ["math", "math", "code", "code", "chat"], [("A", "B")])
+    lo, hi = pairs["A - B"]["interval"]
+    assert pairs["A - B"]["delta"] == pytest.approx(0.5) and lo <= 0.5 <= hi

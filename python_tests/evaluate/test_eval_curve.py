@@ -1,0 +1,75 @@
+"""`flashmap eval curve` (evaluate/curve.py): table, stopping rule and plot of a long run's held-out evals
+(fixture JSONs)."""
+import json
+import pathlib
+
+import pytest
+
+from flashmap_ext import cli
+from flashmap_ext.evaluate import curve
+
+
+def write_eval(path: pathlib.Path, name: str, slot1_all: float, gamma: float):
+    res = {d: {"anchors": 100, "slot_accuracy": [slot1_all + off, 0.1], "gamma": gamma}
+           for d, off in (("math", 0.05), ("code", -0.05), ("chat", 0.0), ("all", 0.0))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": {"date": "2026-12-02T01:00:00+00:00"}, "results": {name: res}}))
+
+
+def fixture(tmp_path):
+    # DFlash: 1k -> 3k steps +0.06 (step-bound); FlashMap: 3k -> 9k steps +0.01 (data-bound)
+    for steps, s1, g in ((1000, 0.20, 1.25), (3000, 0.26, 1.35), (9000, 0.30, 1.42)):
+        write_eval(tmp_path / f"d{steps}" / "eval.json", "DFlash", s1, g)
+    for steps, s1, g in ((3000, 0.22, 1.27), (9000, 0.23, 1.28)):
+        write_eval(tmp_path / f"f{steps}" / "eval.json", "FlashMap-1", s1, g)
+    series = {"title": "fixture", "series": [
+        {"name": "DFlash", "points": [{"steps": s, "cpu_hours": s / 3000, "eval": f"d{s}/eval.json"}
+                                      for s in (9000, 1000, 3000)]},  # any order
+        {"name": "FlashMap-1", "points": [{"steps": s, "cpu_hours": s / 4000, "eval": f"f{s}/eval.json"}
+                                          for s in (3000, 9000)]}]}
+    path = tmp_path / "series.json"
+    path.write_text(json.dumps(series))
+    return path
+
+
+def test_table_and_stopping_rule(tmp_path):
+    c = curve.load_series(fixture(tmp_path))
+    assert [p["steps"] for p in c["series"][0]["points"]] == [1000, 3000, 9000]
+    checks = curve.stopping_rule(c["series"][0]["points"])
+    assert [(x["from"], x["to"]) for x in checks] == [(1000, 3000), (3000, 9000)]
+    assert checks[0]["gain"] == pytest.approx(0.06) and not checks[0]["data_bound"]
+    assert curve.stopping_rule(c["series"][1]["points"])[0]["data_bound"]  # +0.01 < 0.02
+    md = curve.markdown(c)
+    assert "| DFlash | 1,000 | 0.33 | 0.250 / 0.150 / 0.200 | 0.200 | 1.250 | 100 |" in md
+    assert "FlashMap-1: 3,000 → 9,000 steps moved slot 1 by +0.010 (data-bound" in md
+    assert "DFlash: 3,000 → 9,000 steps moved slot 1 by +0.040 (still step-bound" in md
+
+
+def test_cli_writes_plot_and_table(tmp_path):
+    assert cli.main(["eval", "curve", str(fixture(tmp_path)), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "curve.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "curve.md").read_text().startswith("| drafter |")
+
+
+def test_missing_drafter_is_named(tmp_path):
+    path = fixture(tmp_path)
+    spec = json.loads(path.read_text())
+    spec["series"][0]["points"][0]["drafter"] = "EAGLE-3"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="series 'DFlash'.*no drafter 'EAGLE-3'"):
+        curve.load_series(path)
+
+
+def test_newest_stretch_reads_the_rate_now(tmp_path):
+    """The tripling rule measured from an early point can say step-bound while the curve has flattened since;
+    the newest stretch (last point back to the newest one with at most half its steps) reads the rate now."""
+    c = curve.load_series(fixture(tmp_path))
+    r = curve.recent_rate(c["series"][0]["points"])   # 3,000 -> 9,000: +0.04 over exactly x3
+    assert (r["from"], r["to"]) == (3000, 9000) and r["per_tripling"] == pytest.approx(0.04) and not r["data_bound"]
+    pts = [{"steps": s, "slot1": {"all": a}} for s, a in ((7000, 0.365), (19000, 0.446), (20000, 0.45),
+                                                          (40000, 0.459))]
+    r = curve.recent_rate(pts)   # 20,000 -> 40,000: +0.009 over x2, carried to x3: 0.009 * ln 3 / ln 2
+    assert r["from"] == 20000 and r["per_tripling"] == pytest.approx(0.009 * 1.5849625, rel=1e-6)
+    assert r["data_bound"] is True
+    assert curve.recent_rate(pts[:1]) is None
+    assert "Newest stretch: 3,000 → 9,000 steps moved slot 1 by +0.040, +0.040 per tripling" in curve.markdown(c)

@@ -1,0 +1,51 @@
+"""`flashmap train snapshot` (train/snapshot.py): a mid-run checkpoint becomes a drafter dir with the export's config and
+per-tensor dtypes (expected values: the checkpoint's tensors cast by torch, independently)."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from flashmap_ext import cli
+from flashmap_ext.train import snapshot as snap
+
+
+def run_dir(tmp_path, step_tensors):
+    run = tmp_path / "flow"
+    (run / "drafter").mkdir(parents=True)
+    (run / "drafter" / "config.json").write_text(json.dumps({"model_type": "flashmap", "block_size": 8}))
+    save_file({"w": torch.zeros(2, 3, dtype=torch.bfloat16), "d2t": torch.zeros(4, dtype=torch.int64)},
+              str(run / "drafter" / "model.safetensors"))
+    step = run / "checkpoints" / "step-00009000"
+    step.mkdir(parents=True)
+    save_file(step_tensors, str(step / "model.safetensors"))
+    return run
+
+
+def test_snapshot_takes_the_steps_weights_in_the_exports_dtypes(tmp_path):
+    w = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    run = run_dir(tmp_path, {"w": w, "d2t": torch.arange(4)})
+    out = snap.snapshot(run, 9000, tmp_path / "out")
+    got = load_file(str(out / "model.safetensors"))
+    assert got["w"].dtype == torch.bfloat16 and torch.equal(got["w"], w.to(torch.bfloat16))
+    assert got["d2t"].tolist() == [0, 1, 2, 3]
+    assert json.loads((out / "config.json").read_text())["block_size"] == 8
+
+
+def test_snapshot_refuses_a_missing_step_and_other_tensors(tmp_path):
+    run = run_dir(tmp_path, {"w": torch.zeros(2, 3), "extra": torch.zeros(1), "d2t": torch.arange(4)})
+    with pytest.raises(FileNotFoundError, match="step-00001000"):
+        snap.snapshot(run, 1000, tmp_path / "o")
+    with pytest.raises(ValueError, match="different tensors"):
+        snap.snapshot(run, 9000, tmp_path / "o")
+
+
+def test_cli_writes_the_snapshot_and_names_a_missing_step(tmp_path, capsys):
+    w = torch.randn(2, 3, generator=torch.Generator().manual_seed(1))
+    run = run_dir(tmp_path, {"w": w, "d2t": torch.arange(4)})
+    assert cli.main(["train", "snapshot", str(run), "9000", str(tmp_path / "snap")]) == 0
+    assert torch.equal(load_file(str(tmp_path / "snap" / "model.safetensors"))["w"], w.to(torch.bfloat16))
+    capsys.readouterr()
+    assert cli.main(["train", "snapshot", str(run), "10", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flashmap train: error: ") and "step-00000010" in err and err.count("\n") == 1
