@@ -19,7 +19,8 @@ import functools
 import pytest
 import torch
 
-from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, draft_block
+from flashmap_ext import draft_block
+from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter
 from flashmap_ext.drafters.flashmap import fused as fused
 from flashmap_ext.target.tables import TargetTables
 

@@ -10,9 +10,10 @@ import sys
 
 import torch
 
+from flashmap_ext import draft_block
 from flashmap_ext.assets.models import qwen05_dir
 from flashmap_ext.draft_shapes.calibrate import median_time
-from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.target import Target
 
 CONTEXT = 64

@@ -18,7 +18,7 @@ import torch
 
 from flashmap_ext.bench.metrics import Method
 from flashmap_ext.bench.shapes import auto_methods, shape_methods
-from flashmap_ext.drafters.flashmap import draft_block
+from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.tree import TreeSpec
 

@@ -19,8 +19,9 @@ from typing import Optional, Sequence
 import torch
 
 from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.eagle3.tree import DraftTree
-from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
 
 #: seed offset between the noise draws of a multi-noise tree (an odd constant far from request seeds)
 NOISE_SEED_STRIDE = 0x9E3779B1

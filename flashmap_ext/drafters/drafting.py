@@ -14,13 +14,13 @@ import torch
 
 from flashmap_ext.checks import describe
 from flashmap_ext.drafters.common.base import DraftBlock, per_row
-from flashmap_ext.drafters.flashmap.draft import draft_block as flashmap_draft_block
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
 
 
 @torch.no_grad()
 def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_tokens: int | None = None,
-                seed: torch.Tensor | int | None = None, position: torch.Tensor | int | None = None,
+                seed: torch.Tensor | int = 0, position: torch.Tensor | int | None = None,
                 steps: int | None = None, noise: torch.Tensor | None = None,
                 return_logits: bool = False) -> DraftBlock:
     """Drafts up to K tokens after each row's anchor (DESIGN.md §3.2).
@@ -33,8 +33,10 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     position: [B] int64 tensor or int, each anchor's absolute position = the row's committed length in
         `memory` (a CPU value that disagrees is refused: a missed `extend_memory`). Required, except for
         FlashMap with explicit `noise`. It keys FlashMap's noise and places DFlash's and EAGLE-3's RoPE.
-    seed: [B] int64 or int, the request seed of FlashMap's noise stream (DESIGN.md §5.4; required with
-        `position` for FlashMap without `noise`); DFlash and EAGLE-3 draft greedily and ignore it.
+    seed: [B] int64 or int (default 0), the request seed of FlashMap's noise stream (DESIGN.md §5.4):
+        the same (seed, position) always drafts the same block, and `generate(..., seed=s)` drafts with
+        seed s, so the default reproduces `generate`'s default. DFlash and EAGLE-3 draft greedily and
+        ignore it.
     steps, noise: FlashMap only (1 or 2 flow-map steps; explicit d-space noise [B, K, d_target]).
     return_logits: also return the logits [B, num_tokens, V_s] fp32 over the draft vocabulary's rows.
     Returns DraftBlock(tokens [B, num_tokens] int64 target ids, logits or None).
@@ -50,6 +52,8 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     if not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1 or anchor_tokens.dtype != torch.int64:
         raise ValueError(f"anchor_tokens: expected a [B] int64 tensor (each row's last committed token id), "
                          f"got {describe(anchor_tokens)}")
+    if seed is None:
+        raise ValueError("seed: expected an int or a [B] int64 tensor (default 0), got None")
     for name, value in (("anchor_tokens", anchor_tokens), ("position", position), ("seed", seed)):
         if isinstance(value, torch.Tensor) and value.is_meta:
             raise ValueError(f"{name}: a meta tensor (no values): pass a cpu or cuda tensor")
@@ -57,7 +61,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     if position is not None:
         check_position(memory, per_row(position, anchor_tokens.shape[0], anchor_tokens.device, "position"))
     if isinstance(drafter, FlashMapDrafter):
-        block = flashmap_draft_block(drafter, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
+        block = draft_flashmap(drafter, memory, anchor_tokens, steps=steps, noise=noise, seed=seed,
                                      position=position, return_logits=return_logits)
         return DraftBlock(block.tokens[:, :num_tokens], None if block.logits is None else block.logits[:, :num_tokens])
     for name, value in (("steps", steps), ("noise", noise)):
@@ -66,7 +70,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     if position is None:
         raise ValueError("position: required (the anchors' absolute positions, [B] int64 or an int)")
     B, device = anchor_tokens.shape[0], anchor_tokens.device
-    args = dict(num_tokens=num_tokens, seed=per_row(0 if seed is None else seed, B, device, "seed"),
+    args = dict(num_tokens=num_tokens, seed=per_row(seed, B, device, "seed"),
                 position=per_row(position, B, device, "position"))
     if not return_logits:
         return DraftBlock(drafter.draft(memory, anchor_tokens, **args), None)

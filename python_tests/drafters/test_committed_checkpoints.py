@@ -60,7 +60,7 @@ def load(kind: str, target):
 
 def drafts(kind: str, target) -> dict:
     """What the checkpoint drafts from the prompt's taps, and what the loop does with it (T = 0 and T > 0)."""
-    from flashmap_ext.drafters.flashmap import draft_block
+    from flashmap_ext import draft_block
     from flashmap_ext.speculate import TreeSpec, generate
     drafter, ids = load(kind, target), prompt()
     with torch.inference_mode():

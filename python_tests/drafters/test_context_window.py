@@ -17,7 +17,8 @@ from test_dflash_drafter import oracle_logits as dflash_oracle
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.common.window import check_window, visible_context, window_start
 from flashmap_ext.drafters.dflash import DFlashDrafter
-from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, draft_block, fused
+from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, fused
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.speculate import generate
 from support.drafter_doubles import greedy_continuation, random_flashmap
@@ -84,10 +85,10 @@ def test_window_helpers():
 def test_flashmap_window_covering_the_context_is_bit_identical(target, steps):
     base = flashmap(target)
     taps, z, anchor = taps_of(base, 11), noise_of(base, 2), torch.tensor([3, 9])
-    want = draft_block(base, memory_of(base, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
+    want = draft_flashmap(base, memory_of(base, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
     for window in (11, 12, 400):  # the same object (a copy would not be bitwise: DESIGN.md §12)
         base.config.context_window = window
-        got = draft_block(base, memory_of(base, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
+        got = draft_flashmap(base, memory_of(base, taps, [5, 6]), anchor, steps=steps, noise=z, return_logits=True)
         assert torch.equal(got.logits, want.logits) and torch.equal(got.tokens, want.tokens)
 
 
@@ -96,14 +97,14 @@ def test_flashmap_window_covering_the_context_is_bit_identical(target, steps):
 def test_flashmap_window_equals_float64_rebased_reference(target, steps, window):
     windowed = flashmap(target, window)
     taps, z, anchor = taps_of(windowed, 40), noise_of(windowed, 2), torch.tensor([3, 9])
-    got = draft_block(windowed, memory_of(windowed, taps, [30, 3, 7]), anchor, steps=steps, noise=z,
+    got = draft_flashmap(windowed, memory_of(windowed, taps, [30, 3, 7]), anchor, steps=steps, noise=z,
                       return_logits=True).logits
     ref = copy_with(windowed, target, None, torch.float64)  # the last W taps at positions 0..W−1, anchor at W
-    want = draft_block(ref, memory_of(ref, taps[:, -window:].double(), [window]), anchor, steps=steps,
+    want = draft_flashmap(ref, memory_of(ref, taps[:, -window:].double(), [window]), anchor, steps=steps,
                        noise=z.double(), return_logits=True).logits
     torch.testing.assert_close(got.double(), want.double(), atol=1e-4, rtol=1e-4)
     unlimited = copy_with(windowed, target, None)
-    full = draft_block(unlimited, memory_of(unlimited, taps, [40]), anchor, steps=steps, noise=z,
+    full = draft_flashmap(unlimited, memory_of(unlimited, taps, [40]), anchor, steps=steps, noise=z,
                        return_logits=True).logits
     assert (full - got).abs().max() > 1e-3  # the window changes what the drafter sees
 
@@ -140,7 +141,7 @@ def test_flashmap_fused_step_reads_the_same_window(steps):
     ids = torch.zeros(3, 23, dtype=torch.int64)
     ref_mem, fused_mem = memory_of(drafter, taps, [23]), drafter.new_memory(3)
     fused.fused_extend_memory(packed, fused_mem, ids, taps)
-    r = draft_block(drafter, ref_mem, anchor, steps=steps, noise=z, return_logits=True)
+    r = draft_flashmap(drafter, ref_mem, anchor, steps=steps, noise=z, return_logits=True)
     f = fused.fused_draft_block(packed, fused_mem, anchor, steps=steps, noise=z, return_logits=True)
     torch.testing.assert_close(f.logits, r.logits, rtol=1e-4, atol=1e-4)
     assert torch.equal(f.tokens, r.tokens)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.flashmap import fused as fused
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.target.tables import TargetTables
 
 # Widths the CUDA kernels accept (GEMM inputs multiples of 64, head dim 64): the same config runs on both.
@@ -63,7 +64,7 @@ def test_fused_draft_block_equals_reference_on_cpu(target, steps):
     packed = fused.pack_weights(drafter)
     taps, z, anchor = inputs(drafter, 3, 9)
     ref_mem, fused_mem = two_memories(drafter, packed, taps, [9])
-    r = draft_block(drafter, ref_mem, anchor, steps=steps, noise=z, return_logits=True)
+    r = draft_flashmap(drafter, ref_mem, anchor, steps=steps, noise=z, return_logits=True)
     f = fused.fused_draft_block(packed, fused_mem, anchor, steps=steps, noise=z, return_logits=True)
     torch.testing.assert_close(f.logits, r.logits, rtol=1e-4, atol=1e-4)
     assert torch.equal(f.tokens, r.tokens)
@@ -85,7 +86,7 @@ def test_fused_draft_block_draws_the_drafters_seeded_noise(target):
     taps, _, anchor = inputs(drafter, 2, 5)
     ref_mem, fused_mem = two_memories(drafter, packed, taps, [5])
     seed, position = torch.tensor([3, 4]), torch.tensor([5, 6])
-    r = draft_block(drafter, ref_mem, anchor, seed=seed, position=position)
+    r = draft_flashmap(drafter, ref_mem, anchor, seed=seed, position=position)
     f = fused.fused_draft_block(packed, fused_mem, anchor, seed=seed, position=position)
     assert torch.equal(f.tokens, r.tokens)
     with pytest.raises(ValueError, match="steps"):
@@ -110,8 +111,8 @@ def test_fused_draft_block_cuda_within_budget(steps, record_property):
         d.extend_memory(mems[name], torch.zeros(3, 97, dtype=torch.int64, device="cuda"), taps)
     fused_mem = lowp.new_memory(3)
     fused.fused_extend_memory(packed, fused_mem, torch.zeros(3, 97, dtype=torch.int64, device="cuda"), taps)
-    o = draft_block(oracle, mems["oracle"], anchor, steps=steps, noise=z.double(), return_logits=True)
-    lp = draft_block(lowp, mems["lowp"], anchor, steps=steps, noise=z, return_logits=True)
+    o = draft_flashmap(oracle, mems["oracle"], anchor, steps=steps, noise=z.double(), return_logits=True)
+    lp = draft_flashmap(lowp, mems["lowp"], anchor, steps=steps, noise=z, return_logits=True)
     f = fused.fused_draft_block(packed, fused_mem, anchor, steps=steps, noise=z, return_logits=True)
     err = (f.logits.double() - o.logits).abs().max().item()
     base = (lp.logits.double() - o.logits).abs().max().item()

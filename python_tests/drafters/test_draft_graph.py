@@ -1,4 +1,4 @@
-"""`draft_block`'s CUDA-graph path (drafters/flashmap_fused.py: graphs_enabled, draft_graph,
+"""The FlashMap draft's CUDA-graph path (drafters/flashmap/fused.py: graphs_enabled, draft_graph,
 FusedDraftGraph): when it applies, when it captures again, and — on a GPU — graph replay == eager fused
 == reference drafts (near-ties counted) over rounds of a growing memory, inside `generate` too."""
 import copy
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.flashmap import fused as fused
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.speculate import generate
 from flashmap_ext.target.tables import TargetTables
 
@@ -74,7 +75,7 @@ def test_cpu_drafting_never_captures_a_graph(cpu_target, counting):
     anchor, seed, position = torch.tensor([3, 4]), torch.tensor([5, 6]), torch.tensor([9, 9])
     memory = drafter.new_memory(2)
     extend(drafter, memory, taps)
-    ref = draft_block(drafter, memory, anchor, steps=2, seed=seed, position=position)
+    ref = draft_flashmap(drafter, memory, anchor, steps=2, seed=seed, position=position)
     packed = fused.pack_weights(drafter)
     fused_mem = drafter.new_memory(2)
     fused.fused_extend_memory(packed, fused_mem, torch.zeros(2, 9, dtype=torch.int64), taps)
@@ -151,16 +152,16 @@ def test_graph_replay_equals_eager_fused_and_reference_over_rounds(steps, seeded
         position = torch.full((2,), memory.length, dtype=torch.int64, device="cuda")
         z = drafter.sample_noise(seed, position)
         kw = dict(seed=seed, position=position) if seeded else dict(noise=z)
-        graphed = draft_block(drafter, memory, anchor, steps=steps, **kw).tokens
+        graphed = draft_flashmap(drafter, memory, anchor, steps=steps, **kw).tokens
         layouts.add(fused._layout(memory))
         eager = fused.fused_draft_block(packed, memory, anchor, steps=steps, **kw).tokens
         assert torch.equal(graphed, eager), f"round {r}: graph replay differs from the eager fused step"
         f = fused.fused_draft_block(packed, memory, anchor, steps=steps, noise=z, return_logits=True)
         assert torch.equal(f.tokens, eager), "the in-graph noise is the seeded noise"
         drafter.allow_fused = False
-        lp = draft_block(drafter, lowp_mem, anchor, steps=steps, noise=z, return_logits=True)
+        lp = draft_flashmap(drafter, lowp_mem, anchor, steps=steps, noise=z, return_logits=True)
         drafter.allow_fused = True
-        o = draft_block(oracle, oracle_mem, anchor, steps=steps, noise=z.double(), return_logits=True)
+        o = draft_flashmap(oracle, oracle_mem, anchor, steps=steps, noise=z.double(), return_logits=True)
         err = (f.logits.double() - o.logits).abs().max().item()
         base = (lp.logits.double() - o.logits).abs().max().item()
         assert err <= 2 * base, f"round {r}: fused logits error {err:.3g} > 2 x bf16 module error {base:.3g}"
@@ -187,13 +188,13 @@ def test_graph_replay_syncs_nothing():
     extend(drafter, memory, torch.randn(1, 40, 2 * 64, device="cuda", dtype=torch.bfloat16))
     seed, anchor = torch.tensor([7], device="cuda"), torch.tensor([5], device="cuda")
     position = torch.full((1,), 40, dtype=torch.int64, device="cuda")
-    first = draft_block(drafter, memory, anchor, steps=2, seed=seed, position=position).tokens  # captures
+    first = draft_flashmap(drafter, memory, anchor, steps=2, seed=seed, position=position).tokens  # captures
     assert memory.draft_graphs
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        again = draft_block(drafter, memory, anchor, steps=2, seed=seed, position=position).tokens
-        other = draft_block(drafter, memory, anchor, steps=2, seed=seed, position=position + 1).tokens
+        again = draft_flashmap(drafter, memory, anchor, steps=2, seed=seed, position=position).tokens
+        other = draft_flashmap(drafter, memory, anchor, steps=2, seed=seed, position=position + 1).tokens
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(again, first) and again.data_ptr() != first.data_ptr(), "tokens are copies"

@@ -1,5 +1,5 @@
 """FlashMap DiT drafter: shapes, memory cache, training/inference agreement, anchor causality,
-draft_block (1 and 2 steps, shared seeded noise), checkpoints, torch.compile, protocol, errors."""
+draft_flashmap (1 and 2 steps, shared seeded noise), checkpoints, torch.compile, protocol, errors."""
 import copy
 import json
 
@@ -9,8 +9,9 @@ from safetensors import safe_open
 
 from conftest import HAS_CUDA, tiny_qwen3
 from flashmap_ext.drafters.common.base import BlockDrafter
-from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapConfig, FlashMapDrafter, draft_block, flow
+from flashmap_ext.drafters.flashmap import DraftBlock, FlashMapConfig, FlashMapDrafter, flow
 from flashmap_ext.drafters.flashmap.config import default_tap_layers
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from support.numerics import assert_close_to_reference
 
 TINY = dict(n_layers=2, width=32, heads=4, block_size=4, cond_dim=16, target_layer_ids=(0, 2))
@@ -81,7 +82,7 @@ def test_shapes_and_protocol(target):
     assert tokens.shape == (3, 3) and tokens.dtype == torch.int64
     assert ((tokens >= 0) & (tokens < 111)).all()
     assert drafter.draft(memory, torch.tensor([1, 2, 3]), num_tokens=0, seed=0, position=6).shape == (3, 0)
-    out = draft_block(drafter, memory, torch.tensor([1, 2, 3]), seed=0, position=6, return_logits=True)
+    out = draft_flashmap(drafter, memory, torch.tensor([1, 2, 3]), seed=0, position=6, return_logits=True)
     assert isinstance(out, DraftBlock) and out.logits.shape == (3, 4, 111) and out.logits.dtype == torch.float32
     logits = drafter.forward_train(taps, torch.randint(0, 111, (3, 6)), torch.tensor([[0, 5]] * 3),
                                    torch.randn(3, 2, 4, 64), torch.rand(3, 2), torch.rand(3, 2))
@@ -95,8 +96,8 @@ def test_incremental_memory_equals_recompute(target):
     assert whole.length == chunked.length == 70
     assert torch.allclose(whole.k[:, :, :, :70], chunked.k[:, :, :, :70], atol=1e-6)
     anchor, z = torch.tensor([5, 9]), rand_noise(2, drafter)
-    a = draft_block(drafter, whole, anchor, noise=z, return_logits=True).logits
-    b = draft_block(drafter, chunked, anchor, noise=z, return_logits=True).logits
+    a = draft_flashmap(drafter, whole, anchor, noise=z, return_logits=True).logits
+    b = draft_flashmap(drafter, chunked, anchor, noise=z, return_logits=True).logits
     assert torch.allclose(a, b, atol=1e-5)
 
 
@@ -139,10 +140,10 @@ def test_block_sees_nothing_at_or_after_its_anchor(target):
 def test_draft_block_one_and_two_steps(target):
     drafter = make_drafter(target)
     memory, anchor, z = filled_memory(drafter, rand_taps(2, 5, drafter)), torch.tensor([7, 8]), rand_noise(2, drafter)
-    one = draft_block(drafter, memory, anchor, steps=1, noise=z, return_logits=True)
+    one = draft_flashmap(drafter, memory, anchor, steps=1, noise=z, return_logits=True)
     assert torch.allclose(one.logits, drafter.denoise(memory, anchor, z, 0.0, 1.0))
     assert torch.equal(one.tokens, one.logits.argmax(-1))
-    two = draft_block(drafter, memory, anchor, steps=2, noise=z, return_logits=True)
+    two = draft_flashmap(drafter, memory, anchor, steps=2, noise=z, return_logits=True)
     t_mid = flow.t_of_tau(0.5, 111).item()
     assert drafter.t_mid == pytest.approx(t_mid) and 0.5 < t_mid < 0.75
     probs = torch.softmax(drafter.denoise(memory, anchor, z, 0.0, 0.5), -1)
@@ -158,13 +159,13 @@ def test_seeded_noise_is_reproducible_and_row_independent(target):
     memory, anchor = filled_memory(drafter, taps), torch.tensor([3, 4])
     seed, pos = torch.tensor([11, 12]), torch.tensor([6, 6])
     for steps in (1, 2):
-        a = draft_block(drafter, memory, anchor, steps=steps, seed=seed, position=pos, return_logits=True)
-        b = draft_block(drafter, memory, anchor, steps=steps, noise=drafter.sample_noise(seed, pos), return_logits=True)
+        a = draft_flashmap(drafter, memory, anchor, steps=steps, seed=seed, position=pos, return_logits=True)
+        b = draft_flashmap(drafter, memory, anchor, steps=steps, noise=drafter.sample_noise(seed, pos), return_logits=True)
         assert torch.equal(a.tokens, b.tokens) and torch.allclose(a.logits, b.logits)
-    alone = draft_block(drafter, filled_memory(drafter, taps[1:]), anchor[1:], steps=2, seed=seed[1:], position=pos[1:],
+    alone = draft_flashmap(drafter, filled_memory(drafter, taps[1:]), anchor[1:], steps=2, seed=seed[1:], position=pos[1:],
                         return_logits=True)
     assert torch.allclose(alone.logits[0], a.logits[1], atol=1e-5), "a row must not depend on batch-mates"
-    other = draft_block(drafter, memory, anchor, steps=2, noise=drafter.sample_noise(seed, pos + 1), return_logits=True)
+    other = draft_flashmap(drafter, memory, anchor, steps=2, noise=drafter.sample_noise(seed, pos + 1), return_logits=True)
     assert not torch.allclose(other.logits, a.logits)
     z = drafter.sample_noise(seed, pos)
     assert z.shape == (2, 4, 64) and z.dtype == torch.float32
@@ -220,9 +221,9 @@ def assert_draft_like_float64(target, *drafters):
     its dtype's tolerance: two objects are compared with the reference, not bitwise (DESIGN.md §12)."""
     taps, anchor, z = rand_taps(2, 5, drafters[0]), torch.tensor([1, 2]), rand_noise(2, drafters[0])
     ref = copy.deepcopy(drafters[0]).double().attach_target(target)
-    want = draft_block(ref, filled_memory(ref, taps.double()), anchor, noise=z.double(), return_logits=True)
+    want = draft_flashmap(ref, filled_memory(ref, taps.double()), anchor, noise=z.double(), return_logits=True)
     for m in drafters:
-        got = draft_block(m, filled_memory(m, taps), anchor, noise=z, return_logits=True)
+        got = draft_flashmap(m, filled_memory(m, taps), anchor, noise=z, return_logits=True)
         assert_close_to_reference(got.logits, want.logits)
         assert torch.equal(got.tokens, want.tokens)
 
@@ -241,7 +242,7 @@ def test_draft_vocabulary_subset(target, tmp_path):
     labels = torch.tensor([10, 11, -100, 100])
     assert drafter.to_state_ids(labels).tolist() == [1, -100, -100, 19]
     memory = filled_memory(drafter, rand_taps(2, 5, drafter))
-    out = draft_block(drafter, memory, torch.tensor([1, 2]), seed=0, position=5, steps=2, return_logits=True)
+    out = draft_flashmap(drafter, memory, torch.tensor([1, 2]), seed=0, position=5, steps=2, return_logits=True)
     assert out.logits.shape == (2, 4, 20) and torch.isin(out.tokens, keep).all()
     assert drafter.noise_factor.shape == (64, 64)
     drafter.save_pretrained(tmp_path)
@@ -252,9 +253,9 @@ def _compile_check(drafter, device, backend):
     drafter = drafter.to(device)
     memory = filled_memory(drafter, rand_taps(2, 7, drafter).to(device))
     anchor, z = torch.tensor([3, 4], device=device), rand_noise(2, drafter).to(device)
-    compiled = torch.compile(draft_block, backend=backend, fullgraph=True)
+    compiled = torch.compile(draft_flashmap, backend=backend, fullgraph=True)
     for steps in (1, 2):
-        ref = draft_block(drafter, memory, anchor, steps=steps, noise=z, return_logits=True)
+        ref = draft_flashmap(drafter, memory, anchor, steps=steps, noise=z, return_logits=True)
         out = compiled(drafter, memory, anchor, steps=steps, noise=z, return_logits=True)
         assert torch.allclose(out.logits, ref.logits, atol=1e-4) and torch.equal(out.tokens, ref.tokens)
 
@@ -283,24 +284,24 @@ def test_clear_errors_name_the_argument(target):
     memory = filled_memory(drafter, rand_taps(2, 5, drafter))
     anchor = torch.tensor([1, 2])
     cases = [
-        ("anchor_tokens", lambda: draft_block(drafter, memory, torch.tensor([1]), seed=0, position=5)),
-        ("anchor_tokens", lambda: draft_block(drafter, memory, anchor.int(), seed=0, position=5)),
+        ("anchor_tokens", lambda: draft_flashmap(drafter, memory, torch.tensor([1]), seed=0, position=5)),
+        ("anchor_tokens", lambda: draft_flashmap(drafter, memory, anchor.int(), seed=0, position=5)),
         # an int anchor read "got None int"
         (r"anchor_tokens: expected a \[B=2\] int64 tensor \(each row's last committed token id\), got int 5$",
-         lambda: draft_block(drafter, memory, 5, seed=0, position=5)),
+         lambda: draft_flashmap(drafter, memory, 5, seed=0, position=5)),
         (r"got a tensor of shape \[2, 1\] and dtype torch.int64$",
-         lambda: draft_block(drafter, memory, anchor[:, None], seed=0, position=5)),
-        ("steps", lambda: draft_block(drafter, memory, anchor, steps=3, seed=0, position=5)),
+         lambda: draft_flashmap(drafter, memory, anchor[:, None], seed=0, position=5)),
+        ("steps", lambda: draft_flashmap(drafter, memory, anchor, steps=3, seed=0, position=5)),
         # an id outside the target's vocabulary was a bare 'IndexError: index out of range in self'
-        (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_block(drafter, memory, torch.tensor([1, 111]),
+        (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_flashmap(drafter, memory, torch.tensor([1, 111]),
                                                                            seed=0, position=5)),
-        (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_block(drafter, memory, torch.tensor([-1, 2]),
+        (r"anchor_tokens: expected ids in \[0, 111\)", lambda: draft_flashmap(drafter, memory, torch.tensor([-1, 2]),
                                                                            seed=0, position=5)),
-        ("seed, position", lambda: draft_block(drafter, memory, anchor)),
-        ("position", lambda: draft_block(drafter, memory, anchor, seed=0, position=torch.tensor([5.0, 6.0]))),
-        ("position", lambda: draft_block(drafter, memory, anchor, seed=0, position=torch.tensor([5, 6, 7]))),
-        ("seed", lambda: draft_block(drafter, memory, anchor, seed=torch.zeros(2, 2, dtype=torch.int64), position=5)),
-        ("noise", lambda: draft_block(drafter, memory, anchor, noise=torch.zeros(2, 4, 63))),
+        ("seed, position", lambda: draft_flashmap(drafter, memory, anchor)),
+        ("position", lambda: draft_flashmap(drafter, memory, anchor, seed=0, position=torch.tensor([5.0, 6.0]))),
+        ("position", lambda: draft_flashmap(drafter, memory, anchor, seed=0, position=torch.tensor([5, 6, 7]))),
+        ("seed", lambda: draft_flashmap(drafter, memory, anchor, seed=torch.zeros(2, 2, dtype=torch.int64), position=5)),
+        ("noise", lambda: draft_flashmap(drafter, memory, anchor, noise=torch.zeros(2, 4, 63))),
         ("num_tokens", lambda: drafter.draft(memory, anchor, num_tokens=5, seed=0, position=5)),
         ("taps", lambda: drafter.extend_memory(memory, torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3, 64))),
         ("taps", lambda: drafter.extend_memory(memory, torch.zeros(2, 3, dtype=torch.int64), None)),

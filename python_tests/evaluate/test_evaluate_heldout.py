@@ -143,8 +143,9 @@ def test_vocab_coverage_counts_slot1_labels_in_the_draft_vocabulary(setup):
 
 
 def test_noise_mean_drafter_drafts_the_block_of_z_zero_whatever_the_seed(setup):
+    from flashmap_ext import draft_block
     from flashmap_ext.bench.methods import NoiseMeanDrafter, StepsDrafter
-    from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
     target, _ = setup
     torch.manual_seed(0)
     d = FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4)

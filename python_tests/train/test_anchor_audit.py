@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
+from flashmap_ext import draft_block
 from flashmap_ext.drafters.dflash import DFlashDrafter
-from flashmap_ext.drafters.flashmap import FlashMapDrafter, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.evaluate.heldout import HeldoutSequence, slot_hits
 
 T, K = 24, 8

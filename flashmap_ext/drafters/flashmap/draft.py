@@ -1,6 +1,8 @@
-"""`draft_block`: one FlashMap drafting call (DESIGN.md §3.2, §4): the flow-map step(s) from shared noise.
+"""`draft_flashmap`: the FlashMap path of `flashmap_ext.draft_block` (DESIGN.md §3.2, §4): the flow-map
+step(s) from shared noise.
 
 The reference (PyTorch) path is here; the fused path (fused.py) computes the same with the ops.dit kernels.
+Users call `flashmap_ext.draft_block`, the one drafting call for every drafter (drafters/drafting.py).
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, pe
 
 
 @torch.no_grad()
-def draft_block(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
-                steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
-                position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
-    """One FlashMap drafting call (DESIGN.md §3.2, §4).
+def draft_flashmap(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *,
+                   steps: int | None = None, noise: torch.Tensor | None = None, seed: torch.Tensor | None = None,
+                   position: torch.Tensor | None = None, return_logits: bool = False) -> DraftBlock:
+    """One FlashMap drafting call (DESIGN.md §3.2, §4); `flashmap_ext.draft_block` adds the checks every
+    drafter shares (batch, position against the memory, num_tokens) and is the one to call.
 
     anchor_tokens: [B] int64 in [0, vocab_size), the last committed token of each row (not in `memory`).
     steps: 1 (`net(z, 0, 1)`) or 2 (`A = softmax(net(z, 0, ½))`, jump to t(½), `net(x_m, ½, 1)`);

@@ -3,7 +3,7 @@
 
     packed = pack_weights(drafter)                       # once, at load time (if fused_supported(drafter))
     fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
-    block = fused_draft_block(packed, memory, anchor_tokens, noise=z, steps=1)   # replaces draft_block
+    block = fused_draft_block(packed, memory, anchor_tokens, noise=z, steps=1)   # replaces draft_flashmap
     block = fused_draft_block(packed, memory, anchor_tokens, seed=s, position=p, graph=True)  # CUDA-graph replay
     graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # the graph itself (what graph=True caches)
     tokens = graph(memory, anchor_tokens, z)
@@ -203,7 +203,7 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
                       steps: Optional[int] = None, noise: Optional[torch.Tensor] = None,
                       seed: Optional[torch.Tensor] = None, position: Optional[torch.Tensor] = None,
                       return_logits: bool = False, graph: bool = False) -> DraftBlock:
-    """`flashmap.draft_block` on the fused ops (same arguments, same result up to fp rounding).
+    """`draft_flashmap` (draft.py) on the fused ops (same arguments, same result up to fp rounding).
 
     graph: on CUDA, without return_logits and outside another capture, replay the step (noise included)
     from a CUDA graph cached on the memory (`draft_graph`); the tokens equal the eager ones. Once the

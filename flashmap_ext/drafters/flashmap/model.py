@@ -26,7 +26,7 @@ from flashmap_ext.drafters.common.window import window_start
 from flashmap_ext.drafters.flashmap import fused
 from flashmap_ext.drafters.flashmap.block import DiTBlock, FinalLayer, TimestepEmbedder
 from flashmap_ext.drafters.flashmap.config import FlashMapConfig, default_tap_layers, shape_fields
-from flashmap_ext.drafters.flashmap.draft import draft_block
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.flashmap.flow import (
     d_space_noise,
     noise_factor,
@@ -343,7 +343,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         """BlockDrafter.draft: tokens [B, num_tokens] int64 with `config.draft_steps` evaluations."""
         if not (0 <= num_tokens <= self.num_draft_tokens):
             raise ValueError(f"num_tokens: must be in [0, {self.num_draft_tokens}], got {num_tokens}")
-        return draft_block(self, memory, anchor_tokens, seed=seed, position=position).tokens[:, :num_tokens]
+        return draft_flashmap(self, memory, anchor_tokens, seed=seed, position=position).tokens[:, :num_tokens]
 
     # ------------------------------------------------------------------ training
     def encode_train_memory(self, taps: torch.Tensor, input_ids: torch.Tensor,

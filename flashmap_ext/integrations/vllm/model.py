@@ -43,7 +43,8 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 from vllm.model_executor.models.utils import maybe_prefix
 
-from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, FlashMapMemory, draft_block
+from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, FlashMapMemory
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.target.tables import TargetTables
 
 
@@ -126,7 +127,7 @@ class FlashMapDFlashForCausalLM(DFlashQwen3ForCausalLM):
             p = int(positions[first])
             memory = self._gather_memory(meta.block_table[r], p)
             anchor = input_ids[first:first + 1].long()
-            block = draft_block(self.drafter, memory, anchor, seed=self.seed, position=p, return_logits=True)
+            block = draft_flashmap(self.drafter, memory, anchor, seed=self.seed, position=p, return_logits=True)
             out[first + 1:first + 1 + k] = block.logits[0]
         return out
 
