@@ -28,7 +28,7 @@ from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, 
 from flashmap_ext.target import Target
 from flashmap_ext.tree import TreeSpec, tree_round
 
-__all__ = ["generate", "generate_tree", "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
+__all__ = ["generate", "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
 
 
 def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
@@ -183,13 +183,6 @@ def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k
     requests = [Request(temperature, top_k, top_p, s, valid_vocab, m, stop, None, target.device)
                 for s, m in zip(seeds, budgets)]
     return generate_rows(target, drafter, checked, requests, timer or Timer())
-
-
-def generate_tree(target, drafter, input_ids, max_new_tokens: int, *args, depth: int = 7, topk: int = 10,
-                  num_nodes: int = 16, **kwargs) -> GenerateOutput:
-    """`generate(..., tree=TreeSpec(depth, topk, num_nodes))`; defaults: the DFlash paper's 7, 10, 16."""
-    return generate(target, drafter, input_ids, max_new_tokens, *args,
-                    tree=TreeSpec(depth, topk, num_nodes), **kwargs)
 
 
 def prefill(target: Target, drafter, prompt: torch.Tensor, req: Request, stats: GenerateStats,

@@ -8,9 +8,9 @@ from scipy.stats import chi2
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.ops.verify_reference import verify_target_probs
-from flashmap_ext.speculate import generate_tree
+from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target
-from flashmap_ext.tree import tree_accept, tree_attention_mask
+from flashmap_ext.tree import TreeSpec, tree_accept, tree_attention_mask
 from support.drafter_doubles import OracleTreeDrafter, greedy_continuation
 
 V = 111
@@ -48,7 +48,7 @@ def test_tree_attention_mask_equals_each_path_alone(target):
 @pytest.mark.parametrize("wrong_depth", [None, 1, 3])
 def test_tree_greedy_equals_autoregressive_with_oracle_trees(target, wrong_depth):
     prompt, n = [5, 17, 3, 99], 14
-    out = generate_tree(target, OracleTreeDrafter(target, V, wrong_depth), prompt, n, depth=4)
+    out = generate(target, OracleTreeDrafter(target, V, wrong_depth), prompt, n, tree=TreeSpec(depth=4))
     assert out.tokens == greedy(target, prompt, n)
     full = 4 if wrong_depth is None else wrong_depth - 1
     assert out.stats.accepted[:-1] == [full] * (len(out.stats.accepted) - 1)
@@ -59,9 +59,9 @@ def test_tree_greedy_with_random_eagle3_drafter_and_stop(target):
     drafter = Eagle3Drafter.for_target(target, target_layer_ids=[1, 2, 4], num_draft_tokens=4)
     prompt = [5, 17, 3, 99]
     want = greedy(target, prompt, 12)
-    assert generate_tree(target, drafter, prompt, 12, depth=3, topk=4, num_nodes=6).tokens == want
+    assert generate(target, drafter, prompt, 12, tree=TreeSpec(3, 4, 6)).tokens == want
     stop = want[6]
-    got = generate_tree(target, drafter, prompt, 12, depth=3, topk=4, num_nodes=6, stop_token_ids=[stop]).tokens
+    got = generate(target, drafter, prompt, 12, tree=TreeSpec(3, 4, 6), stop_token_ids=[stop]).tokens
     assert got == want[:want.index(stop) + 1]
 
 

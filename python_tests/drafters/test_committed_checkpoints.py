@@ -82,7 +82,7 @@ def drafts(kind: str, target) -> dict:
         out[f"generate_T{temperature}"] = [res.tokens, res.stats.accepted]
     if kind == "eagle3":
         res = generate(target, drafter, ids, NEW_TOKENS, tree=TreeSpec(4, 3, 8))
-        out["generate_tree"] = [res.tokens, res.stats.accepted]
+        out["tree_generate"] = [res.tokens, res.stats.accepted]
     return out
 
 
