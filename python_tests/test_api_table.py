@@ -107,7 +107,7 @@ CASES = {
     # loaders
     "load_target device": (lambda m, f: load_target("tiny-random", device="tpu"), ValueError, "--device 'tpu'"),
     "load_target dtype": (lambda m, f: load_target("tiny-random", dtype="fp8"), ValueError, "dtype must be one of"),
-    "FlashMapDrafter dtype": (lambda m, f: FlashMapDrafter.from_pretrained("checkpoints/flashmap-qwen2.5-coder-0.5b", m,
+    "FlashMapDrafter dtype": (lambda m, f: FlashMapDrafter.from_pretrained("checkpoints/flashmap-map-qwen2.5-coder-0.5b", m,
                                                                            dtype="fp8"),
                               TypeError, "FlashMapDrafter.from_pretrained: dtype must be None"),
     "DFlashDrafter dtype": (lambda m, f: DFlashDrafter.from_pretrained("checkpoints/dflash-qwen2.5-coder-0.5b", m,

@@ -34,7 +34,7 @@ main() {
     case $kind in
         dflash) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
         flow) INIT=checkpoints/flashmap-flow-qwen2.5-coder-0.5b ;;
-        map) INIT=checkpoints/flashmap-qwen2.5-coder-0.5b
+        map) INIT=checkpoints/flashmap-map-qwen2.5-coder-0.5b
              [ -s "$RUN/flow/drafter/model.safetensors" ] \
                  || { echo "recipes/long_run.sh map: teacher $RUN/flow/drafter missing: run the flow piece first" >&2; exit 2; } ;;
         *) echo "recipes/long_run.sh: kind: expected dflash, flow or map, got '$kind'" >&2; exit 2 ;;

@@ -203,7 +203,7 @@ import json, os, sys
 import torch
 from safetensors.torch import load_file, save_file
 run = sys.argv[1]
-pairs = [("flow", "flashmap-flow-qwen2.5-coder-0.5b"), ("map", "flashmap-qwen2.5-coder-0.5b"),
+pairs = [("flow", "flashmap-flow-qwen2.5-coder-0.5b"), ("map", "flashmap-map-qwen2.5-coder-0.5b"),
          ("dflash", "dflash-qwen2.5-coder-0.5b"), ("eagle3", "eagle3-qwen2.5-coder-0.5b")]
 for src, dst in pairs:
     s = f"{run}/{src}/drafter"

@@ -42,7 +42,7 @@ def main() -> int:
     stops = sorted(stop_token_ids(tok))
     rows = [json.loads(line) for line in open(os.path.join(args.run, "heldout.jsonl"))][:args.n]
     prompts = [prompt_ids(tok, [r["messages"][0]]) for r in rows]
-    ckpt = {"flow": "checkpoints/flashmap-flow-qwen2.5-coder-0.5b", "map": "checkpoints/flashmap-qwen2.5-coder-0.5b",
+    ckpt = {"flow": "checkpoints/flashmap-flow-qwen2.5-coder-0.5b", "map": "checkpoints/flashmap-map-qwen2.5-coder-0.5b",
             "dflash": "checkpoints/dflash-qwen2.5-coder-0.5b", "eagle3": "checkpoints/eagle3-qwen2.5-coder-0.5b"}
     results = {}
 

@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-CHECKPOINTS = {"flashmap": "checkpoints/flashmap-qwen2.5-coder-0.5b", "dflash": "checkpoints/dflash-qwen2.5-coder-0.5b"}
+CHECKPOINTS = {"flashmap": "checkpoints/flashmap-map-qwen2.5-coder-0.5b", "dflash": "checkpoints/dflash-qwen2.5-coder-0.5b"}
 SOURCES = ("argparse", "typing", "inspect", "dataclasses", "pathlib", "subprocess", "tarfile", "pydoc")
 QUESTION = "\n\nExplain in detail, step by step, what the last function above does and how it could be improved."
 

@@ -23,7 +23,7 @@ from flashmap_ext.target import load_target
 from flashmap_ext.train.data import prompt_ids, stop_token_ids
 from flashmap_ext.tree import TreeSpec
 
-CHECKPOINT = "checkpoints/flashmap-qwen2.5-coder-0.5b"
+CHECKPOINT = "checkpoints/flashmap-map-qwen2.5-coder-0.5b"
 
 
 class CountingMultiNoise(MultiNoiseDrafter):

@@ -58,7 +58,7 @@ def main(dtype: str, threads: int, repeats: int, mode: str) -> dict:
     torch.set_num_threads(threads)
     with torch.inference_mode():
         target = Target.from_pretrained(str(qwen05_dir()), dtype=dtype, device="cpu")
-        drafter = FlashMapDrafter.from_pretrained("checkpoints/flashmap-qwen2.5-coder-0.5b", target.model,
+        drafter = FlashMapDrafter.from_pretrained("checkpoints/flashmap-map-qwen2.5-coder-0.5b", target.model,
                                                   dtype=target.dtype)
         result = dict(dtype=dtype, threads=threads, mode=mode, target_misaligned=misaligned(target.model),
                       drafter_misaligned=misaligned(drafter))

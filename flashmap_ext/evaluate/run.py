@@ -16,8 +16,8 @@ from flashmap_ext.data.prompts import DOMAINS
 from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize, vocab_coverage
 
 DEFAULT_DRAFTERS = [
-    "FlashMap-1=checkpoints/flashmap-qwen2.5-coder-0.5b:1",
-    "FlashMap-2=checkpoints/flashmap-qwen2.5-coder-0.5b:2",
+    "FlashMap-1=checkpoints/flashmap-map-qwen2.5-coder-0.5b:1",
+    "FlashMap-2=checkpoints/flashmap-map-qwen2.5-coder-0.5b:2",
     "FlashMap-flow-1=checkpoints/flashmap-flow-qwen2.5-coder-0.5b:1",
     "DFlash=checkpoints/dflash-qwen2.5-coder-0.5b",
     "EAGLE-3=checkpoints/eagle3-qwen2.5-coder-0.5b",

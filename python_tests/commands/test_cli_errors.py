@@ -98,7 +98,7 @@ def test_bench_temperature_is_checked_by_the_parser(capsys, no_loads):
 
 
 def write_config(folder, change):
-    cfg = json.loads((ROOT / "checkpoints" / "flashmap-qwen2.5-coder-0.5b" / "config.json").read_text())
+    cfg = json.loads((ROOT / "checkpoints" / "flashmap-map-qwen2.5-coder-0.5b" / "config.json").read_text())
     change(cfg)
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg))

@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "committed_checkpoints.json"
-KINDS = {"flashmap": "flashmap-qwen2.5-coder-0.5b", "flashmap-flow": "flashmap-flow-qwen2.5-coder-0.5b",
+KINDS = {"flashmap": "flashmap-map-qwen2.5-coder-0.5b", "flashmap-flow": "flashmap-flow-qwen2.5-coder-0.5b",
          "dflash": "dflash-qwen2.5-coder-0.5b", "eagle3": "eagle3-qwen2.5-coder-0.5b"}
 PROMPT_LEN, NEW_TOKENS = 24, 12
 

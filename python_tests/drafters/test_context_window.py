@@ -159,7 +159,7 @@ def test_flashmap_config_records_the_window(target, tmp_path):
         export_flashmap(tmp_path / "w", tmp_path / "vllm")
     export_flashmap(tmp_path / "w", tmp_path / "vllm", unwindowed=True)
     assert json.loads((tmp_path / "vllm" / "config.json").read_text())["flashmap_config"]["context_window"] is None
-    committed = json.loads((Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-qwen2.5-coder-0.5b"
+    committed = json.loads((Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-map-qwen2.5-coder-0.5b"
                            / "config.json").read_text())
     assert FlashMapConfig.from_dict(committed).context_window == 384  # its training crop (checkpoints/README.md)
     del committed["context_window"]  # a config written before the window: unlimited, as then

@@ -132,7 +132,7 @@ def test_eagle3_speculators_to_specforge(tmp_path):
 
 def test_refusals_are_one_line_errors(tmp_path, capsys):
     cases = [
-        (["checkpoints/flashmap-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "export_flashmap"),
+        (["checkpoints/flashmap-map-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "export_flashmap"),
         ([str(write_released(tmp_path / "d")), str(tmp_path / "b"), "--to", "speculators"], "--to dflash"),
         ([str(write_specforge(tmp_path / "e")), str(tmp_path / "c"), "--to", "dflash"], "--to specforge"),
         ([str(write_released(tmp_path / "d2", architectures=["DFlash2DraftModel"])), str(tmp_path / "f"),
@@ -167,7 +167,7 @@ def test_speculative_config_refuses_an_unexported_flashmap_checkpoint(tmp_path):
     """`speculative_config` on the committed FlashMap checkpoint (not an export)
     returned num_speculative_tokens 7 (DFlash's block_size − 1) where its export gives 8, without a word."""
     from flashmap_ext.integrations.vllm import speculative_config
-    config = json.loads((pathlib.Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-qwen2.5-coder-0.5b" / "config.json").read_text())
+    config = json.loads((pathlib.Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-map-qwen2.5-coder-0.5b" / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="not an export for vLLM: run export_flashmap"):
         speculative_config(tmp_path)

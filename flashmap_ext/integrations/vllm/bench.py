@@ -110,7 +110,7 @@ def prepare(work: Path, n: int, methods: list[str]) -> tuple[str, list[dict]]:
         hf = transformers.AutoModelForCausalLM.from_pretrained(target, dtype="float32")
         export_dflash("checkpoints/dflash-qwen2.5-coder-0.5b", work / "dflash", target=hf, unwindowed=True)
     if "flashmap" in methods:
-        export_flashmap("checkpoints/flashmap-qwen2.5-coder-0.5b", work / "flashmap", unwindowed=True)
+        export_flashmap("checkpoints/flashmap-map-qwen2.5-coder-0.5b", work / "flashmap", unwindowed=True)
     return target, meta
 
 
