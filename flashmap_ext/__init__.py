@@ -7,9 +7,11 @@ Public API:
     DFlashDrafter           block-diffusion baseline drafter (DFlash)
     Eagle3Drafter           autoregressive baseline drafter (EAGLE-3)
     CheckpointError         a drafter checkpoint that cannot be loaded (one line: path, problem, kind)
-    Target, load_target     Hugging Face target adapter (DESIGN.md §6)
-    generate                the lossless speculative decoding loop (DESIGN.md §7); tree=TreeSpec(...)
-                            drafts token trees (batch 1)
+    Target, load_target     Hugging Face target adapter (DESIGN.md §6); load_target takes a hub name, a path or
+                            "qwen2.5-coder-0.5b" (the offline target)
+    auto_dtype              "bf16" where this machine runs it fast (a GPU, a CPU with bf16 hardware), else "fp32"
+    generate                the lossless speculative decoding loop (DESIGN.md §7): token ids or a tokenizer's
+                            output, one prompt or a list; tree=TreeSpec(...) drafts token trees (one prompt)
     VerifyOutput, DraftBlock, GenerateOutput, GenerateStats   what verify, draft_block and generate return
     TreeSpec                generate(..., tree=TreeSpec(depth, topk, num_nodes))
     Timer                   generate(..., timer=Timer(sync=True)): exact phase times of every round
@@ -24,6 +26,7 @@ except ImportError as _err:  # not built yet (a fresh clone, or `make` still com
         raise
     raise ImportError("flashmap_ext._C, the compiled op library, is not built in this checkout: run `make build` "
                       "(or `pip install --no-build-isolation .`) and wait for it to finish") from _err
+from flashmap_ext.bench.machine import auto_dtype
 from flashmap_ext.drafters.common.base import DraftBlock
 from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
@@ -36,4 +39,4 @@ from flashmap_ext.target import Target, load_target
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
            "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate",
-           "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
+           "GenerateOutput", "GenerateStats", "TreeSpec", "Timer", "auto_dtype"]

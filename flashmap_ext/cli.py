@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 
 from flashmap_ext.assets.models import AssetError  # missing/unknown offline assets are user errors too
 
@@ -58,31 +59,27 @@ RESUME_HINT = {"train": "; rerun with --resume to continue from the newest check
                "bench": "; the datasets that finished are in --out (results.json, marked partial)"}
 
 
-def check_target_is_no_drafter(target) -> None:
-    """ValueError when --target is a drafter checkpoint folder (--target and --drafter swapped): loading it
-    as a model would fail deep in the tokenizer, blaming sentencepiece."""
-    config = os.path.join(target, "config.json") if isinstance(target, str) else ""
-    if not os.path.isfile(config):
-        return
-    import json
-
-    from flashmap_ext.drafters.common.checkpoint import KINDS, config_kind
-    try:
-        with open(config, encoding="utf-8") as f:
-            kind = config_kind(json.load(f))
-    except (ValueError, AttributeError):
-        return  # not a JSON object: the target loader says what is wrong with it
-    if kind is not None:
-        raise ValueError(f"--target {target}: this is {KINDS[kind]} drafter checkpoint, not a target model "
-                         "(were --target and --drafter swapped?)")
+def interrupt_hint(args, started: float) -> str:
+    """The Ctrl-C line's tail: what the interrupted command kept (an action such as `bench compare` sets
+    `resume_hint` "": it keeps nothing). bench keeps finished datasets only when one finished in this run
+    (its results.json written since `started`, a time.time())."""
+    if hasattr(args, "resume_hint"):
+        return args.resume_hint
+    if args.command == "bench":
+        results = os.path.join(getattr(args, "out", "") or "", "results.json")
+        if not (os.path.isfile(results) and os.path.getmtime(results) >= started):
+            return "; no dataset had finished, so nothing was written"
+    return RESUME_HINT.get(args.command, "")
 
 
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2; Ctrl-C prints
     one line and exits 130; FLASHMAP_DEBUG=1 shows the full traceback instead."""
     args = parse(build_parser(), argv)
+    started = time.time()
     try:
-        check_target_is_no_drafter(getattr(args, "target", None))
+        from flashmap_ext.target.load import check_not_a_drafter
+        check_not_a_drafter(getattr(args, "target", None))
         return int(args.func(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, NotImplementedError,
             AssetError) as err:
@@ -95,8 +92,7 @@ def main(argv=None) -> int:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         print(flush=True)  # ends a line the command was streaming (generate, demo) before the stderr line
-        hint = getattr(args, "resume_hint", RESUME_HINT.get(args.command, ""))
-        print(f"flashmap {args.command}: interrupted{hint}", file=sys.stderr)
+        print(f"flashmap {args.command}: interrupted{interrupt_hint(args, started)}", file=sys.stderr)
         return 130
 
 

@@ -108,9 +108,12 @@ class Request:
             if isinstance(value, bool) or not isinstance(value, kind):
                 raise TypeError(f"{name} must be {'an integer' if kind is numbers.Integral else 'a number'}, "
                                 f"got {value!r}")
-        if not 0 <= self.temperature < math.inf or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need finite temperature >= 0, top_k >= 0, 0 < top_p <= 1 "
-                             f"(got {self.temperature}, {self.top_k}, {self.top_p})")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63) (an int64 Philox key), got {self.seed}")
         dev = self.device

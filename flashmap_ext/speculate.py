@@ -8,7 +8,8 @@ With `tree=TreeSpec(depth, topk, num_nodes)` the round drafts a token tree inste
 multi-draft acceptance, KV compaction). The request, state, stats and timer types are in request.py.
 
 `drafter=None` is the autoregressive baseline through the same loop (k = 0: the verify op is then the
-plain sampler). Batch size 1; the ops stay batched. Randomness: the verifier's coins are keyed by
+plain sampler). One prompt runs here; a list of prompts runs as one batch in batched.py, each row as its
+own call would (inputs.py says which forms of prompt `generate` takes). Randomness: the verifier's coins are keyed by
 (seed, absolute position), the drafter's noise by its own stream, so a call never depends on an earlier
 one. The only host sync in a round is reading the accepted length and the committed tokens, together.
 """
@@ -23,7 +24,7 @@ import torch
 
 from flashmap_ext import ops
 from flashmap_ext.batched import embeddable, generate_rows
-from flashmap_ext.checks import describe
+from flashmap_ext.inputs import as_ids, as_prompts
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
 from flashmap_ext.target import Target
 from flashmap_ext.tree import TreeSpec, tree_round
@@ -40,17 +41,20 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     Args:
         target: a `Target` or any HF causal LM (wrapped on the fly).
         drafter: a `BlockDrafter` (drafters/common/base.py), or None for the autoregressive baseline.
-        input_ids: the prompt, [S] or [1, S] int64 tensor or a list of ints, 1 <= S; or a list of B
-            prompts (each a list of ints or an [S_b] tensor; lengths may differ): one batch (batched.py),
-            a list of B GenerateOutputs back, row b as its own call with `seed[b]`, `max_new_tokens[b]`.
+        input_ids: the prompt: an [S] or [1, S] integer tensor or a list of ints, 1 <= S, or a tokenizer's
+            output as is (`tokenizer(text)`, `apply_chat_template(..., return_tensors="pt")`, a
+            `tokenizers.Encoding`; its attention_mask drops padding). Or B prompts: a list of them (each a
+            list of ints, an [S_b] tensor or a tokenizer output; lengths may differ) or a tokenizer's
+            output over B texts: one batch (batched.py), a list of B GenerateOutputs back, row b as its own
+            call with `seed[b]`, `max_new_tokens[b]`.
         max_new_tokens: exact budget (>= 0); fewer tokens only when a stop token is emitted. A batch
             takes an int or one per prompt (as does `seed`).
         temperature, top_k, top_p: target sampling (T = 0 greedy; top_k 0 / top_p 1 = off).
         seed: request seed of the verifier's (and drafter's) counter-based RNG.
-        stop_token_ids: generation ends right after the first of these (it is included); a single id
-            or None also work.
+        stop_token_ids: generation ends right after the first of these (it is included); ids in
+            [0, target.vocab_size); a single id or None also work.
         tree: None (chain drafting) or a `TreeSpec(depth, topk, num_nodes)`: tree drafting, which needs a
-            drafter with `draft_tree` (Eagle3Drafter); batch 1, reference acceptance path.
+            drafter with `draft_tree` (Eagle3Drafter); one prompt at a time, reference acceptance path.
         valid_vocab: ids >= valid_vocab are padding rows and are never emitted (default: all).
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
         timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each
@@ -58,19 +62,24 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     Warns:
         UserWarning (one line) when the drafter's weights and the target differ in dtype; it runs as is.
     Returns:
-        GenerateOutput(tokens, stats). At T = 0 the tokens equal plain greedy decoding of the target;
-        at T > 0 their distribution equals the target's, whatever the drafter.
-    Raises:
+        GenerateOutput(tokens, stats), or a list of them for B prompts. At T = 0 the tokens equal plain
+        greedy decoding of the target; at T > 0 their distribution equals the target's, whatever the drafter.
+    Raises (one line naming the argument, before any model work except the NaN/+inf check):
         TypeError: a `target` that is neither a Target nor an HF causal LM, a `drafter` that is neither
-            None nor a block drafter (e.g. a checkpoint path or 'random': the CLI's names, not drafters).
-        ValueError: empty prompt, batch > 1, ids outside the vocabulary, prompt + max_new_tokens
-            longer than the target's context, bad sampling parameters, NaN/+inf target logits, or a
-            tree without a tree drafter.
+            None nor a block drafter (e.g. a checkpoint path or 'random': the CLI's names, not drafters),
+            `input_ids` that are text or not integers, non-integer `max_new_tokens`, `seed`, `top_k`,
+            `stop_token_ids`.
+        ValueError: an empty prompt, an [B, S] tensor with B > 1 (pass a list, or the tokenizer's output),
+            ids outside the vocabulary, a prompt longer than the target's context (`input_ids`) or
+            prompt + max_new_tokens longer (`max_new_tokens`), a sampling parameter out of its range,
+            stop ids outside the vocabulary, a per-prompt list of the wrong length, NaN/+inf target
+            logits, or a tree without a tree drafter (or with several prompts).
     """
     target = as_target(target)
     check_drafter(drafter, tree)
     warn_dtype_mismatch(target, drafter)
-    if is_prompt_list(input_ids):
+    input_ids, batched = as_prompts(input_ids)
+    if batched:
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
     prompt = check_prompt(target, input_ids, max_new_tokens)
@@ -153,12 +162,6 @@ def _describe(value) -> str:
     if value is None or isinstance(value, (str, int, float)):
         return f"{type(value).__name__} {value!r}" if value is not None else "None"
     return type(value).__name__
-
-
-def is_prompt_list(input_ids) -> bool:
-    """True for a non-empty list or tuple of prompts (sequences or 1-D tensors), not one prompt of ints."""
-    return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and all(
-        isinstance(p, (list, tuple)) or isinstance(p, torch.Tensor) and p.dim() >= 1 for p in input_ids)
 
 
 def per_prompt(value, batch: int, name: str) -> list:
@@ -257,7 +260,7 @@ def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:
 
 def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:
     """stop_token_ids as a frozenset of ints: None = none, a single id (int or 0-d tensor) = that one.
-    TypeError for non-integer ids, ValueError for negative ones."""
+    TypeError for non-integer ids, ValueError for ids outside the target's vocabulary [0, vocab_size)."""
     if stop_token_ids is None:
         return frozenset()
     if isinstance(stop_token_ids, torch.Tensor):
@@ -271,21 +274,16 @@ def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
     if bad:
         raise TypeError(f"stop_token_ids must be integer token ids, got {bad[:4]!r}")
-    negative = [t for t in ids if t < 0]  # ids >= vocab_size are accepted: they are never emitted
-    if negative:
-        raise ValueError(f"stop_token_ids must be token ids >= 0 (the target's vocabulary is [0, {vocab_size})), "
-                         f"got {negative[:4]}")
+    outside = [t for t in ids if not 0 <= t < vocab_size]  # such an id could never be emitted: a wrong id
+    if outside:
+        raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size}) (the target's vocabulary), "
+                         f"got {outside[:4]}")
     return frozenset(int(t) for t in ids)
 
 
 def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor:
     """The prompt as a [1, S] int64 tensor on the target's device, or a ValueError saying why not."""
-    if isinstance(input_ids, (str, bytes)):
-        raise TypeError(f"input_ids must be token ids, not text ({describe(input_ids)}): tokenize it first, "
-                        "e.g. tokenizer(text, return_tensors='pt').input_ids[0]")
-    ids = torch.as_tensor(input_ids)
-    if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
-        raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+    ids = as_ids(input_ids)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
         raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     ids = ids.to(device=target.device, dtype=torch.int64)
@@ -297,9 +295,12 @@ def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor
         raise ValueError("empty prompt: generate needs at least one prompt token (e.g. BOS)")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+    if S > target.max_positions:
+        raise ValueError(f"input_ids: prompt too long: {S} tokens exceed the target's context of "
+                         f"{target.max_positions} positions")
     if S + max_new_tokens > target.max_positions:
-        raise ValueError(f"prompt too long: {S} prompt tokens + max_new_tokens {max_new_tokens} exceed the "
-                         f"target's context of {target.max_positions} positions")
+        raise ValueError(f"max_new_tokens: {max_new_tokens} new tokens after a {S}-token prompt exceed the target's "
+                         f"context of {target.max_positions} positions (at most {target.max_positions - S} here)")
     if int(ids.min()) < 0 or int(ids.max()) >= target.embed_tokens.num_embeddings:
         raise ValueError(f"input_ids must lie in [0, {target.embed_tokens.num_embeddings})")
     return ids

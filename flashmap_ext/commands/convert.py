@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from flashmap_ext.drafters.common.checkpoint import config_kind, read_config
+    from flashmap_ext.checkpoint_kind import KINDS, config_kind
+    from flashmap_ext.drafters.common.checkpoint import read_config
     check_output_path("dst", args.dst, folder=True)
     if (Path(args.dst) / "config.json").exists():
         raise FileExistsError(f"{args.dst} already holds a checkpoint (config.json): choose an empty directory")
@@ -56,7 +57,7 @@ def run(args) -> int:
                          "'Serving with vLLM'")
     wanted = "dflash" if kind == "dflash" else "eagle3"
     if (args.to == "dflash") != (wanted == "dflash"):
-        raise ValueError(f"{args.src} is a {kind} drafter: it converts to "
+        raise ValueError(f"{args.src} is {KINDS[kind]} drafter: it converts to "
                          f"{'--to dflash' if kind == 'dflash' else '--to specforge or --to speculators'}, "
                          f"not --to {args.to}")
     target = _target(args.target) if args.target else None

@@ -56,12 +56,13 @@ def add_parser(subparsers) -> None:
 
 
 def run_regenerate(args) -> int:
+    from flashmap_ext.target import load_target
     from flashmap_ext.train.regenerate import regenerate
-    from flashmap_ext.train.runner import load_target
+    from flashmap_ext.train.runner import target_placement
     args.target_dtype = args.dtype
     check_input_path("--data", args.data)
     check_output_path("--out", args.out, folder=False)
-    target, tokenizer = load_target(args)
+    target, tokenizer = load_target(args.target, *target_placement(args))
     n = regenerate(target.model, tokenizer, args.data, args.out, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                    enable_thinking=args.thinking, seed=args.seed, limit=args.limit,

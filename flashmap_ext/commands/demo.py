@@ -137,6 +137,10 @@ def divergence_notes(rows: list, dtype: str) -> list[str]:
     notes = [f"  {r.prompt_id}: differs from greedy at token {r.divergence['position']}"
              + (f" (target logit margin {r.divergence['margin']:.3f})" if "margin" in r.divergence else " (length)")
              for r in rows if r.divergence]
+    if any("margin" in r.divergence for r in rows if r.divergence):
+        notes.append("  margin = logit of greedy's token - logit of FlashMap's, in one fresh forward over the "
+                     "shared prefix;\n  negative: that forward ranks FlashMap's token first, so the near-tie "
+                     "rounded one way in greedy's\n  own step-by-step decoding and the other way here.")
     if notes and dtype != "fp32":
         notes.append(f"  In {dtype}, logits that tie or nearly tie (|margin| <= {NEAR_TIE[dtype]}) can rank "
                      f"differently in a\n  multi-token verify forward than in a 1-token forward; in fp32 "

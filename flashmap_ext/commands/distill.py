@@ -31,7 +31,8 @@ def run(args) -> int:
                          "distributions; train the teacher with `train flow --loss kl` instead)")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
     check_window_matches_teacher(args)
-    target, _ = runner.load_target(args)
+    from flashmap_ext.target import load_target
+    target, _ = load_target(args.target, *runner.target_placement(args))
     teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
     student = make_student(teacher)
     device = runner.device_of(args)

@@ -35,14 +35,15 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from flashmap_ext.target import load_target
     from flashmap_ext.train.data import DataReport, load_samples
     from flashmap_ext.train.features import cache_features, update_manifest
-    from flashmap_ext.train.runner import load_target
+    from flashmap_ext.train.runner import target_placement
     if args.topk < 0:
         raise ValueError(f"--topk: expected K >= 0 (0: no soft labels), got {args.topk}")
     check_input_path("--data", args.data)
     check_output_path("--out", args.out, folder=True)
-    target, tokenizer = load_target(args)
+    target, tokenizer = load_target(args.target, *target_placement(args))
     layers = tap_layers(args.layers, target.num_layers)
     report = DataReport()
     samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length,

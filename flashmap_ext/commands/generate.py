@@ -24,6 +24,7 @@ import sys
 
 from flashmap_ext.assets.models import QWEN05_NAME
 from flashmap_ext.bench import machine
+from flashmap_ext.checkpoint_kind import KINDS
 from flashmap_ext.drafters.load import KEEP, check_drafter, load_drafter
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import TINY, Target, load_target, resolve_dtype
@@ -140,7 +141,7 @@ def check_shape_arguments(args, kind: str | None) -> None:
     if (args.tree is not None and kind != "eagle3" and not getattr(args, "lookup", False)
             and not getattr(args, "block_tree", None)):
         raise ValueError(f"--tree needs an EAGLE-3 drafter, --lookup or --block-tree (got "
-                         f"{'no drafter' if kind is None else f'a {kind} drafter'})")
+                         f"{'no drafter' if kind is None else KINDS[kind] + ' drafter'})")
 
 
 def check_one_tree_shape(args) -> None:

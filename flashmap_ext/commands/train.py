@@ -110,7 +110,8 @@ def run_flow(args) -> int:
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size", "cond_dim": "cond_dim"})
-    target, _ = runner.load_target(args)
+    from flashmap_ext.target import load_target
+    target, _ = load_target(args.target, *runner.target_placement(args))
     cache = runner.FeatureCache(args.features)
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
     if vocab is not None:
@@ -201,7 +202,8 @@ def run_dflash(args) -> int:
     run, shape = runner.settings(args, "train-dflash", "dflash")
     shape = _overrides(args, shape, {"layers": "num_hidden_layers", "block_size": "block_size",
                                      "mask_token_id": "mask_token_id", "intermediate_size": "intermediate_size"})
-    target, tokenizer = runner.load_target(args)
+    from flashmap_ext.target import load_target
+    target, tokenizer = load_target(args.target, *runner.target_placement(args))
     layer_ids = runner.tap_layers(args, runner.FeatureCache(args.features).meta["target_layer_ids"])
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
     from flashmap_ext.target import hf_causal_lm
@@ -229,7 +231,8 @@ def run_eagle3(args) -> int:
     run, shape = runner.settings(args, "train-eagle3", "eagle3")
     shape = _overrides(args, shape, {"draft_vocab_size": "draft_vocab_size", "draft_tokens": "num_draft_tokens",
                                      "intermediate_size": "intermediate_size", "frozen_lm_head": "frozen_lm_head"})
-    target, _ = runner.load_target(args)
+    from flashmap_ext.target import load_target
+    target, _ = load_target(args.target, *runner.target_placement(args))
     cache = runner.FeatureCache(args.features)
     rows = target.model.get_input_embeddings().weight.shape[0]
     spec = shape.pop("draft_vocab_size")

@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
+from flashmap_ext.checkpoint_kind import KINDS, config_kind
 from flashmap_ext.drafters.common.base import TargetMismatch
 from flashmap_ext.drafters.common.checkpoint import (
     CheckpointError,
     check_weights_present,
-    config_kind,
     load_config,
     read_config,
 )
@@ -102,18 +102,18 @@ def check_drafter(path: str, kind: str | None = None, flag: str = "--drafter",
     bench's --dflash, demo's --drafter)."""
     def wrong_type(what: str) -> CheckpointError:
         if kind_flag is None:
-            return CheckpointError(f"{flag} {path} is a {what}; {flag} takes a {kind} checkpoint")
-        return CheckpointError(f"{kind_flag} {kind}: {flag} {path} is a {what}" + (
+            return CheckpointError(f"{flag} {path} is {what}; {flag} takes {KINDS[kind]} checkpoint")
+        return CheckpointError(f"{kind_flag} {kind}: {flag} {path} is {what}" + (
             "" if path in RANDOM else "; --drafter-type checks the type, it cannot change it"))
     if path in RANDOM:
         made = "eagle3" if path == "random-eagle3" else "flashmap"
         if kind not in (None, made):
-            raise wrong_type(f"random {made} drafter (random drafters: 'random' = FlashMap, "
+            raise wrong_type(f"a random {KINDS[made].split(' ', 1)[1]} drafter (random drafters: 'random' = FlashMap, "
                                    "'random-eagle3' = EAGLE-3)")
         return made
     found = checkpoint_type(path, flag)
     if kind not in (None, found):
-        raise wrong_type(f"{found} checkpoint (its config.json says so)")
+        raise wrong_type(f"{KINDS[found]} checkpoint (its config.json says so)")
     kind = found
     parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
     with named_errors(flag, path):

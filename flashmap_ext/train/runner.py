@@ -15,7 +15,6 @@ from typing import Callable
 
 import torch
 
-from flashmap_ext import target as target_lib
 from flashmap_ext.checks import bound_text
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
@@ -151,12 +150,13 @@ def device_of(args) -> str:
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_target(args):
-    """(Target, tokenizer) of --target on this process's device (target.load_target: the accepted names)."""
+def target_placement(args) -> tuple[str, str]:
+    """(dtype, device) of --target in this process: `load_target(args.target, *target_placement(args))`.
+    --target-dtype, else bf16 on CUDA and fp32 on CPU; this process's GPU (LOCAL_RANK) on CUDA."""
     device = device_of(args)
     dtype = args.target_dtype or ("bf16" if device == "cuda" else "fp32")
     world_local = int(os.environ.get("LOCAL_RANK", "0"))
-    return target_lib.load_target(args.target, dtype, f"cuda:{world_local}" if device == "cuda" else "cpu")
+    return dtype, f"cuda:{world_local}" if device == "cuda" else "cpu"
 
 
 CROPPED = ("input_ids", "loss_mask", "taps", "topk_logp", "topk_ids")  # per-position item fields

@@ -116,7 +116,7 @@ def test_drafter_type_checks_the_type_and_its_help_says_so(tmp_path, capsys, no_
     (tmp_path / "fm" / "model.safetensors").write_bytes(b"")  # check_drafter wants the weights file there
     assert check_drafter(path, "flashmap") == "flashmap" == check_drafter(path)
     err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", path, "--drafter-type", "dflash"], capsys)
-    assert f"--drafter-type dflash: --drafter {path} is a flashmap checkpoint" in err
+    assert f"--drafter-type dflash: --drafter {path} is a FlashMap checkpoint" in err
     assert "cannot change it" in err, err
 
 
@@ -136,7 +136,7 @@ def test_bench_checks_checkpoints_and_out_before_the_target_loads(tmp_path, caps
     err = one_line_error([*base, "--drafter", str(tmp_path / "nope")], capsys)
     assert f"--drafter {tmp_path / 'nope'}" in err, err
     err = one_line_error([*base, "--dflash", fm], capsys)
-    assert f"--dflash {fm} is a flashmap checkpoint (its config.json says so); --dflash takes a dflash" in err, err
+    assert f"--dflash {fm} is a FlashMap checkpoint (its config.json says so); --dflash takes a DFlash" in err, err
     (tmp_path / "file").write_text("x")
     err = one_line_error(["bench", "--n", "1", "--drafter", fm, "--out", str(tmp_path / "file")], capsys)
     assert f"--out {tmp_path / 'file'}: a file is there" in err, err
@@ -146,8 +146,8 @@ def test_demo_names_its_own_option_for_a_checkpoint_of_another_type(tmp_path, ca
     """`demo --drafter <a DFlash checkpoint>` blamed --drafter-type, which demo lacks."""
     dflash = tiny_drafter("dflash", tmp_path / "d")
     err = one_line_error(["demo", "--drafter", dflash], capsys)
-    assert "--drafter-type" not in err and f"--drafter {dflash} is a dflash checkpoint" in err, err
-    assert "--drafter takes a flashmap checkpoint" in err, err
+    assert "--drafter-type" not in err and f"--drafter {dflash} is a DFlash checkpoint" in err, err
+    assert "--drafter takes a FlashMap checkpoint" in err, err
 
 
 def test_generate_bad_drafter_config_before_the_target_loads(tmp_path, capsys, no_loads):

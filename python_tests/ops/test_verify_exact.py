@@ -25,10 +25,16 @@ def test_verify_philox_known_answers(counter, key, expected):
     assert philox4x32_10(counter, key) == expected
 
 
-def test_verify_uniform_range_and_streams():
+def test_verify_uniform_range_and_streams(monkeypatch):
     us = [verify_uniform(s, p, st) for s in range(20) for p in range(20) for st in range(3)]
     assert all(0.0 <= u < 1.0 for u in us) and len(set(us)) > 0.99 * len(us)
-    assert (0 >> 8) * 2.0**-24 == 0.0 and ((2**32 - 1) >> 8) * 2.0**-24 < 1.0
+    # seed 0, position 0, stream 0 is Philox's all-zero counter and key: the first KAT word's top 24 bits
+    assert verify_uniform(0, 0, 0) == (PHILOX_KAT[0][2][0] >> 8) / 2**24
+    # the extreme words map to the ends of a 24-bit uniform on [0, 1): 0 and 1 - 2**-24, never 1
+    import flashmap_ext.rng as rng
+    for word, expected in ((0, 0.0), (2**32 - 1, 1.0 - 2.0**-24)):
+        monkeypatch.setattr(rng, "philox4x32_10_words", lambda counter, key, w=word: (w, 0, 0, 0))
+        assert rng.verify_uniform(5, 9, 1) == expected
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from flashmap_ext import ops
+from flashmap_ext.ops.verify_reference import verify_reference_detailed
+from verify_helpers import FRAGILE, random_case
 
 BAD = [("temperature", -1.0), ("temperature", -1e-6), ("temperature", math.inf), ("temperature", math.nan),
        ("top_p", 0.0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", math.inf), ("top_p", math.nan),
@@ -21,7 +23,20 @@ def test_verify_rejects_out_of_domain_scalars(name, value):
         ops.sample(logits[:, 0], **{name: value})
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=1e-6), dict(top_p=1e-9),
-                                dict(top_p=1.0), dict(top_k=0), dict(top_k=2**40)])
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=1e-6), dict(temperature=1.0, top_p=1e-9),
+                                dict(temperature=1.0, top_p=1.0), dict(temperature=1.0, top_k=0),
+                                dict(temperature=1.0, top_k=2**40)])
 def test_verify_accepts_the_domain_edges(kw):
-    ops.verify(torch.randn(2, 4, 10), torch.zeros(2, 3, dtype=torch.int64), **kw)
+    """Each domain's edge runs and decides as the float64 reference does, given the same Python scalars."""
+    B, seed, position = 6, 7, 3
+    logits, drafts = random_case(B, 3, 10, gen_seed=5)
+    out = ops.verify(logits, drafts, seed=seed, position=position, **kw)
+    args = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, **kw}
+    rows = lambda v, dtype: torch.full((B,), v, dtype=dtype)
+    tokens, num_accepted, status, margin = verify_reference_detailed(
+        logits, drafts, rows(args["temperature"], torch.float64), rows(args["top_k"], torch.int64),
+        rows(args["top_p"], torch.float64), rows(seed, torch.int64), rows(position, torch.int64))
+    solid = margin >= FRAGILE
+    assert solid.sum() >= B // 2, "too few rows decided away from a threshold to compare"
+    assert torch.equal(out.tokens[solid], tokens[solid]) and torch.equal(out.num_accepted[solid], num_accepted[solid])
+    assert torch.equal(out.status, status) and not status.any()

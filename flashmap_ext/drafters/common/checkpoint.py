@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from flashmap_ext.checkpoint_kind import KINDS, config_kind, describe_kind
 from flashmap_ext.target.model import hf_causal_lm
 
 WEIGHTS = "model.safetensors"
@@ -25,26 +26,6 @@ class CheckpointError(ValueError):
 
 class UnsupportedCheckpoint(CheckpointError, NotImplementedError):
     """A well-formed checkpoint using a feature this implementation does not reproduce."""
-
-
-KINDS = {"flashmap": "a FlashMap", "dflash": "a DFlash", "eagle3": "an EAGLE-3"}
-
-
-def config_kind(cfg: dict) -> str | None:
-    """'flashmap' | 'dflash' | 'eagle3' from a parsed config.json (its architectures / model_type), else None."""
-    archs = cfg.get("architectures") or []
-    if "DFlashDraftModel" in archs or "DFlash2DraftModel" in archs:  # DFlash2: refused by DFlashConfig
-        return "dflash"
-    if "LlamaForCausalLMEagle3" in archs or cfg.get("speculators_model_type") is not None:
-        return "eagle3"  # a speculators type other than eagle3 is refused by eagle3/formats.py
-    if cfg.get("model_type") == "flashmap_drafter":
-        return "flashmap"
-    return None
-
-
-def describe_kind(kind: str | None) -> str:
-    """'FlashMap drafter' etc. for error messages."""
-    return f"{KINDS[kind].split(' ', 1)[1]} drafter" if kind else "unknown drafter kind"
 
 
 def read_config(path: str | os.PathLike, expected: str | None = None) -> dict:
