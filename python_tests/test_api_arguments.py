@@ -80,13 +80,13 @@ def model():
 
 
 @pytest.mark.parametrize("args, kw, error, message", [
-    (([1.5, 2.0], 3), {}, TypeError, "input_ids must be integer token ids"),
-    ((torch.tensor([1.0, 2.0]), 3), {}, TypeError, "input_ids must be integer token ids"),
-    (("Hello", 4), {}, TypeError, r"input_ids must be token ids, not text \(str 'Hello'\): tokenize it first"),
+    (([1.5, 2.0], 3), {}, TypeError, "input_ids: expected integer token ids"),
+    ((torch.tensor([1.0, 2.0]), 3), {}, TypeError, "input_ids: expected integer token ids"),
+    (("Hello", 4), {}, TypeError, r"input_ids: text \(str 'Hello'\), not token ids: tokenize it first"),
     (([1, 2], 1.5), {}, TypeError, "max_new_tokens must be an integer"),
     (([1, 2], None), {}, TypeError, "max_new_tokens must be an integer"),
-    (([1, 2], 3), dict(temperature=math.nan), ValueError, "finite temperature"),
-    (([1, 2], 3), dict(temperature=math.inf), ValueError, "finite temperature"),
+    (([1, 2], 3), dict(temperature=math.nan), ValueError, "temperature must be finite"),
+    (([1, 2], 3), dict(temperature=math.inf), ValueError, "temperature must be finite"),
     (([1, 2], 3), dict(seed=2**70), ValueError, r"seed must be in \[0, 2\*\*63\)"),
     (([1, 2], 3), dict(seed=0.5), TypeError, "seed must be an integer"),
 ])

@@ -59,7 +59,7 @@ CASES = {
     "generate stop_token_ids float": (lambda m, f: generate(m, None, [1, 2], 3, stop_token_ids=[1.5]),
                                       TypeError, "stop_token_ids must be integer token ids"),
     "generate stop_token_ids -3": (lambda m, f: generate(m, None, [1, 2], 3, stop_token_ids=[-3]),
-                                   ValueError, "stop_token_ids must be token ids >= 0"),
+                                   ValueError, r"stop_token_ids must be token ids in \[0, 111\)"),
     "generate seed -1": (lambda m, f: generate(m, None, [1, 2], 3, seed=-1), ValueError, r"seed must be in \[0, 2\*\*63\)"),
     "generate seed 2**63": (lambda m, f: generate(m, None, [1, 2], 3, seed=2**63), ValueError, r"seed must be in \[0"),
     "generate temperature str": (lambda m, f: generate(m, None, [1, 2], 3, temperature="0.5"),

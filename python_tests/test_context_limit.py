@@ -26,8 +26,9 @@ def test_beyond_the_context_is_refused_before_prefill(model, monkeypatch, kind, 
     target, calls = counting_target(model, monkeypatch)
     drafter = {"ar": None, "chain": OracleDrafter(model, 4), "tree": OracleTreeDrafter(model, 111)}[kind]
     tree = TreeSpec(3, 4, 8) if kind == "tree" else None
-    with pytest.raises(ValueError, match=f"{prompt_len} prompt tokens \\+ max_new_tokens {budget} exceed the "
-                                         "target's context of 512 positions"):
+    want = (f"input_ids: prompt too long: {prompt_len} tokens exceed" if prompt_len > 512 else
+            f"max_new_tokens: {budget} new tokens after a {prompt_len}-token prompt exceed")
+    with pytest.raises(ValueError, match=want + " the target's context of 512 positions"):
         generate(target, drafter, [1] * prompt_len, budget, tree=tree)
     assert calls == []  # no prefill, no round
 

@@ -15,8 +15,7 @@ def real():
     from flashmap_ext.assets import models as assets
     from flashmap_ext.commands.demo import find_drafter
     from flashmap_ext.target import load_target
-    model_dir = assets.qwen05_dir()
-    target, tokenizer = load_target(str(model_dir), dtype="fp32", device="cpu")
+    target, tokenizer = load_target(assets.QWEN05_NAME, dtype="fp32", device="cpu")  # the short name
     prompts = [datasets.load("gsm8k", 1)[0], datasets.load("humaneval", 1)[0]]
     return target, tokenizer, prompts, find_drafter(None)
 

@@ -442,8 +442,8 @@ def test_unknown_argument_names_the_subcommand(command, capsys):
 
 @pytest.fixture
 def runner_no_loads(monkeypatch):
-    import flashmap_ext.train.runner as runner
-    monkeypatch.setattr(runner, "load_target", lambda *a, **k: pytest.fail("the target loaded before the check"))
+    import flashmap_ext.target as target_pkg
+    monkeypatch.setattr(target_pkg, "load_target", lambda *a, **k: pytest.fail("the target loaded before the check"))
     monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
 
 
