@@ -68,9 +68,9 @@ def test_stop_token_ends_output_at_every_depth(model, index):
     """index 0: the prefill's token; 1..3: the accepted path of the first (depth-3) tree; 4: its bonus."""
     ref = greedy(model, STOP_PROMPT, 9)
     assert len(set(ref)) == len(ref), "fixture drifted: pick a prompt with distinct greedy tokens"
-    seen = []
+    seen, never = [], next(t for t in range(V) if t not in ref)  # a second stop id, never emitted
     out = generate(model, OracleTreeDrafter(model, V), STOP_PROMPT, 9, tree=SMALL,
-                   stop_token_ids=[ref[index], 10_000], on_tokens=seen.append)
+                   stop_token_ids=[ref[index], never], on_tokens=seen.append)
     assert out.tokens == ref[:index + 1] and sum(seen, []) == out.tokens
     assert out.stats.rounds == (index > 0) and out.stats.accepted == [index - 1][:out.stats.rounds]
 

@@ -35,8 +35,9 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
         FlashMap with explicit `noise`. It keys FlashMap's noise and places DFlash's and EAGLE-3's RoPE.
     seed: [B] int64 or int (default 0), the request seed of FlashMap's noise stream (DESIGN.md §5.4):
         the same (seed, position) always drafts the same block, and `generate(..., seed=s)` drafts with
-        seed s, so the default reproduces `generate`'s default. DFlash and EAGLE-3 draft greedily and
-        ignore it.
+        seed s, so the default reproduces `generate`'s default. A greedy decoder need not pass it: the
+        drafts stay deterministic, and verification keeps the output lossless whatever the seed. DFlash
+        and EAGLE-3 draft greedily and ignore it.
     steps, noise: FlashMap only (1 or 2 flow-map steps; explicit d-space noise [B, K, d_target]).
     return_logits: also return the logits [B, num_tokens, V_s] fp32 over the draft vocabulary's rows.
     Returns DraftBlock(tokens [B, num_tokens] int64 target ids, logits or None).
