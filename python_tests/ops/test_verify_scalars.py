@@ -7,7 +7,7 @@ import torch
 
 from flashmap_ext import ops
 from flashmap_ext.ops.verify_reference import verify_reference_detailed
-from verify_helpers import FRAGILE, random_case
+from support.verify_helpers import FRAGILE, random_case
 
 BAD = [("temperature", -1.0), ("temperature", -1e-6), ("temperature", math.inf), ("temperature", math.nan),
        ("top_p", 0.0), ("top_p", -0.5), ("top_p", 1.5), ("top_p", math.inf), ("top_p", math.nan),
