@@ -53,9 +53,9 @@ main() {
     $FM eval verdict "$RUN" "$kind" "$INIT" --history docs/bench/long-run/history.json
 }
 
-# A pinned piece keeps its core against other work on it (a helper, CI): this shell and all it starts run at
+# A pinned piece keeps its core against other work on it (other jobs, tests): this shell and all it starts run at
 # nice PIECE_NICE (default -10; root only, left as is elsewhere), and where the kernel shares the CPU between
-# autogroups before it looks at nice values (sched_autogroup_enabled = 1) the session's autogroup gets it too.
+# autogroups before it looks at nice values (sched_autogroup_enabled = 1) the login shell's autogroup gets it too.
 raise_priority() {
     local want=${PIECE_NICE:--10}
     renice -n "$want" -p $$ > /dev/null 2>&1 && echo "long_run: nice $want" \
