@@ -2,13 +2,20 @@
 
 Each conversation is rendered with the target's chat template exactly as at inference (loss only on
 assistant tokens) and run through the target once; the outputs of the tapped decoder layers are streamed
-to memory-mappable shards in --out (bf16 by default, ~n_taps·d·2 bytes per token). Safe to interrupt:
-rerun the same command and it skips the sequences already cached.
+to memory-mappable shards in --out (bf16 by default, ~n_taps·d·2 bytes per token). Sequences are
+prefilled in length-sorted, right-padded batches of --batch-tokens. Safe to interrupt: rerun the same command
+and it skips the sequences already cached.
+
+With --store the features go to the feature store under the asset cache (`train.feature_store`: one cache
+per corpus part, keyed by the part, the target, the taps and the settings), extended with the new sequences
+of parts that grew, and --out becomes a link to the store's view of the whole --data: computed once, found
+again by any work tree (`flashmap train --features OUT`).
 """
 from __future__ import annotations
 
 import sys
 
+from flashmap_ext.bench.machine import positive_int
 from flashmap_ext.checks import check_input_path, check_output_path
 from flashmap_ext.commands import io_parser
 
@@ -29,6 +36,11 @@ def add_parser(subparsers) -> None:
                         "+ the rest's mass; ~6·K bytes/token): the soft labels of `train ... --loss kl`; "
                         "32 is the usual K (default 0: none)")
     p.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
+    p.add_argument("--batch-tokens", type=positive_int, default=4096,
+                   help="padded tokens per prefill batch (rows x longest row; 1: one sequence at a time)")
+    p.add_argument("--store", action="store_true",
+                   help="cache in the feature store under the asset cache (per corpus part, extended "
+                        "incrementally) and make --out a link to its view of --data")
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
@@ -42,19 +54,54 @@ def run(args) -> int:
     if args.topk < 0:
         raise ValueError(f"--topk: expected K >= 0 (0: no soft labels), got {args.topk}")
     check_input_path("--data", args.data)
-    check_output_path("--out", args.out, folder=True)
+    if args.store:
+        check_link_path("--out", args.out)
+    else:
+        check_output_path("--out", args.out, folder=True)
     target, tokenizer = load_target(args.target, *target_placement(args))
     layers = tap_layers(args.layers, target.num_layers)
+    if args.store:
+        return run_store(args, target, tokenizer, layers)
     report = DataReport()
     samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length,
                            report=report)
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
-                       progress=not args.no_progress, topk=args.topk)
+                       progress=not args.no_progress, topk=args.topk, batch_tokens=args.batch_tokens)
     update_manifest(args.out, {"samples": report.as_dict()})
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
           f"{report.summary(args.max_length)}", file=sys.stderr)
+    return 0
+
+
+def check_link_path(flag: str, path: str) -> None:
+    """ValueError naming the option when `path` is neither free nor a link (--store replaces a link only)."""
+    import os
+    if os.path.lexists(path) and not os.path.islink(path):
+        raise ValueError(f"{flag} {path}: something that is not a link is there; with --store, --out is made a "
+                         "link to the feature store's view (remove it or give another path)")
+
+
+def run_store(args, target, tokenizer, layers) -> int:
+    """--store: cache every part of --data in the feature store, link --out to the view of all of them."""
+    import os
+    from flashmap_ext.bench.machine import describe
+    from flashmap_ext.train import feature_store
+    from flashmap_ext.train.features import DTYPES
+    weight = next(target.model.parameters()).dtype
+    target_dtype = next(name for name, dt in DTYPES.items() if dt == weight)
+    view = feature_store.build(target.model, tokenizer, args.data, layers, dtype=args.dtype,
+                               target_dtype=target_dtype, max_length=args.max_length, enable_thinking=args.thinking,
+                               topk=args.topk, batch_tokens=args.batch_tokens, progress=not args.no_progress,
+                               log=lambda line: print(line, file=sys.stderr))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = f"{args.out}.tmp-link"
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(view, tmp)
+    os.replace(tmp, args.out)
+    print(f"features: {args.out} -> {view} (machine: {describe()['cpu']})", file=sys.stderr)
     return 0
 
 

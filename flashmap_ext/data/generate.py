@@ -2,13 +2,16 @@
 
 Prompts (math / code / chat, benchmark-decontaminated: ShareGPT first turns and the packaged prompt sets
 chosen with --source, `data.prompts`; or any jsonl of `{"id", "messages"}` via --prompts) are answered
-greedily by the target with the refill-batch engine (`data.engine`) and appended to `<out>/part-NNNNN.jsonl.gz` (`train.store`). Every record carries its prompt
-source, licence, target, dtype and generation settings. Rerunning the same command skips the prompts already
+greedily by the target and appended to `<out>/part-NNNNN.jsonl.gz` (`train.store`). Two engines answer the
+same token prompts into the same records: ours, the refill-batch engine (`data.engine`, default), and vLLM's
+offline `LLM.generate` (`--engine vllm`, `data.vllm_engine`; a Python with vLLM). Every record carries its
+prompt source, licence, target, dtype and generation settings, the engine and its version among them. Rerunning the same command skips the prompts already
 answered, so the corpus accumulates across runs and machines.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +27,7 @@ from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 from flashmap_ext.train.store import ShardWriter
 
 PROMPT_SET_NAMES = tuple(PROMPT_SETS)
+GENERATED_SET_NAMES = ("mathgen",)  # procedural sets (`data.math_gen`)
 
 
 def prompt_records(args) -> Iterator[dict]:
@@ -41,11 +45,16 @@ def prompt_records(args) -> Iterator[dict]:
 
 
 def source_records(name: str, which: str) -> Iterator[dict]:
-    """The `which` split of one packaged source: 'sharegpt' or a name of `assets.prompt_sets.PROMPT_SETS`."""
+    """The `which` split of one packaged source: 'sharegpt', 'mathgen' (procedural, `data.math_gen`) or a name
+    of `assets.prompt_sets.PROMPT_SETS`."""
     from flashmap_ext.assets import sharegpt
     from flashmap_ext.data import prompts
     if name == "sharegpt":
         yield from prompts.sharegpt_prompts(sharegpt.conversations(max_turns=1), which)
+        return
+    if name == "mathgen":
+        from flashmap_ext.data.math_gen import MATHGEN
+        yield from prompts.packaged_prompts(MATHGEN.items(), MATHGEN, which, sharegpt.benchmark_ngrams())
         return
     from flashmap_ext.assets.prompt_sets import load_prompt_set
     yield from prompts.packaged_prompts(load_prompt_set(name), PROMPT_SETS[name], which, sharegpt.benchmark_ngrams())
@@ -66,20 +75,77 @@ def target_description(path: str) -> str:
     return p.parent.name if p.name == "hf" else (p.name or path)
 
 
+ENGINES = ("flashmap", "vllm")
+ENGINE_NAMES = {"flashmap": "flashmap data generate (refill batches)",
+                "vllm": "vllm LLM.generate (token prompts, greedy)"}
+
+
+def build_record(prompt: dict, job: Job, text: str, *, target: str, dtype: str, machine: str,
+                 settings: dict) -> dict:
+    """One corpus record (data/README.md) of an answered prompt, whichever engine answered: `prompt` the
+    prompt record, `job` the engine's answer (ids; `stopped` at an end-of-turn id), `text` its decoding,
+    `settings` the `generation` field (it names the engine)."""
+    return {"id": prompt["id"], "domain": prompt["domain"], "split": prompt.get("split", "train"),
+            "source": prompt["source"], "licence": prompt["licence"], "target": target, "dtype": dtype,
+            "generation": settings, "machine": machine, "finish": "stop" if job.stopped else "length",
+            "prompt_tokens": len(job.prompt), "answer_tokens": len(job.answer),
+            "messages": prompt["messages"] + [{"role": "assistant", "content": text}]}
+
+
+def generation_settings(args, engine_version: str) -> dict:
+    """The `generation` field of every record of this run."""
+    return {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "enable_thinking": False,
+            "engine": ENGINE_NAMES[args.engine], "engine_version": engine_version, "batch_size": args.batch_size}
+
+
+def load_engine(args, target_path: str, dtype: str):
+    """(answer function, tokenizer, engine version, start seconds) of --engine. The answer function maps
+    (jobs, stop ids, stats) to an iterator of answered jobs."""
+    start = time.perf_counter()
+    if args.engine == "vllm":
+        from transformers import AutoTokenizer
+        from flashmap_ext.data.vllm_engine import VllmEngine
+        if not (Path(target_path) / "config.json").is_file():
+            raise ValueError(f"--engine vllm: --target must be a model folder with config.json (got {target_path})")
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        engine = VllmEngine(target_path, dtype, args.batch_size, args.max_model_len)
+
+        def answer(jobs, stops, stats):
+            return engine.generate(jobs, stop_ids=stops, max_new_tokens=args.max_new_tokens, chunk=args.chunk,
+                                   stats=stats)
+        return answer, tokenizer, engine.version, time.perf_counter() - start
+    from importlib.metadata import version
+    from flashmap_ext.target import load_target
+    target, tokenizer = load_target(target_path, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
+    pad = getattr(tokenizer, "pad_token_id", None)
+
+    def answer(jobs, stops, stats):
+        return generate_refill(target.model, length_sorted(jobs, args.bucket_window), stop_ids=stops,
+                               pad_id=pad if pad is not None else min(stops), max_new_tokens=args.max_new_tokens,
+                               batch_size=args.batch_size, refill_at=args.refill_at, stats=stats)
+    return answer, tokenizer, version("flashmap"), time.perf_counter() - start
+
+
+def vllm_environment(threads: int) -> None:
+    """vLLM CPU defaults for a pinned run (kept where already set): in-process engine, `threads` OpenMP
+    threads left unbound (bind with VLLM_CPU_OMP_THREADS_BIND=0 under `taskset -c 0`), 2 GiB KV cache."""
+    for key, value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+                       ("VLLM_CPU_KVCACHE_SPACE", "2"), ("OMP_NUM_THREADS", str(threads))):
+        os.environ.setdefault(key, value)
+
+
 def run(args) -> int:
     from flashmap_ext.assets.models import resolve_target
     from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
-    from flashmap_ext.target import load_target
     threads = set_threads(args.threads)
+    if args.engine == "vllm":
+        vllm_environment(threads)
+        from flashmap_ext.data.vllm_engine import vllm_version
+        vllm_version()  # refuses before any work where vLLM does not import
     dtype = args.dtype or auto_dtype()
     target_path = resolve_target(args.target)
-    target, tokenizer = load_target(target_path, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
-    model = target.model
+    answer, tokenizer, engine_version, start_s = load_engine(args, target_path, dtype)
     stops = stop_token_ids(tokenizer)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    pad = pad if pad is not None else min(stops)
-    settings = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "enable_thinking": False,
-                "engine": "flashmap data generate (refill batches)", "batch_size": args.batch_size}
     meta = describe()
     machine = f"{meta['cpu']}, {threads} thread(s)" if not meta["gpu"] else meta["gpu"]
     writer = ShardWriter(args.out, records_per_part=args.records_per_part, flush_every=args.flush_every)
@@ -91,20 +157,16 @@ def run(args) -> int:
     skipped = [j.key["id"] for j in jobs if len(j.prompt) > args.max_prompt_tokens]
     report_skipped(skipped, len(jobs), args.max_prompt_tokens)
     jobs = [j for j in jobs if len(j.prompt) <= args.max_prompt_tokens]
-    stats, start = EngineStats(), time.perf_counter()
+    stats = EngineStats()
+    answered = answer(jobs, stops, stats)
+    settings = generation_settings(args, engine_version)
+    print(f"generate: engine {args.engine} {engine_version} ready in {start_s:.1f} s", file=sys.stderr)
     bar = tqdm(desc=f"generate {Path(args.out).name}", unit="conv", disable=args.no_progress, mininterval=10)
-    n = 0
-    for job in generate_refill(model, length_sorted(jobs, args.bucket_window), stop_ids=stops, pad_id=pad,
-                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                               refill_at=args.refill_at, stats=stats):
-        r = job.key
+    n, start = 0, time.perf_counter()
+    for job in answered:
         text = tokenizer.decode(job.answer, skip_special_tokens=False)
-        writer.add({"id": r["id"], "domain": r["domain"], "split": r.get("split", "train"),
-                    "source": r["source"], "licence": r["licence"], "target": target_description(target_path),
-                    "dtype": dtype, "generation": settings, "machine": machine,
-                    "finish": "stop" if job.stopped else "length", "prompt_tokens": len(job.prompt),
-                    "answer_tokens": len(job.answer),
-                    "messages": r["messages"] + [{"role": "assistant", "content": text}]})
+        writer.add(build_record(job.key, job, text, target=target_description(target_path), dtype=dtype,
+                                machine=machine, settings=settings))
         n += 1
         wall = time.perf_counter() - start
         bar.update(1)
@@ -114,7 +176,8 @@ def run(args) -> int:
     writer.close()
     bar.close()
     wall = time.perf_counter() - start
-    print(json.dumps({**throughput(stats, wall, n), "skipped_long_prompts": len(skipped), "done": True}),
+    print(json.dumps({**throughput(stats, wall, n), "engine": args.engine, "engine_version": engine_version,
+                      "engine_start_s": round(start_s, 1), "skipped_long_prompts": len(skipped), "done": True}),
           file=sys.stderr, flush=True)
     return 0
 
@@ -145,9 +208,10 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="corpus folder (part-NNNNN.jsonl.gz files; appended to)")
     p.add_argument("--split", choices=["train", "heldout"], default="train",
                    help="which side of the split to answer (held-out prompts are fixed by a hash of their text)")
-    p.add_argument("--source", action="append", choices=["sharegpt", *PROMPT_SET_NAMES],
-                   help="packaged prompt source, repeatable (taken in turn): sharegpt (default; domain by keywords), "
-                        "asdiv (math word problems), codeio (code tasks); see data/README.md")
+    p.add_argument("--source", action="append", choices=["sharegpt", *PROMPT_SET_NAMES, *GENERATED_SET_NAMES],
+                   help="prompt source, repeatable (taken in turn): sharegpt (default; domain by keywords), "
+                        "asdiv (math word problems), codeio (code tasks), mathgen (procedural math word "
+                        "problems, arithmetic and algebra); see data/README.md")
     p.add_argument("--prompts", help="answer this jsonl of {id, messages[, domain, source, licence]} instead")
     p.add_argument("--per-domain", type=positive_int, help="at most N prompts of each domain (math, code, chat)")
     p.add_argument("--limit", type=positive_int, help="answer at most N new prompts in this run")
@@ -159,5 +223,12 @@ def add_arguments(p) -> None:
     p.add_argument("--records-per-part", type=positive_int, default=1000)
     p.add_argument("--flush-every", type=positive_int, default=16, help="records per fsynced gzip member")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
+    p.add_argument("--engine", choices=ENGINES, default="flashmap",
+                   help="who answers: flashmap (the refill-batch engine, default) or vllm (vLLM's offline "
+                        "LLM.generate on the same token prompts; needs a Python with vLLM, e.g. .venv-vllm)")
+    p.add_argument("--max-model-len", type=positive_int, default=1024,
+                   help="vllm engine: prompt + answer tokens per sequence")
+    p.add_argument("--chunk", type=positive_int, default=768,
+                   help="vllm engine: prompts per LLM.generate call (answers are written when a call returns)")
     add_threads_argument(p)
     p.add_argument("--no-progress", action="store_true")

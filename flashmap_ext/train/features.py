@@ -300,13 +300,17 @@ def update_manifest(root: str, fields: dict) -> None:
 
 def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_ids: Sequence[int], *,
                    dtype: str = "bf16", meta: dict | None = None, shard_tokens: int = 1 << 20,
-                   progress: bool = True, topk: int = 0) -> int:
-    """Runs the target once per sample (objects with .id, .input_ids, .loss_mask) and streams taps to `root`.
+                   progress: bool = True, topk: int = 0, batch_tokens: int = 4096, window: int = 256) -> int:
+    """Runs the target over the samples (objects with .id, .input_ids, .loss_mask) and streams taps to `root`.
 
     model: an HF causal LM, or an adapter exposing it as `.model`. Samples whose id is already in the
-    cache are skipped (resume). topk > 0 also stores the target's top-`topk` next-token log-probabilities
-    per position (soft labels; the LM head runs in the model's dtype, the softmax in fp32). Returns the
-    number of sequences written by this call. The progress bar counts tokens, so its rate is tokens/s.
+    cache are skipped (resume). Samples are prefilled in batches (`prefill_batches`): windows of `window`
+    samples sorted by length, cut into right-padded batches of at most `batch_tokens` padded tokens (a
+    longer sample goes alone); causal attention keeps a row's taps independent of the padding after it, so
+    a batch gives each sample's unbatched taps up to rounding. topk > 0 also stores the target's top-`topk`
+    next-token log-probabilities per position (soft labels; the LM head runs in the model's dtype, the
+    softmax in fp32). Returns the number of sequences written by this call. The progress bar counts
+    tokens, so its rate is tokens/s.
     """
     model = hf_causal_lm(model)
     hidden = model.get_input_embeddings().weight.shape[1]
@@ -315,18 +319,47 @@ def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_i
     written = 0
     with FeatureWriter(root, meta, shard_tokens) as writer, \
             tqdm(desc="features", unit="tok", unit_scale=True, disable=not progress) as bar:
-        for s in samples:
-            if s.id in writer.done:
-                continue
-            ids = torch.tensor([s.input_ids], dtype=torch.long)
+        todo = (s for s in samples if s.id not in writer.done)
+        for batch in prefill_batches(todo, batch_tokens, window):
+            width = max(len(s.input_ids) for s in batch)
+            ids = torch.tensor([list(s.input_ids) + [0] * (width - len(s.input_ids)) for s in batch])
             if topk:
                 taps, last = compute_taps(model, ids, layer_ids, final_hidden=True)
-                with torch.inference_mode():
-                    soft = topk_logprobs(model.get_output_embeddings()(last[0]), topk)
-                writer.add(s.id, s.input_ids, s.loss_mask, taps[0], soft)
             else:
-                writer.add(s.id, s.input_ids, s.loss_mask, compute_taps(model, ids, layer_ids)[0])
-            written += 1
-            bar.update(len(s.input_ids))
+                taps = compute_taps(model, ids, layer_ids)
+            for row, s in enumerate(batch):
+                t = len(s.input_ids)
+                soft = None
+                if topk:
+                    with torch.inference_mode():
+                        soft = topk_logprobs(model.get_output_embeddings()(last[row, :t]), topk)
+                writer.add(s.id, s.input_ids, s.loss_mask, taps[row, :t], soft)
+                written += 1
+                bar.update(t)
             bar.set_postfix(seqs=len(writer.done), refresh=False)
     return written
+
+
+def prefill_batches(samples: Iterable, batch_tokens: int, window: int) -> Iterator[list]:
+    """Batches of `samples` for one padded forward each: every `window` samples sorted by length, then cut
+    so that rows x the longest row stays within `batch_tokens` (a sample longer than that goes alone).
+    Raises ValueError when batch_tokens or window < 1."""
+    if batch_tokens < 1 or window < 1:
+        raise ValueError(f"batch_tokens ({batch_tokens}) and window ({window}) must be >= 1")
+
+    def cut(buf):
+        batch: list = []
+        for s in sorted(buf, key=lambda s: len(s.input_ids)):
+            if batch and (len(batch) + 1) * len(s.input_ids) > batch_tokens:
+                yield batch
+                batch = []
+            batch.append(s)
+        if batch:
+            yield batch
+    buf: list = []
+    for s in samples:
+        buf.append(s)
+        if len(buf) == window:
+            yield from cut(buf)
+            buf = []
+    yield from cut(buf)

@@ -1,0 +1,66 @@
+"""Both `flashmap data generate` engines on the same prompts, one after the other, in one run: answer tokens/s
+(engine start excluded), the engine's start time, and the share of answers identical between them.
+
+    taskset -c 0 .venv-vllm/bin/python scripts/compare_engines.py --out DIR [--limit 48 --max-new-tokens 128]
+
+Runs the CLI as two subprocesses with this Python (so it needs vLLM), writes DIR/{flashmap,vllm}/ and
+DIR/compare.json. Identity is judged on the decoded answer text and its token count (both engines decode
+the same way, `data.generate.build_record`).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def answers(folder: Path) -> dict[str, tuple[str, int]]:
+    out = {}
+    for part in sorted(folder.glob("part-*.jsonl.gz")):
+        with gzip.open(part, "rt", encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line)
+                out[r["id"]] = (r["messages"][-1]["content"], r["answer_tokens"])
+    return out
+
+
+def run_engine(engine: str, out: Path, args) -> dict:
+    cmd = [sys.executable, "-m", "flashmap_ext.cli", "data", "generate", "--engine", engine, "--out", str(out),
+           "--source", args.source, "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens),
+           "--batch-size", str(args.batch_size), "--dtype", args.dtype, "--threads", str(args.threads),
+           "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    (out.parent / f"{engine}.log").write_text(proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"{engine} failed:\n{proc.stderr[-4000:]}")
+    return json.loads([line for line in proc.stderr.splitlines() if '"done": true' in line][-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--source", default="asdiv")
+    p.add_argument("--limit", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=48)
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    result = {}
+    for engine in ("flashmap", "vllm"):
+        result[engine] = run_engine(engine, args.out / engine, args)
+    a, b = answers(args.out / "flashmap"), answers(args.out / "vllm")
+    common = sorted(set(a) & set(b))
+    same = sum(a[i] == b[i] for i in common)
+    result["identical"] = f"{same}/{len(common)}"
+    result["ratio_answer_tok_per_s"] = round(result["vllm"]["answer_tok_per_s"]
+                                             / result["flashmap"]["answer_tok_per_s"], 2)
+    (args.out / "compare.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
