@@ -5,8 +5,9 @@ import os
 import subprocess
 import sys
 
-import models
 import torch
+
+import models
 from conftest import ENV
 
 RUNNER = """

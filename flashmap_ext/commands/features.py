@@ -68,7 +68,8 @@ def run(args) -> int:
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
-                       progress=not args.no_progress, topk=args.topk, batch_tokens=args.batch_tokens)
+                       progress=not args.no_progress, topk=args.topk, batch_tokens=args.batch_tokens,
+                       window=256 if args.batch_tokens > 1 else 1)
     update_manifest(args.out, {"samples": report.as_dict()})
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
           f"{report.summary(args.max_length)}", file=sys.stderr)
@@ -86,6 +87,7 @@ def check_link_path(flag: str, path: str) -> None:
 def run_store(args, target, tokenizer, layers) -> int:
     """--store: cache every part of --data in the feature store, link --out to the view of all of them."""
     import os
+
     from flashmap_ext.bench.machine import describe
     from flashmap_ext.train import feature_store
     from flashmap_ext.train.features import DTYPES

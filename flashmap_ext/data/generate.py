@@ -104,6 +104,7 @@ def load_engine(args, target_path: str, dtype: str):
     start = time.perf_counter()
     if args.engine == "vllm":
         from transformers import AutoTokenizer
+
         from flashmap_ext.data.vllm_engine import VllmEngine
         if not (Path(target_path) / "config.json").is_file():
             raise ValueError(f"--engine vllm: --target must be a model folder with config.json (got {target_path})")
@@ -115,6 +116,7 @@ def load_engine(args, target_path: str, dtype: str):
                                    stats=stats)
         return answer, tokenizer, engine.version, time.perf_counter() - start
     from importlib.metadata import version
+
     from flashmap_ext.target import load_target
     target, tokenizer = load_target(target_path, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
     pad = getattr(tokenizer, "pad_token_id", None)
@@ -162,7 +164,7 @@ def run(args) -> int:
     settings = generation_settings(args, engine_version)
     print(f"generate: engine {args.engine} {engine_version} ready in {start_s:.1f} s", file=sys.stderr)
     bar = tqdm(desc=f"generate {Path(args.out).name}", unit="conv", disable=args.no_progress, mininterval=10)
-    n, start = 0, time.perf_counter()
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     for job in answered:
         text = tokenizer.decode(job.answer, skip_special_tokens=False)
         writer.add(build_record(job.key, job, text, target=target_description(target_path), dtype=dtype,
@@ -172,12 +174,13 @@ def run(args) -> int:
         bar.update(1)
         bar.set_postfix(ans_tok_s=f"{stats.answer_tokens / wall:.1f}", ans_tok=stats.answer_tokens)
         if n % args.flush_every == 0:
-            print(json.dumps(throughput(stats, wall, n)), file=sys.stderr, flush=True)
+            print(json.dumps(throughput(stats, wall, n, time.process_time() - cpu)), file=sys.stderr, flush=True)
     writer.close()
     bar.close()
     wall = time.perf_counter() - start
-    print(json.dumps({**throughput(stats, wall, n), "engine": args.engine, "engine_version": engine_version,
-                      "engine_start_s": round(start_s, 1), "skipped_long_prompts": len(skipped), "done": True}),
+    print(json.dumps({**throughput(stats, wall, n, time.process_time() - cpu), "engine": args.engine,
+                      "engine_version": engine_version, "engine_start_s": round(start_s, 1),
+                      "skipped_long_prompts": len(skipped), "done": True}),
           file=sys.stderr, flush=True)
     return 0
 
@@ -193,10 +196,13 @@ def report_skipped(skipped: list, total: int, limit: int) -> None:
     print(f"generate: {line}", file=sys.stderr)
 
 
-def throughput(stats: EngineStats, wall: float, n: int) -> dict:
-    """Progress line: records, answer (supervised) tokens, useful tok/s and the engine's efficiencies."""
+def throughput(stats: EngineStats, wall: float, n: int, cpu: float) -> dict:
+    """Progress line: records, answer (supervised) tokens, useful tok/s (per wall second, and per CPU second
+    of this process: per core on a shared core) and the engine's efficiencies."""
     return {"records": n, "answer_tokens": stats.answer_tokens, "prompt_tokens": stats.prompt_tokens,
-            "wall_s": round(wall, 1), "answer_tok_per_s": round(stats.answer_tokens / max(wall, 1e-9), 2),
+            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "answer_tok_per_s": round(stats.answer_tokens / max(wall, 1e-9), 2),
+            "answer_tok_per_cpu_s": round(stats.answer_tokens / max(cpu, 1e-9), 2),
             "answer_tok_per_hour": round(3600 * stats.answer_tokens / max(wall, 1e-9)),
             "decode_rows_per_step": round(stats.row_steps / max(stats.decode_steps, 1), 1),
             "prefill_fill": round(stats.prompt_tokens / max(stats.prefill_padded_tokens, 1), 3)}

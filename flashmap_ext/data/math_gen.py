@@ -62,9 +62,9 @@ def _poly(*terms: tuple[int, str]) -> str:
 
 
 def _shopping(r):
-    n, (one, many) = r.choice(NAMES), r.choice(ITEMS)
+    n, (_, many) = r.choice(NAMES), r.choice(ITEMS)
     k, price = r.randint(2, 12), r.choice([1.25, 1.5, 2, 2.5, 3, 3.75, 4, 4.5, 5, 6, 7.5, 8, 12])
-    k2, (one2, many2), price2 = r.randint(2, 9), r.choice(ITEMS), r.randint(2, 15)
+    k2, (_, many2), price2 = r.randint(2, 9), r.choice(ITEMS), r.randint(2, 15)
     paid = ((k * price + k2 * price2) // 10 + 1 + r.randint(0, 3)) * 10
     return r.choice([
         f"{n} buys {k} {many} at ${price:g} each and {k2} {many2} at ${price2} each. {n} pays with ${paid:g}. "
@@ -100,7 +100,7 @@ def _work(r):
 
 
 def _percent(r):
-    n, (one, many) = r.choice(NAMES), r.choice(ITEMS)
+    n, (one, _) = r.choice(NAMES), r.choice(ITEMS)
     price, pct = r.choice([20, 40, 50, 60, 80, 120, 150, 200, 250, 400]), r.choice([5, 10, 15, 20, 25, 30, 40])
     return r.choice([
         f"A {one} costs ${price}. It is on sale for {pct}% off, and then a {r.choice([5, 8, 10])}% sales tax "
@@ -291,7 +291,7 @@ def _time(r):
 
 def _savings(r):
     n = r.choice(NAMES)
-    (one, many), start, weekly, goal = r.choice(ITEMS), r.randint(0, 60), r.randint(5, 40), r.randint(150, 900)
+    (_, many), start, weekly, goal = r.choice(ITEMS), r.randint(0, 60), r.randint(5, 40), r.randint(150, 900)
     return r.choice([
         f"{n} has ${start} and saves ${weekly} every week. How many weeks until {n} has at least ${goal}?",
         f"{n} earns ${weekly * 10} a month, spends {r.choice([20, 25, 40, 50])}% of it on rent and "

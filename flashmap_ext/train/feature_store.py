@@ -112,7 +112,8 @@ def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str =
                                     report=report))
         check_unchanged(str(out), samples)
         n = cache_features(model, samples, str(out), layer_ids, dtype=dtype, progress=progress, topk=topk,
-                           batch_tokens=batch_tokens, meta={"part": part.name, "config_key": key})
+                           batch_tokens=batch_tokens, window=256 if batch_tokens > 1 else 1,
+                           meta={"part": part.name, "config_key": key})
         log(f"features: {part.name}: {n} new of {len(samples)} sequences -> {out}")
         made.append(str(out))
         counts.append([out.name, len(list(_read_index(str(out))))])

@@ -300,14 +300,15 @@ def update_manifest(root: str, fields: dict) -> None:
 
 def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_ids: Sequence[int], *,
                    dtype: str = "bf16", meta: dict | None = None, shard_tokens: int = 1 << 20,
-                   progress: bool = True, topk: int = 0, batch_tokens: int = 4096, window: int = 256) -> int:
+                   progress: bool = True, topk: int = 0, batch_tokens: int = 1, window: int = 1) -> int:
     """Runs the target over the samples (objects with .id, .input_ids, .loss_mask) and streams taps to `root`.
 
     model: an HF causal LM, or an adapter exposing it as `.model`. Samples whose id is already in the
     cache are skipped (resume). Samples are prefilled in batches (`prefill_batches`): windows of `window`
     samples sorted by length, cut into right-padded batches of at most `batch_tokens` padded tokens (a
     longer sample goes alone); causal attention keeps a row's taps independent of the padding after it, so
-    a batch gives each sample's unbatched taps up to rounding. topk > 0 also stores the target's top-`topk`
+    a batch gives each sample's unbatched taps up to rounding. The defaults (1, 1) run one sequence at a
+    time in the given order; `flashmap features` batches (--batch-tokens, windows of 256). topk > 0 also stores the target's top-`topk`
     next-token log-probabilities per position (soft labels; the LM head runs in the model's dtype, the
     softmax in fp32). Returns the number of sequences written by this call. The progress bar counts
     tokens, so its rate is tokens/s.
