@@ -11,7 +11,8 @@
 #   STEPS (flow = dflash steps), DISTILL_STEPS (default 2/5 of STEPS), DISTILL_LR, CLOCK, THREADS, RUN (work dir), DTYPE (target dtype; default
 #   bench.machine.auto_dtype: bf16 only with avx512_bf16/amx or a GPU, else fp32, 4-8x faster on AVX2),
 #   CORPUS (the committed self-answered corpus that regen grows and features read; data/README.md),
-#   FEATURE_JOBS (features: this many target processes at once, one per core, one per corpus part; merged),
+#   FEATURE_JOBS (features: this many target processes at once, one per core, one per corpus part),
+#   FEATURE_BATCH_TOKENS (features: padded tokens per batched prefill; 1: one sequence at a time),
 #   TOPK (features: also store the target's top-TOPK log-probs per position, the soft labels of --loss kl; 0: none).
 #
 # Recipe (fair comparison: same data, same steps, same batch/anchors, ~same trainable parameters):
@@ -105,34 +106,41 @@ stage_regen() {
         --max-new-tokens "$MAX_NEW" --limit "$REGEN_LIMIT" --dtype "$DTYPE" --no-progress
 }
 
-# 3. Target taps (5 layers spread over 1..L-3 = 1,6,11,16,21, plus EAGLE-3's 20), DTYPE target forward, bf16
-#    shards, one cache for every drafter. FEATURE_JOBS > 1: one `flashmap features` per corpus part, run
-#    FEATURE_JOBS at a time pinned to cores 0,1,... (one thread each), into $RUN/feature-parts/, then merged
-#    (flashmap_ext.train.feature_merge). A rerun skips what is cached or merged.
+# 3. Target taps (5 layers spread over 1..L-3 = 1,6,11,16,21, plus EAGLE-3's 20), DTYPE target forward in
+#    length-sorted batches of FEATURE_BATCH_TOKENS padded tokens, bf16 shards, one cache for every drafter.
+#    The taps live in the feature store under the asset cache (train/feature_store.py: one cache per corpus
+#    part, keyed by the part, the target, the taps and the settings; a part that grew is extended with its
+#    new sequences only), and $RUN/features is a link to the store's view of CORPUS: computed once for every
+#    work tree. FEATURE_JOBS > 1: one `flashmap features --store` per corpus part, FEATURE_JOBS at a time
+#    pinned to cores 0,1,... (one thread each), then one over CORPUS that only links the view. Rerun after
+#    the corpus grows: only the new sequences are computed. N_ORIG > 0 (original ShareGPT answers) adds
+#    orig.jsonl, which is not a corpus part: then the cache is a plain folder in $RUN/features as before.
 stage_features() {
-    [ -e "$RUN/features.done" ] && { echo "skip: $RUN/features done"; return; }
-    if [ "${FEATURE_JOBS:-1}" -le 1 ]; then
-        features_of "$CORPUS" "$RUN/features"
-    else
-        local dirs=() i=0 part
+    if [ -s "$RUN/orig.jsonl" ]; then
+        [ -e "$RUN/features.done" ] && { echo "skip: $RUN/features done"; return; }
+        features_of "$CORPUS" "$RUN/features" && features_of "$RUN/orig.jsonl" "$RUN/features"
+        touch "$RUN/features.done"
+        return
+    fi
+    if [ "${FEATURE_JOBS:-1}" -gt 1 ]; then
+        local i=0 part
+        mkdir -p "$RUN/feature-parts"
         for part in "$CORPUS"/part-*.jsonl.gz; do
-            local dir; dir="$RUN/feature-parts/$(basename "$part" .jsonl.gz)"; dirs+=("$dir")
-            mkdir -p "$RUN/feature-parts"
+            local link; link="$RUN/feature-parts/$(basename "$part" .jsonl.gz)"
             ( taskset -cp $(( i % FEATURE_JOBS )) $BASHPID > /dev/null
-              OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 features_of "$part" "$dir" ) > "$dir.log" 2>&1 &
+              OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 features_of "$part" "$link" --store ) > "$link.log" 2>&1 &
             i=$(( i + 1 ))
             [ $(( i % FEATURE_JOBS )) -eq 0 ] && wait
         done
         wait
-        $PY -m flashmap_ext.train.feature_merge --out "$RUN/features" "${dirs[@]}"
     fi
-    [ -s "$RUN/orig.jsonl" ] && features_of "$RUN/orig.jsonl" "$RUN/features"  # original-answer set (N_ORIG)
-    touch "$RUN/features.done"
+    features_of "$CORPUS" "$RUN/features" --store
 }
-features_of() {  # corpus part or folder -> cache dir
+features_of() {  # corpus part or folder -> cache dir (or, with --store, a link to the store's view)
     mkdir -p "$(dirname "$2")"
     $FM features --target "$TARGET" --data "$1" --out "$2" --max-length "$MAX_LEN" --dtype bf16 \
-        --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)" --topk "${TOPK:-0}"
+        --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)" --topk "${TOPK:-0}" \
+        --batch-tokens "${FEATURE_BATCH_TOKENS:-4096}" "${@:3}"
 }
 
 # one cache serves every drafter: the union of the FlashMap/DFlash and EAGLE-3 taps

@@ -121,3 +121,25 @@ def test_keys_change_with_parts_target_and_taps(tmp_path):
     assert build(a, tmp_path / "c", tmp_path / "s", layers=[0, 3]) != va
     assert build(a, tmp_path / "d", tmp_path / "s") != va       # other parts: another view
     assert json.loads((tmp_path / "s" / va.split("/")[-3] / "config.json").read_text())["layers"] == LAYERS
+
+
+def test_features_store_command_links_the_view_and_train_reads_it(tmp_path, monkeypatch, capsys):
+    """`flashmap features --store`: the store under FLASHMAP_CACHE, --out a link to its view; a rerun after
+    the corpus grew computes only the new sequences; a folder at --out is refused in one line."""
+    from flashmap_ext.cli import main
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "assets"))
+    corpus(tmp_path / "c", 0, 4)
+    argv = ["features", "--target", "tiny-random", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "f"),
+            "--store", "--no-progress", "--batch-tokens", "256"]
+    assert main(argv) == 0
+    link = tmp_path / "f"
+    assert link.is_symlink() and str(link.resolve()).startswith(str(tmp_path / "assets" / "features"))
+    assert len(FeatureCache(str(link))) == 4
+    corpus(tmp_path / "c", 4, 6)
+    assert main(argv) == 0 and len(FeatureCache(str(link))) == 6
+    assert main(["train", "flow", "--target", "tiny-random", "--no-progress", "--features", str(link), "--preset",
+                 "cpu-tiny", "--batch-size", "2", "--out", str(tmp_path / "flow"), "--steps", "1",
+                 "--no-head-recompute"]) == 0
+    (tmp_path / "g").mkdir()
+    assert main([*argv[:6], str(tmp_path / "g"), *argv[7:]]) != 0
+    assert "g: something that is not a link is there" in capsys.readouterr().err
