@@ -140,7 +140,7 @@ features_of() {  # corpus part or folder -> cache dir (or, with --store, a link 
     mkdir -p "$(dirname "$2")"
     $FM features --target "$TARGET" --data "$1" --out "$2" --max-length "$MAX_LEN" --dtype bf16 \
         --target-dtype "$DTYPE" --device cpu --no-progress --layers "$(taps_union)" --topk "${TOPK:-0}" \
-        --batch-tokens "${FEATURE_BATCH_TOKENS:-4096}" "${@:3}"
+        --batch-tokens "${FEATURE_BATCH_TOKENS:-2048}" "${@:3}"
 }
 
 # one cache serves every drafter: the union of the FlashMap/DFlash and EAGLE-3 taps

@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
                         "+ the rest's mass; ~6·K bytes/token): the soft labels of `train ... --loss kl`; "
                         "32 is the usual K (default 0: none)")
     p.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
-    p.add_argument("--batch-tokens", type=positive_int, default=4096,
+    p.add_argument("--batch-tokens", type=positive_int, default=2048,
                    help="padded tokens per prefill batch (rows x longest row; 1: one sequence at a time)")
     p.add_argument("--store", action="store_true",
                    help="cache in the feature store under the asset cache (per corpus part, extended "

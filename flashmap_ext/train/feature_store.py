@@ -94,7 +94,7 @@ def check_unchanged(root: str, samples: list) -> None:
 
 
 def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str = "bf16", target_dtype: str,
-          max_length: int | None, enable_thinking: bool = False, topk: int = 0, batch_tokens: int = 4096,
+          max_length: int | None, enable_thinking: bool = False, topk: int = 0, batch_tokens: int = 2048,
           root: str | None = None, progress: bool = True, log=print) -> str:
     """Caches (or extends) the features of every part of corpus `data` under the store and returns the
     view folder holding all of them as one feature cache. root: the store (default <asset cache>/features)."""
