@@ -2,7 +2,7 @@
 (engine start excluded; per wall second and per CPU second of the process, the per-core figure on a shared
 core), the engine's start time, and the share of answers identical between them.
 
-    taskset -c 0 .venv-vllm/bin/python scripts/compare_engines.py --out DIR --flashmap-python .venv/bin/python
+    taskset -c 0 .venv-vllm/bin/python benches/compare_engines.py --out DIR --flashmap-python .venv/bin/python
         [--limit 48 --max-new-tokens 128]
 
 Runs the CLI as two subprocesses, ours with --flashmap-python (default: this Python), vLLM's with this
