@@ -17,6 +17,7 @@
 #include "dit/dit_args.h"
 #include "dit/dit_ops.h"
 #include "dit/dit_params.h"
+#include "common/fixup_counters_glue.h"
 #include "dit/fixup_counters.h"
 
 namespace flashmap::dit {
@@ -47,33 +48,6 @@ const bf16_bits* bf(const at::Tensor& t) { return static_cast<const bf16_bits*>(
 const bf16_bits* bf(const std::optional<at::Tensor>& t) { return t ? bf(*t) : nullptr; }
 bf16_bits* bf_mut(const at::Tensor& t) { return static_cast<bf16_bits*>(t.data_ptr()); }
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
-
-// Fixup counters (split-K linear, lm_head argmax, split attention): int32, zero on entry; every kernel
-// resets each counter it used before it exits (linear_kernel.cuh arrive_last, attention_kernel.cuh). A
-// captured launch takes them from its device's shared buffer (fixup_counters.h: cudaMalloc, outside any
-// graph pool) instead of adding a memset node (~40 in the captured draft step); an uncaptured one takes a
-// fresh zeroed tensor (safe on any stream) and grows the buffer, so that the capture after a warm-up finds
-// it large enough. When the pool has no buffer for the capture, a fresh zeroed tensor (a memset node).
-struct Counters {
-  at::Tensor fresh;  // owns `ptr` when it is not the shared buffer
-  int* ptr = nullptr;
-};
-
-Counters fixup_counters(const at::Tensor& like, size_t n) {
-  if (n == 0) return {};
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  unsigned long long capture_id = 0;
-  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream(), &capture, &capture_id));
-  if (CounterPool* pool = counter_pool(like.get_device())) {
-    if (capture == cudaStreamCaptureStatusNone) {
-      (void)pool->reserve(n, stream());  // a failed growth only costs later captures their memset node
-    } else if (capture == cudaStreamCaptureStatusActive) {
-      if (int* shared = pool->for_capture(capture_id, stream(), n)) return {at::Tensor(), shared};
-    }
-  }
-  at::Tensor fresh = at::zeros({int64_t(n)}, like.options().dtype(at::kInt));
-  return {fresh, fresh.data_ptr<int>()};
-}
 
 at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
   check_adaln(x, shift, scale);

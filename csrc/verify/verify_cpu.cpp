@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "verify/verify_cpu_loops.h"
+#include "verify/verify_cpu_sliced.h"
 #include "verify/verify_glue.h"
 #include "flashmap.h"
 
@@ -96,11 +97,39 @@ SlotOutcome judge_slot(const VerifyParams& p, int64_t b, int64_t i) {
   return out;
 }
 
+// Judges slot i of row b in the slice decomposition of the v2 CUDA kernel (verify_cpu_sliced.h).
+template <LogitDType D>
+SlotOutcome judge_slot_sliced(const VerifyParams& p, int64_t b, int64_t i) {
+  namespace sl = cpu::sliced;
+  const cpu::Ptr<D> l = slot_logits<D>(p, b, i);
+  const int64_t vv = p.valid_vocab;
+  const bool greedy = verify_is_greedy(p, b);
+  const sl::RowStats r = sl::row_stats<D>(l, vv, greedy, p.temperature[b], p.top_k[b], p.top_p[b]);
+  SlotOutcome out{r.status | verify_input_status(p, b, i), false, 0};
+  if (out.status & kStatusErrors) return out;
+  const int64_t x = verify_draft(p, b, i);
+  if (greedy) {
+    out.token = r.arg;
+    out.accepted = x >= 0 && x == r.arg;
+    return out;
+  }
+  const float vx = x >= 0 ? LogitLoad<D>::load(l, x) : 0.f;
+  const float ex = x >= 0 && float_key(vx) >= r.kmin ? sl::Exp2{}(verify_mul(vx - r.M, r.c)) : 0.f;
+  const float* q = verify_draft_q(p, b, i);
+  if (x >= 0 && verify_accept(verify_coin(p, b, i, kStreamAccept), q ? q[x] : 1.0, ex, r.S)) {
+    out.accepted = true;
+    out.token = x;
+    return out;
+  }
+  out.token = sl::emit<D>(l, vv, r, q, x, ex, verify_coin(p, b, i, kStreamResample), out.status);
+  return out;
+}
+
 // One row. Workers pull slot indices in order from a shared counter: a slot at or before the first
 // non-accepted slot found so far is judged, a later one only gets its status scanned. With `threads`
 // workers at most threads − 1 slots are judged in vain, and there is one parallel region per row.
 template <LogitDType D>
-void verify_row(const VerifyParams& p, int64_t b, int64_t threads) {
+void verify_row(const VerifyParams& p, int64_t b, int64_t threads, bool sliced) {
   std::vector<SlotOutcome> out(p.K + 1);
   std::atomic<int64_t> next{0}, stop{p.K};  // slot K is never accepted
   auto work = [&](int64_t, int64_t) {
@@ -110,7 +139,7 @@ void verify_row(const VerifyParams& p, int64_t b, int64_t threads) {
                         verify_input_status(p, b, i);
         continue;
       }
-      out[i] = judge_slot<D>(p, b, i);
+      out[i] = sliced ? judge_slot_sliced<D>(p, b, i) : judge_slot<D>(p, b, i);
       if ((out[i].status & kStatusErrors) || !out[i].accepted) {
         int64_t cur = stop.load();
         while (i < cur && !stop.compare_exchange_weak(cur, i)) {}
@@ -129,14 +158,14 @@ void verify_row(const VerifyParams& p, int64_t b, int64_t threads) {
 }
 
 template <LogitDType D>
-void verify_rows(const VerifyParams& p) {
+void verify_rows(const VerifyParams& p, bool sliced) {
   const int64_t threads = at::get_num_threads();
   if (p.B >= threads) {
     at::parallel_for(0, p.B, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) verify_row<D>(p, b, 1);
+      for (int64_t b = b0; b < b1; ++b) verify_row<D>(p, b, 1, sliced);
     });
   } else {
-    for (int64_t b = 0; b < p.B; ++b) verify_row<D>(p, b, threads);
+    for (int64_t b = 0; b < p.B; ++b) verify_row<D>(p, b, threads, sliced);
   }
 }
 
@@ -151,10 +180,13 @@ VerifyResult verify_cpu(const at::Tensor& target_logits, const at::Tensor& draft
   const VerifyTensors t = verify_prepare(target_logits, draft_tokens, temperature, top_k, top_p, seed,
                                          position, draft_probs, uniforms);
   const VerifyParams p = verify_params(t, valid_vocab);
+  const VerifyKernel kernel = verify_kernel_choice();
+  verify_check_kernel_limits(kernel, p);
+  const bool sliced = kernel == VerifyKernel::kV2;
   switch (p.logits_dtype) {
-    case LogitDType::kF32: verify_rows<LogitDType::kF32>(p); break;
-    case LogitDType::kF16: verify_rows<LogitDType::kF16>(p); break;
-    case LogitDType::kBF16: verify_rows<LogitDType::kBF16>(p); break;
+    case LogitDType::kF32: verify_rows<LogitDType::kF32>(p, sliced); break;
+    case LogitDType::kF16: verify_rows<LogitDType::kF16>(p, sliced); break;
+    case LogitDType::kBF16: verify_rows<LogitDType::kBF16>(p, sliced); break;
   }
   return {t.tokens, t.num_accepted, t.status};
 }

@@ -1,10 +1,11 @@
 // verify — CUDA registration: validate (verify_glue.h), build VerifyParams, launch on the current stream
-// (verify_kernel.cu). No host sync, outputs allocated with at::empty only: CUDA-graph safe.
+// (verify_kernel.cu, or verify_v2_kernel.cu with FLASHMAP_VERIFY_KERNEL=v2). No host sync, outputs allocated with at::empty only: CUDA-graph safe.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common/fixup_counters_glue.h"
 #include "verify/verify_glue.h"
 #include "verify/verify_launch.h"
 #include "flashmap.h"
@@ -24,8 +25,15 @@ VerifyResult verify_cuda(const at::Tensor& target_logits, const at::Tensor& draf
   TORCH_CHECK_VALUE(p.valid_vocab <= verify_cuda_max_vocab(), "verify: the CUDA kernel supports V <= ",
                     verify_cuda_max_vocab(), ", got valid_vocab ", p.valid_vocab);
   TORCH_CHECK_VALUE(p.valid_vocab < (int64_t{1} << 32), "verify: valid_vocab must be < 2^32");
-  verify_cuda_launch(p, c10::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const VerifyKernel kernel = verify_kernel_choice();
+  verify_check_kernel_limits(kernel, p);
+  if (kernel == VerifyKernel::kV2) {  // one launch; arrival counters per batch row (fixup_counters_glue.h)
+    const Counters counters = fixup_counters(t.logits, static_cast<size_t>(p.B));
+    C10_CUDA_CHECK(verify_v2_cuda_launch(p, counters.ptr, c10::cuda::getCurrentCUDAStream()));
+  } else {
+    verify_cuda_launch(p, c10::cuda::getCurrentCUDAStream());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return {t.tokens, t.num_accepted, t.status};
 }
 

@@ -5,13 +5,34 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <tuple>
 
 #include "verify/verify_params.h"
+#include "verify/verify_slices.h"
 #include "common/check.h"
 
 namespace flashmap {
+
+// The verify kernels in use: FLASHMAP_VERIFY_KERNEL unset or "v1" the default ones (verify_kernel.cu and
+// verify_cpu.cpp's vectorised loops), "v2" the sliced ones (verify_v2_kernel.cu and its CPU twin,
+// verify_cpu_sliced.h; DESIGN.md §3.1). Read at every call; a captured CUDA graph keeps its capture's choice.
+enum class VerifyKernel { kV1, kV2 };
+inline VerifyKernel verify_kernel_choice() {
+  const char* v = std::getenv("FLASHMAP_VERIFY_KERNEL");
+  if (!v || !*v || !std::strcmp(v, "v1")) return VerifyKernel::kV1;
+  TORCH_CHECK_VALUE(!std::strcmp(v, "v2"), "verify: FLASHMAP_VERIFY_KERNEL must be v1 (the default) or v2, got '",
+                    v, "'");
+  return VerifyKernel::kV2;
+}
+
+// The v2 kernels index ids with 32-bit integers.
+inline void verify_check_kernel_limits(VerifyKernel k, const VerifyParams& p) {
+  TORCH_CHECK_VALUE(k == VerifyKernel::kV1 || p.valid_vocab < (int64_t{1} << 31) - kVerifyChunk,
+                    "verify: FLASHMAP_VERIFY_KERNEL=v2 supports valid_vocab < 2^31 - 8, got ", p.valid_vocab);
+}
 
 struct VerifyTensors {  // keeps possibly-copied inputs alive while the kernel runs
   at::Tensor logits, drafts, temperature, top_k, top_p, seed, position, draft_probs, uniforms;

@@ -24,6 +24,7 @@
 
 #include "verify/verify_core.h"
 #include "verify/verify_launch.h"
+#include "verify/verify_pack.cuh"
 #include "verify/verify_smem.h"
 
 namespace flashmap {
@@ -35,11 +36,6 @@ constexpr int kPerLane = 8;                 // ids per lane per tile
 constexpr int kTile = 32 * kPerLane;        // ids per warp tile
 constexpr float kInf = __builtin_huge_valf();
 constexpr double kMassScale = 1099511627776.0;  // 2^40: fixed-point unit of the top-p mass histogram
-
-// Packed per-slot result written by the slot kernel into tokens[b, i] and decoded by the combine kernel.
-__device__ __forceinline__ int64_t pack_slot(int64_t token, bool accepted, int32_t status) {
-  return token | (static_cast<int64_t>(accepted) << 32) | (static_cast<int64_t>(status) << 33);
-}
 
 // --- warp / block reductions (fixed shuffle trees: deterministic) ----------------------------------
 __device__ __forceinline__ float warp_max(float v) {
@@ -449,25 +445,10 @@ __global__ void __launch_bounds__(kThreads) verify_slot_kernel(const VerifyParam
   if (threadIdx.x == 0) *out = pack_slot(token, accepted, status);
 }
 
-// One thread per batch row: the first non-accepted slot emits; error bits of every slot count, the
-// fallback bit only from the emitting slot. Rewrites tokens[b, :] in place (verify_write_row).
+// One thread per batch row: combine_row (verify_pack.cuh).
 __global__ void verify_combine_kernel(const VerifyParams p) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= p.B) return;
-  const int64_t* row = p.tokens + b * (p.K + 1);
-  int32_t status = 0;
-  int64_t j = -1, token = 0;
-  for (int64_t i = 0; i <= p.K; ++i) {
-    const int64_t v = row[i];
-    const int32_t st = static_cast<int32_t>(v >> 33);  // every status bit (pack_slot)
-    status |= st & kStatusErrors;
-    if (j < 0 && !((v >> 32) & 1)) {
-      j = i;
-      token = v & 0xFFFFFFFFll;
-      status |= st & kStatusFallback;
-    }
-  }
-  verify_write_row(p, b, j < 0 ? p.K : j, token, status);
+  if (b < p.B) combine_row(p, b);
 }
 
 // Static shared memory of the slot kernel (BlockScratch and the compiler's own), read once per dtype.
