@@ -104,12 +104,14 @@ $(CUTLASS_MIN): $(CUTLASS) $(wildcard csrc/*/*.cu csrc/*/*.cuh csrc/*/*.h csrc/*
 cutlass-min: $(CUTLASS_MIN)
 
 # Compiles every csrc/**/*.cu for sm_90a against the trimmed CUTLASS copy, without torch (and writes
-# compile_commands.json), then syntax-checks the torch glue of the kernels (csrc/**/*_cuda.cpp).
+# compile_commands.json), then syntax-checks the torch glue of the kernels (csrc/**/*_cuda.cpp), then prints
+# the verify kernels' registers, spills and PTX instructions per logit (scripts/verify_kernel_report.py).
 cuda-check: $(CUTLASS_MIN) $(STAMP)
 	CUDA_HOME=$$(scripts/cuda_home.sh) && $(BIN)/cmake -S . -B build-cmake -G Ninja \
 	  -DCMAKE_CUDA_COMPILER=$$CUDA_HOME/bin/nvcc -DCUTLASS_DIR=$(CURDIR)/third_party/cutlass-min >/dev/null \
 	  && $(BIN)/cmake --build build-cmake -j 2
 	scripts/check_cuda_glue.sh $(BIN)/python
+	CUDA_HOME=$$(scripts/cuda_home.sh) $(BIN)/python scripts/verify_kernel_report.py
 
 # Before benches/device_check.sh on a GPU machine: one line; fails when third_party/cutlass-min is missing,
 # a step's files are absent or the step shares do not sum to the budget.

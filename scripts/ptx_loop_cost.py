@@ -1,8 +1,8 @@
 """PTX instructions per logit of a kernel's streaming loops, from `nvcc -ptx` output (no GPU needed).
 
-    python scripts/ptx_loop_cost.py FILE.ptx ENTRY_SUBSTRING [--ids-per-load N] [--load ld.global.nc.v4]
+    python scripts/ptx_loop_cost.py FILE.ptx NAME_SUBSTRING [--ids-per-load N] [--load ld.global.nc.v4]
 
-For each loop of the entry (a label and a later branch back to it) that holds a vector load matching
+For each loop of the kernel or device function (a label and a later branch back to it) that holds a vector load matching
 --load, prints its instructions in all, the instructions it skips with forward branches inside it (the
 rare paths, e.g. a rescale when a chunk max rises), the vector loads, and per logit: the hot path
 (instructions − skipped) / (loads × ids per load), and the upper bound with every path taken. Counts
@@ -19,17 +19,20 @@ BRANCH = re.compile(r"^\s*(@!?%p\w+\s+)?bra(\.uni)?\s+(\$?[\w$]+);")
 
 
 def entry_body(ptx: str, name: str) -> list[str]:
-    """The lines of the first .entry whose name contains `name`."""
+    """The lines of the first .entry or .func definition (not a declaration) whose name contains `name`."""
     lines = ptx.splitlines()
     for i, line in enumerate(lines):
-        if ".entry" in line and name in line:
-            depth, body = 0, []
-            for follow in lines[i:]:
-                depth += follow.count("{") - follow.count("}")
-                body.append(follow)
-                if depth == 0 and "}" in follow:
-                    return body
-    raise SystemExit(f"ptx_loop_cost: no .entry containing {name!r}")
+        if not ((".entry" in line or ".func" in line) and name in line):
+            continue
+        depth, body = 0, []
+        for follow in lines[i:]:
+            if depth == 0 and follow.strip().endswith(";") and "{" not in "".join(body):
+                break  # a declaration: `.func name(params);`
+            depth += follow.count("{") - follow.count("}")
+            body.append(follow)
+            if depth == 0 and "}" in follow:
+                return body
+    raise SystemExit(f"ptx_loop_cost: no .entry or .func definition containing {name!r}")
 
 
 def is_instruction(line: str) -> bool:
