@@ -14,7 +14,7 @@ CUTLASS_VERSION := 4.2.0.0
 LOG     := build/make.log
 STEP    := scripts/step.sh $(LOG)
 
-.PHONY: demo test test-numerics lint test-real test-vllm build bench checkpoints cuda-check cutlass cutlass-min device-preflight clean
+.PHONY: demo test test-numerics lint test-real test-vllm build bench checkpoints cuda-check cutlass cutlass-min flashinfer-headers device-preflight clean
 
 $(STAMP): pyproject.toml
 	@$(PY) scripts/need_disk.py 2.5 . "$(VENV) (torch $(TORCH) and the test dependencies, about 1.6 GiB, plus pip's unpacking)"
@@ -96,6 +96,17 @@ $(CUTLASS): | $(STAMP)
 	$(BIN)/python scripts/unpack_cutlass.py third_party/dl third_party/cutlass
 
 cutlass: $(CUTLASS)
+
+# Headers of the side-by-side verify bench (benches/bench_verify_side.py): FlashInfer's header-only sources
+# and the curand headers they include, from PyPI wheels (git-ignored; carried to the GPU machine).
+FLASHINFER_VERSION := 0.7.4
+CURAND_VERSION := 10.4.4.72
+third_party/flashinfer/include/flashinfer/sampling.cuh: | $(STAMP)
+	mkdir -p third_party/dl
+	$(BIN)/pip download -q --no-deps flashinfer-python==$(FLASHINFER_VERSION) nvidia-curand==$(CURAND_VERSION) -d third_party/dl
+	$(BIN)/python scripts/unpack_flashinfer.py third_party/dl third_party
+
+flashinfer-headers: third_party/flashinfer/include/flashinfer/sampling.cuh
 
 # Only the CUTLASS headers the kernels include (nvcc -M): ~5 MiB instead of ~26 MB, for benches/device_check.sh.
 $(CUTLASS_MIN): $(CUTLASS) $(wildcard csrc/*/*.cu csrc/*/*.cuh csrc/*/*.h csrc/*.h)

@@ -63,6 +63,15 @@ PREFLIGHT=0
 declare -A SHARE=([env]=20 [build]=115 [verify_tests]=60 [dit_op_tests]=55 [dit_step_tests]=55
   [bench_verify]=30 [bench_draft_fused]=25 [bench_draft_fused-eager]=25 [bench_draft_eager]=25
   [bench_round]=55 [dit_compile_tests]=45)
+# Opt-in steps run only when STEPS names them; their shares lie outside the default schedule's sum. The
+# verify v2 run (FLASHMAP_VERIFY_KERNEL=v2; DESIGN.md §3.1), in one call, with the FlashInfer and curand
+# headers carried (`make flashinfer-headers`):
+#   STEPS=verify_tests,verify_tests_v2,bench_verify_side bash benches/device_check.sh
+#   (carry third_party/cutlass-min, third_party/flashinfer, third_party/curand; 20 + 115 + 60 + 90 + 200 s)
+#   verify_tests_v2 (90)    the verify tests again with the v2 kernel, plus test_verify_v2.py
+#   bench_verify_side (200) benches/bench_verify_side.py: v1, v2, the composition and FlashInfer (its nvcc
+#                           build ~60 s of it), B 1/8/64 x greedy/T=1/top-p, µs and % of copy bandwidth
+declare -A OPT_SHARE=([verify_tests_v2]=90 [bench_verify_side]=200)
 SERIAL_BUILD_S=300  # the build's share without ninja (the estimate above)
 SCHEDULED=0         # sum of the shares of the steps so far
 PROBLEMS=()         # --preflight: what would fail there
@@ -146,16 +155,21 @@ summarize() {  # rewrites $OUT/summary.json from the steps so far and the artefa
   fi
 }
 
-step() {  # step NAME [env VAR=VALUE ...] COMMAND...   (its share: SHARE[NAME])
+step() {  # step NAME [env VAR=VALUE ...] COMMAND...   (its share: SHARE[NAME], or OPT_SHARE[NAME])
   local name=$1
   shift
   STEP_NAME=$name
-  [ -n "${SHARE[$name]:-}" ] || { echo "device_check: step $name has no SHARE" >&2; exit 2; }
+  local share=${SHARE[$name]:-${OPT_SHARE[$name]:-}}
+  [ -n "$share" ] || { echo "device_check: step $name has no SHARE" >&2; exit 2; }
+  if [ -n "${OPT_SHARE[$name]:-}" ] && [[ ",${STEPS:-}," != *",$name,"* ]]; then
+    [ "$PREFLIGHT" = 1 ] && preflight_step "$@"
+    return 0  # an opt-in step not asked for
+  fi
   if [ -n "${STEPS:-}" ] && [ "$PREFLIGHT" = 0 ] && [ "$name" != env ] && [ "$name" != build ] \
      && [[ ",$STEPS," != *",$name,"* ]]; then
     return 0  # not asked for: no share, no line
   fi
-  SCHEDULED=$((SCHEDULED + SHARE[$name]))
+  SCHEDULED=$((SCHEDULED + share))
   [ "$PREFLIGHT" = 1 ] && { preflight_step "$@"; return 0; }
   local now end left limit
   now=$(date +%s)
@@ -213,6 +227,10 @@ step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_d
 step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/drafters/test_dit_fused.py \
   python_tests/drafters/test_draft_graph.py python_tests/test_drafter_noise.py --junitxml="${WORK:-}/dit_step_tests.xml"
 
+step verify_tests_v2 env FLASHMAP_VERIFY_KERNEL=v2 CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" python_tests/ops/test_verify_exact.py \
+  python_tests/ops/test_verify_edge.py python_tests/ops/test_verify_stats.py python_tests/ops/test_verify_opcheck.py \
+  python_tests/ops/test_verify_v2.py -k cuda --junitxml="${WORK:-}/verify_tests_v2.xml"
+step bench_verify_side "$PY" benches/bench_verify_side.py --json "${WORK:-}/bench_verify_side.json"
 step bench_verify "${BENCH[@]}" benches/bench_verify.py -k cuda --benchmark-json="${WORK:-}/bench_verify.json"
 # Draft step, Qwen3-8B drafter shape: one process per variant, each with its own JSON.
 for variant in fused fused-eager eager; do
