@@ -26,4 +26,21 @@ VerifyResult verify_cuda(const at::Tensor& target_logits, const at::Tensor& draf
                          const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
                          const std::optional<at::Tensor>& uniforms);
 
+// verify.scalars: the same op with each sampling parameter a [B] tensor or, when that tensor is None, the
+// value that follows (passed by value: no fill kernel per call).
+VerifyResult verify_scalars_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+                                const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seed,
+                                const std::optional<at::Tensor>& position, double temperature_value,
+                                int64_t top_k_value, double top_p_value, int64_t seed_value, int64_t position_value,
+                                const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
+                                const std::optional<at::Tensor>& uniforms);
+VerifyResult verify_scalars_cuda(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                 const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+                                 const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seed,
+                                 const std::optional<at::Tensor>& position, double temperature_value,
+                                 int64_t top_k_value, double top_p_value, int64_t seed_value, int64_t position_value,
+                                 const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
+                                 const std::optional<at::Tensor>& uniforms);
+
 }  // namespace flashmap

@@ -11,6 +11,13 @@ TORCH_LIBRARY(flashmap, m) {
       "verify(Tensor target_logits, Tensor draft_tokens, Tensor temperature, Tensor top_k, Tensor top_p, "
       "Tensor seed, Tensor position, Tensor? draft_probs=None, int valid_vocab=0, Tensor? uniforms=None) "
       "-> (Tensor tokens, Tensor num_accepted, Tensor status)");
+  // The same with each sampling parameter a [B] tensor or None and its value (used for every row when None):
+  // python scalars reach the kernel by value, without a fill kernel per call.
+  m.def(
+      "verify.scalars(Tensor target_logits, Tensor draft_tokens, Tensor? temperature, Tensor? top_k, "
+      "Tensor? top_p, Tensor? seed, Tensor? position, float temperature_value, int top_k_value, "
+      "float top_p_value, int seed_value, int position_value, Tensor? draft_probs=None, int valid_vocab=0, "
+      "Tensor? uniforms=None) -> (Tensor tokens, Tensor num_accepted, Tensor status)");
 
   // FlashMap DiT drafter ops (DESIGN.md §5, §10; csrc/dit/dit_ops.h). bf16 on CUDA, any float dtype on
   // CPU. Letters: M rows (B*K slots), N/K out/in features, G conditioning rows (M % G == 0), H heads,

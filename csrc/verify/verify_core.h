@@ -90,6 +90,17 @@ FM_HOST_DEVICE int radix_pick_digit(const W* hist, W target, W& above) {
   return -1;
 }
 
+// --- sampling parameters of row b: its [B] entry, or the value shared by every row ----------------------
+FM_HOST_DEVICE float verify_temperature(const VerifyParams& p, int64_t b) {
+  return p.temperature ? p.temperature[b] : p.temperature_value;
+}
+FM_HOST_DEVICE int32_t verify_top_k(const VerifyParams& p, int64_t b) { return p.top_k ? p.top_k[b] : p.top_k_value; }
+FM_HOST_DEVICE float verify_top_p(const VerifyParams& p, int64_t b) { return p.top_p ? p.top_p[b] : p.top_p_value; }
+FM_HOST_DEVICE int64_t verify_seed(const VerifyParams& p, int64_t b) { return p.seed ? p.seed[b] : p.seed_value; }
+FM_HOST_DEVICE int64_t verify_position(const VerifyParams& p, int64_t b) {
+  return p.position ? p.position[b] : p.position_value;
+}
+
 // --- per-slot rules ---------------------------------------------------------------------------------
 // A draft id outside [0, valid_vocab) (-1 = none) rejects its slot and every later one.
 FM_HOST_DEVICE int64_t verify_draft(const VerifyParams& p, int64_t b, int64_t i) {
@@ -102,14 +113,14 @@ FM_HOST_DEVICE int64_t verify_draft(const VerifyParams& p, int64_t b, int64_t i)
 // by (seed, position + i, stream) — never by the batch row.
 FM_HOST_DEVICE double verify_coin(const VerifyParams& p, int64_t b, int64_t i, uint32_t stream) {
   if (p.uniforms) return p.uniforms[b * (p.K + 1) + (stream == kStreamAccept ? i : p.K)];
-  return philox_coin(p.seed[b], p.position[b] + i, stream);
+  return philox_coin(verify_seed(p, b), verify_position(p, b) + i, stream);
 }
 
-FM_HOST_DEVICE bool verify_is_greedy(const VerifyParams& p, int64_t b) { return !(p.temperature[b] > 0.f); }
+FM_HOST_DEVICE bool verify_is_greedy(const VerifyParams& p, int64_t b) { return !(verify_temperature(p, b) > 0.f); }
 FM_HOST_DEVICE bool verify_topk_on(const VerifyParams& p, int64_t b) {
-  return p.top_k[b] > 0 && p.top_k[b] < p.valid_vocab;
+  return verify_top_k(p, b) > 0 && verify_top_k(p, b) < p.valid_vocab;
 }
-FM_HOST_DEVICE bool verify_topp_on(const VerifyParams& p, int64_t b) { return p.top_p[b] < 1.f; }
+FM_HOST_DEVICE bool verify_topp_on(const VerifyParams& p, int64_t b) { return verify_top_p(p, b) < 1.f; }
 
 // Draft distribution q of slot i (nullptr: point-mass draft, or the bonus slot K).
 FM_HOST_DEVICE const float* verify_draft_q(const VerifyParams& p, int64_t b, int64_t i) {
@@ -124,9 +135,9 @@ FM_HOST_DEVICE const float* verify_draft_q(const VerifyParams& p, int64_t b, int
 // reads anyway, is checked: validating every q(j) would cost a pass over V per slot, and no check can
 // prove x was sampled from q. Greedy rows never read draft_probs, so they are not checked.
 FM_HOST_DEVICE int32_t verify_input_status(const VerifyParams& p, int64_t b, int64_t i) {
-  const float t = p.temperature[b], tp = p.top_p[b];
+  const float t = verify_temperature(p, b), tp = verify_top_p(p, b);
   // temperature in [0, FLT_MAX]: NaN, negatives and +inf fail (as the scalar checks)
-  int32_t status = (t >= 0.f && t <= 3.40282347e38f && tp >= 0.f && tp <= 1.f && p.top_k[b] >= 0) ? 0 : kStatusBadParams;
+  int32_t status = (t >= 0.f && t <= 3.40282347e38f && tp >= 0.f && tp <= 1.f && verify_top_k(p, b) >= 0) ? 0 : kStatusBadParams;
   const float* q = verify_draft_q(p, b, i);
   const int64_t x = verify_draft(p, b, i);
   if (q && x >= 0 && !verify_is_greedy(p, b) && !(q[x] > 0.f && q[x] <= 1.f)) status |= kStatusBadDraftProb;

@@ -48,12 +48,12 @@ cpu::Ptr<D> slot_logits(const VerifyParams& p, int64_t b, int64_t i) {
 template <LogitDType D>
 double slot_weights(const VerifyParams& p, int64_t b, cpu::Ptr<D> l, float m, float* e) {
   const int64_t vv = p.valid_vocab;
-  const float inv_t = verify_inv_temperature(p.temperature[b]);
+  const float inv_t = verify_inv_temperature(verify_temperature(p, b));
   uint32_t kmin = 0;
-  if (verify_topk_on(p, b)) kmin = cpu::threshold_key<D>(l, vv, p.top_k[b], [](int64_t) { return 1.0; });
+  if (verify_topk_on(p, b)) kmin = cpu::threshold_key<D>(l, vv, verify_top_k(p, b), [](int64_t) { return 1.0; });
   const double S = cpu::fill_exp<D>(l, vv, m, inv_t, kmin, e);
   if (!verify_topp_on(p, b)) return S;
-  const double target = std::max(static_cast<double>(p.top_p[b]), 1e-300) * S;
+  const double target = std::max(static_cast<double>(verify_top_p(p, b)), 1e-300) * S;
   const uint32_t pmin = cpu::threshold_key<D>(l, vv, target, [e](int64_t j) { return double(e[j]); });
   return cpu::fill_exp<D>(l, vv, m, inv_t, std::max(kmin, pmin), e);
 }
@@ -104,7 +104,7 @@ SlotOutcome judge_slot_sliced(const VerifyParams& p, int64_t b, int64_t i) {
   const cpu::Ptr<D> l = slot_logits<D>(p, b, i);
   const int64_t vv = p.valid_vocab;
   const bool greedy = verify_is_greedy(p, b);
-  const sl::RowStats r = sl::row_stats<D>(l, vv, greedy, p.temperature[b], p.top_k[b], p.top_p[b]);
+  const sl::RowStats r = sl::row_stats<D>(l, vv, greedy, verify_temperature(p, b), verify_top_k(p, b), verify_top_p(p, b));
   SlotOutcome out{r.status | verify_input_status(p, b, i), false, 0};
   if (out.status & kStatusErrors) return out;
   const int64_t x = verify_draft(p, b, i);
@@ -171,15 +171,8 @@ void verify_rows(const VerifyParams& p, bool sliced) {
 
 }  // namespace
 
-VerifyResult verify_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-                        const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-                        const at::Tensor& seed, const at::Tensor& position,
-                        const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
-                        const std::optional<at::Tensor>& uniforms) {
-  TORCH_CHECK_VALUE(target_logits.device().is_cpu(), "verify: target_logits must be a CPU tensor here");
-  const VerifyTensors t = verify_prepare(target_logits, draft_tokens, temperature, top_k, top_p, seed,
-                                         position, draft_probs, uniforms);
-  const VerifyParams p = verify_params(t, valid_vocab);
+namespace {
+VerifyResult run_cpu(const VerifyTensors& t, const VerifyParams& p) {
   const VerifyKernel kernel = verify_kernel_choice();
   verify_check_kernel_limits(kernel, p);
   const bool sliced = kernel == VerifyKernel::kV2;
@@ -190,7 +183,36 @@ VerifyResult verify_cpu(const at::Tensor& target_logits, const at::Tensor& draft
   }
   return {t.tokens, t.num_accepted, t.status};
 }
+}  // namespace
 
-TORCH_LIBRARY_IMPL(flashmap, CPU, m) { m.impl("verify", &verify_cpu); }
+VerifyResult verify_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                        const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+                        const at::Tensor& seed, const at::Tensor& position,
+                        const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
+                        const std::optional<at::Tensor>& uniforms) {
+  TORCH_CHECK_VALUE(target_logits.device().is_cpu(), "verify: target_logits must be a CPU tensor here");
+  const VerifyTensors t = verify_prepare(target_logits, draft_tokens, temperature, top_k, top_p, seed,
+                                         position, draft_probs, uniforms);
+  return run_cpu(t, verify_params(t, valid_vocab));
+}
+
+VerifyResult verify_scalars_cpu(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+                                const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+                                const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seed,
+                                const std::optional<at::Tensor>& position, double temperature_value,
+                                int64_t top_k_value, double top_p_value, int64_t seed_value, int64_t position_value,
+                                const std::optional<at::Tensor>& draft_probs, int64_t valid_vocab,
+                                const std::optional<at::Tensor>& uniforms) {
+  TORCH_CHECK_VALUE(target_logits.device().is_cpu(), "verify: target_logits must be a CPU tensor here");
+  const VerifyTensors t = verify_prepare(target_logits, draft_tokens, temperature, top_k, top_p, seed,
+                                         position, draft_probs, uniforms);
+  const VerifyScalars v{temperature_value, top_p_value, top_k_value, seed_value, position_value};
+  return run_cpu(t, verify_params(t, valid_vocab, v));
+}
+
+TORCH_LIBRARY_IMPL(flashmap, CPU, m) {
+  m.impl("verify", &verify_cpu);
+  m.impl("verify.scalars", &verify_scalars_cpu);
+}
 
 }  // namespace flashmap

@@ -50,18 +50,29 @@ inline LogitDType verify_logit_dtype(const at::Tensor& t) {
   }
 }
 
-inline at::Tensor verify_per_row(const at::Tensor& t, const at::Tensor& ref, const char* name,
+// A [B] sampling parameter, or an undefined tensor when the caller passes its value instead (VerifyScalars).
+inline at::Tensor verify_per_row(const std::optional<at::Tensor>& t, const at::Tensor& ref, const char* name,
                                  at::ScalarType dtype, int64_t B) {
-  check_shape(t, "verify", name, "[B]", {B});
-  check_dtype(t, "verify", name, dtype);
-  check_same_device(t, ref, "verify", name);
-  return t.contiguous();
+  if (!t.has_value()) return at::Tensor();
+  check_shape(*t, "verify", name, "[B]", {B});
+  check_dtype(*t, "verify", name, dtype);
+  check_same_device(*t, ref, "verify", name);
+  return t->contiguous();
 }
 
+// The values of the sampling parameters passed by value (the `verify.scalars` overload): used for every row
+// whose parameter tensor is absent. Out-of-domain values are flagged per row by the kernels (status 16).
+struct VerifyScalars {
+  double temperature = 0.0, top_p = 1.0;
+  int64_t top_k = 0, seed = 0, position = 0;
+};
+
 inline VerifyTensors verify_prepare(const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-                                    const at::Tensor& temperature, const at::Tensor& top_k,
-                                    const at::Tensor& top_p, const at::Tensor& seed,
-                                    const at::Tensor& position, const std::optional<at::Tensor>& draft_probs,
+                                    const std::optional<at::Tensor>& temperature,
+                                    const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+                                    const std::optional<at::Tensor>& seed,
+                                    const std::optional<at::Tensor>& position,
+                                    const std::optional<at::Tensor>& draft_probs,
                                     const std::optional<at::Tensor>& uniforms) {
   TORCH_CHECK_VALUE(target_logits.dim() == 3, "verify: target_logits must be [B, K+1, V], got ",
                     shape_str(target_logits.sizes()));
@@ -99,7 +110,7 @@ inline VerifyTensors verify_prepare(const at::Tensor& target_logits, const at::T
   return t;
 }
 
-inline VerifyParams verify_params(const VerifyTensors& t, int64_t valid_vocab) {
+inline VerifyParams verify_params(const VerifyTensors& t, int64_t valid_vocab, const VerifyScalars& v = {}) {
   const int64_t B = t.logits.size(0), K = t.logits.size(1) - 1, V = t.logits.size(2);
   TORCH_CHECK_VALUE(valid_vocab <= V, "verify: valid_vocab must be <= V = ", V, " (<= 0 means V), got ",
                     valid_vocab);
@@ -109,11 +120,16 @@ inline VerifyParams verify_params(const VerifyTensors& t, int64_t valid_vocab) {
   p.logits_stride_b = t.logits.stride(0);
   p.logits_stride_k = t.logits.stride(1);
   p.draft_tokens = t.drafts.data_ptr<int64_t>();
-  p.temperature = t.temperature.data_ptr<float>();
-  p.top_k = t.top_k.data_ptr<int32_t>();
-  p.top_p = t.top_p.data_ptr<float>();
-  p.seed = t.seed.data_ptr<int64_t>();
-  p.position = t.position.data_ptr<int64_t>();
+  p.temperature = t.temperature.defined() ? t.temperature.data_ptr<float>() : nullptr;
+  p.top_k = t.top_k.defined() ? t.top_k.data_ptr<int32_t>() : nullptr;
+  p.top_p = t.top_p.defined() ? t.top_p.data_ptr<float>() : nullptr;
+  p.seed = t.seed.defined() ? t.seed.data_ptr<int64_t>() : nullptr;
+  p.position = t.position.defined() ? t.position.data_ptr<int64_t>() : nullptr;
+  p.temperature_value = static_cast<float>(v.temperature);
+  p.top_p_value = static_cast<float>(v.top_p);
+  p.top_k_value = static_cast<int32_t>(v.top_k > 0x7FFFFFFF ? 0x7FFFFFFF : (v.top_k < -1 ? -1 : v.top_k));
+  p.seed_value = v.seed;
+  p.position_value = v.position;
   if (t.draft_probs.defined()) {
     p.draft_probs = t.draft_probs.data_ptr<float>();
     p.draft_probs_stride_b = t.draft_probs.stride(0);

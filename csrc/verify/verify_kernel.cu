@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kThreads) verify_slot_kernel(const VerifyParam
   row.vv = p.valid_vocab;
   row.tiles = (p.valid_vocab + kTile - 1) / kTile;
   row.max = 0.f;
-  row.inv_t = greedy ? 1.f : verify_inv_temperature(p.temperature[b]);
+  row.inv_t = greedy ? 1.f : verify_inv_temperature(verify_temperature(p, b));
   row.kmin = 0u;
   row.vec = (reinterpret_cast<uintptr_t>(row.l) & 15u) == 0;
   float *tile_max = tile_mem, *tile_sum = tile_mem + row.tiles, *tile_r = tile_mem + 2 * row.tiles;
@@ -421,14 +421,14 @@ __global__ void __launch_bounds__(kThreads) verify_slot_kernel(const VerifyParam
   }
   row.max = st.max;
   if (topk) {
-    row.kmin = block_radix_threshold(row, p.top_k[b], false, [](float) { return 1ull; }, sh);
+    row.kmin = block_radix_threshold(row, verify_top_k(p, b), false, [](float) { return 1ull; }, sh);
     sweep_stats(row, true, tile_max, tile_sum, sh);
   }
   float S = rescale_tiles(row.tiles, row.max, row.inv_t, tile_max, tile_sum, sh);
   if (topp) {
     const Row<D> r = row;
     const uint32_t pmin = block_radix_threshold(
-        row, fmaxf(p.top_p[b], 0.f), true,
+        row, fmaxf(verify_top_p(p, b), 0.f), true,
         [r](float v) { return static_cast<unsigned long long>(r.weight(v) * kMassScale); }, sh);
     row.kmin = pmin > row.kmin ? pmin : row.kmin;
     sweep_stats(row, true, tile_max, tile_sum, sh);

@@ -24,11 +24,16 @@ struct VerifyParams {
   LogitDType logits_dtype;
   int64_t logits_stride_b, logits_stride_k;
   const int64_t* draft_tokens;  // [B, K] contiguous
-  const float* temperature;     // [B]
-  const int32_t* top_k;         // [B]
-  const float* top_p;           // [B]
-  const int64_t* seed;          // [B]
-  const int64_t* position;      // [B]
+  // Sampling parameters: [B] arrays, or nullptr and the value below for every row (passed by value: no
+  // fill kernel per call). Read through verify_core.h's accessors.
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const int64_t* seed;
+  const int64_t* position;
+  float temperature_value, top_p_value;
+  int32_t top_k_value;
+  int64_t seed_value, position_value;
   const float* draft_probs;     // [B, K, V] with stride 1 over V, or nullptr (point-mass drafts)
   int64_t draft_probs_stride_b, draft_probs_stride_k;
   const double* uniforms;       // [B, K+1] contiguous, or nullptr (Philox coins)

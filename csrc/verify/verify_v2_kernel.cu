@@ -494,10 +494,10 @@ __device__ __noinline__ void merge_records(const VerifyParams& p, int64_t b, int
 template <int C, LogitDType D>
 __device__ __noinline__ Row<D> filtered_sums(Row<D> row, const VerifyParams& p, int64_t b, int rank, bool topk,
                                              bool topp, Shared& sh) {
-  if (topk) row.kmin = cluster_threshold<C>(row, rank, p.top_k[b], false, [](float) { return 1ull; }, sh);
+  if (topk) row.kmin = cluster_threshold<C>(row, rank, verify_top_k(p, b), false, [](float) { return 1ull; }, sh);
   if (topp) {
     const Row<D> r0 = row;
-    const uint32_t pmin = cluster_threshold<C>(row, rank, fmaxf(p.top_p[b], 0.f), true, [r0](float v) {
+    const uint32_t pmin = cluster_threshold<C>(row, rank, fmaxf(verify_top_p(p, b), 0.f), true, [r0](float v) {
       return static_cast<unsigned long long>(static_cast<double>(r0.weight(v)) * kMassScale);
     }, sh);
     row.kmin = pmin > row.kmin ? pmin : row.kmin;
@@ -621,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) verify_v2_kernel(cons
   row.full = row.vv / kVerifyChunk;
   row.resident = nullptr;
   row.resident_begin = 0;
-  row.c = greedy ? 1.f : verify_exp2_scale(p.temperature[b]);
+  row.c = greedy ? 1.f : verify_exp2_scale(verify_temperature(p, b));
   row.M = 0.f;
   row.kmin = 0u;
   uint4* keep = resident && !online && !greedy ? keep_mem : nullptr;  // one slice per CTA (C == 8)

@@ -18,7 +18,7 @@ from flashmap_ext.ops.status import (
     STATUS_NONFINITE,
 )
 
-_verify_op = torch.ops.flashmap.verify.default
+_verify_op = torch.ops.flashmap.verify.scalars  # [B] tensors or values (registration.cpp)
 
 Scalar = Union[int, float, torch.Tensor]
 
@@ -29,9 +29,7 @@ class VerifyOutput(NamedTuple):
     status: torch.Tensor        # [B] int32 bit flags, 0 = clean row
 
 
-@torch.library.register_fake("flashmap::verify")
-def _verify_fake(target_logits, draft_tokens, temperature, top_k, top_p, seed, position,
-                 draft_probs=None, valid_vocab=0, uniforms=None):
+def _verify_shapes(target_logits, draft_tokens):
     torch._check(target_logits.dim() == 3, lambda: "target_logits must be [B, K+1, V]")
     B, K1, _ = target_logits.shape
     torch._check(draft_tokens.dim() == 2 and draft_tokens.shape[1] == K1 - 1,
@@ -40,6 +38,19 @@ def _verify_fake(target_logits, draft_tokens, temperature, top_k, top_p, seed, p
     return (torch.empty((B, K1), dtype=torch.int64, device=dev),
             torch.empty((B,), dtype=torch.int32, device=dev),
             torch.empty((B,), dtype=torch.int32, device=dev))
+
+
+@torch.library.register_fake("flashmap::verify")
+def _verify_fake(target_logits, draft_tokens, temperature, top_k, top_p, seed, position,
+                 draft_probs=None, valid_vocab=0, uniforms=None):
+    return _verify_shapes(target_logits, draft_tokens)
+
+
+@torch.library.register_fake("flashmap::verify.scalars")
+def _verify_scalars_fake(target_logits, draft_tokens, temperature, top_k, top_p, seed, position,
+                         temperature_value, top_k_value, top_p_value, seed_value, position_value,
+                         draft_probs=None, valid_vocab=0, uniforms=None):
+    return _verify_shapes(target_logits, draft_tokens)
 
 
 _INT32_MAX, _INT64 = 2**31 - 1, (-2**63, 2**63)
@@ -96,11 +107,12 @@ def _check_row_values(name: str, t: torch.Tensor) -> None:
                          f"{str(t.dtype).removeprefix('torch.')} tensor; rows {rows[:8]} hold {values}")
 
 
-def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """A python scalar or a [B] tensor -> a contiguous [B] tensor of `dtype` on `device`; values checked
-    on the host for scalars and CPU tensors (see _check_row_values)."""
+def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> torch.Tensor | int | float:
+    """A python scalar -> the checked number (passed to the kernel by value), a [B] tensor -> a contiguous
+    [B] tensor of `dtype` on `device`; values checked on the host for scalars and CPU tensors (see
+    _check_row_values)."""
     if not isinstance(value, torch.Tensor):
-        return torch.full((B,), _check_scalar(name, value, dtype), dtype=dtype, device=device)
+        return _check_scalar(name, value, dtype)
     if value.shape != (B,):
         raise ValueError(f"verify: {name} must be a python scalar or a [B] = [{B}] tensor, "
                          f"got shape {tuple(value.shape)}")
@@ -114,6 +126,10 @@ def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> to
     if name in _ROW_DOMAINS and value.device.type == "cpu" and not torch.compiler.is_compiling():
         _check_row_values(name, value)
     return value
+
+
+# The value verify.scalars gets for a parameter passed as a [B] tensor (unused by the kernels then).
+_SCALAR_DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "position": 0}
 
 
 def _check_shapes(target_logits, draft_tokens, draft_probs, uniforms):
@@ -179,7 +195,8 @@ def _raise_on_bad_rows(status: torch.Tensor, params: dict) -> None:
         return
     if bool(((status & STATUS_BAD_PARAMS) != 0).any()):  # [B] tensors on CUDA, checked by the kernel
         for name in _KERNEL_CHECKED:
-            _check_row_values(name, params[name])
+            if isinstance(params[name], torch.Tensor):
+                _check_row_values(name, params[name])
     problems = []
     if rows := _rows(status, STATUS_NONFINITE | STATUS_NO_FINITE):
         problems.append(f"target_logits rows {rows} hold NaN or +inf logits, or a slot with no finite logit "
@@ -258,7 +275,9 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
     params = {name: _per_row(name, value, B, dtype, dev) for name, value, dtype in (
         ("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
         ("top_p", top_p, torch.float32), ("seed", seed, torch.int64), ("position", position, torch.int64))}
-    out = _verify_op(target_logits, draft_tokens, *params.values(),
+    tensors = [v if isinstance(v, torch.Tensor) else None for v in params.values()]
+    values = [_SCALAR_DEFAULTS[k] if isinstance(v, torch.Tensor) else v for k, v in params.items()]
+    out = _verify_op(target_logits, draft_tokens, *tensors, *values,
                      draft_probs, V if valid_vocab is None else int(valid_vocab), uniforms)
     result = VerifyOutput(*out)
     if check:

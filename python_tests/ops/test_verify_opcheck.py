@@ -30,3 +30,15 @@ def sample_inputs(device):
 def test_verify_opcheck(device):
     for args in sample_inputs(device):
         torch.library.opcheck(torch.ops.flashmap.verify.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_verify_scalars_opcheck(device):
+    """The by-value overload: every parameter as a value, and a mix of [B] tensors and values."""
+    for args in sample_inputs(device):
+        logits, drafts, temperature, top_k, top_p, seed, position, dp, vv, uu = args
+        values = (0.7, 5, 0.9, 3, 100)
+        torch.library.opcheck(torch.ops.flashmap.verify.scalars,
+                              (logits, drafts, None, None, None, None, None, *values, dp, vv, uu))
+        torch.library.opcheck(torch.ops.flashmap.verify.scalars,
+                              (logits, drafts, temperature, None, top_p, seed, None, *values, dp, vv, uu))
