@@ -22,7 +22,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "verify/verify_core.h"
 #include "verify/verify_launch.h"
@@ -733,10 +737,28 @@ cudaError_t launch_cluster(const VerifyParams& p, int* counters, cudaStream_t st
   return cudaLaunchKernelEx(&cfg, verify_v2_kernel<D, C>, p, counters, smem > 0 ? 1 : 0);
 }
 
+// Occupancy of each cluster size, queried once per (device, valid_vocab) (it depends on the shared memory).
+template <LogitDType D>
+std::array<int64_t, 4> resident_by_cluster(const VerifyParams& p, cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, std::array<int64_t, 4>> cache;
+  int device = 0;
+  (void)cudaGetDevice(&device);
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(device, p.valid_vocab);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, std::array<int64_t, 4>{resident_clusters<D, 1>(p, stream), resident_clusters<D, 2>(p, stream),
+                                                   resident_clusters<D, 4>(p, stream),
+                                                   resident_clusters<D, 8>(p, stream)}).first;
+  }
+  return it->second;
+}
+
 template <LogitDType D>
 cudaError_t launch_v2(const VerifyParams& p, int* counters, cudaStream_t stream) {
-  const int64_t resident[4] = {resident_clusters<D, 1>(p, stream), resident_clusters<D, 2>(p, stream),
-                               resident_clusters<D, 4>(p, stream), resident_clusters<D, 8>(p, stream)};
+  const std::array<int64_t, 4> r = resident_by_cluster<D>(p, stream);
+  const int64_t resident[4] = {r[0], r[1], r[2], r[3]};
   switch (verify_cluster_size(p.B * (p.K + 1), resident)) {
     case 8: return launch_cluster<D, 8>(p, counters, stream);
     case 4: return launch_cluster<D, 4>(p, counters, stream);

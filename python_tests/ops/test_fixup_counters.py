@@ -162,10 +162,13 @@ def test_one_pool_per_device_and_the_environment_switch(pool):
 
 
 def test_the_cuda_glue_takes_captured_counters_from_the_pool_only():
-    """dit_cuda.cpp hands captured launches the pool's buffer, and its only at::zeros is the fresh
-    per-call tensor (the old never-freed buffer came from at::zeros, i.e. the caching allocator)."""
-    glue = (ROOT / "csrc" / "dit" / "dit_cuda.cpp").read_text()
+    """The counters' torch side (common/fixup_counters_glue.h, used by the DiT and verify glue) hands
+    captured launches the pool's buffer, and its only at::zeros is the fresh per-call tensor (the old
+    never-freed buffer came from at::zeros, i.e. the caching allocator)."""
+    glue = (ROOT / "csrc" / "common" / "fixup_counters_glue.h").read_text()
     assert '#include "dit/fixup_counters.h"' in glue
+    for user in ("dit/dit_cuda.cpp", "verify/verify_cuda.cpp"):
+        assert '#include "common/fixup_counters_glue.h"' in (ROOT / "csrc" / user).read_text()
     body = glue[glue.index("Counters fixup_counters("):]
     body = body[:body.index("\n}\n")]
     assert "counter_pool(" in body and "for_capture(" in body and "reserve(" in body
