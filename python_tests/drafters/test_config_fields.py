@@ -13,7 +13,8 @@ from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.load import check_drafter
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = {kind: ROOT / "checkpoints" / f"{kind}-qwen2.5-coder-0.5b" for kind in ("flashmap", "dflash", "eagle3")}
+COMMITTED = {kind: ROOT / "checkpoints" / f"{name}-qwen2.5-coder-0.5b"
+             for kind, name in (("flashmap", "flashmap-map"), ("dflash", "dflash"), ("eagle3", "eagle3"))}
 CLASSES = {"flashmap": FlashMapDrafter, "dflash": DFlashDrafter, "eagle3": Eagle3Drafter}
 
 

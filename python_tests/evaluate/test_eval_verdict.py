@@ -28,8 +28,8 @@ def piece_run(tmp_path, monkeypatch, kind: str, piece: dict, committed: dict, re
     (run / f"eval-{kind}" / "eval.json").write_text(
         json.dumps({"meta": meta, "results": {"piece": piece, "committed": committed}}))
     (run / f"{kind}.piece.json").write_text(json.dumps({"kind": kind, **record}))
-    (tmp_path / "checkpoints" / "long-run").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "long-run" / "history.json").write_text(json.dumps({kind: history}))
+    (tmp_path / "docs" / "bench" / "long-run").mkdir(parents=True)
+    (tmp_path / "docs" / "bench" / "long-run" / "history.json").write_text(json.dumps({kind: history}))
     monkeypatch.chdir(tmp_path)
     return run
 
