@@ -27,6 +27,7 @@ from flashmap_ext.batched import embeddable, generate_rows
 from flashmap_ext.inputs import as_ids, as_prompts
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
 from flashmap_ext.target import Target
+from flashmap_ext.target.static import StaticTarget, static_target_for
 from flashmap_ext.tree import TreeSpec, tree_round
 
 __all__ = ["generate", "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
@@ -35,7 +36,8 @@ __all__ = ["generate", "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
 def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (), *,
              tree: Optional[TreeSpec] = None, valid_vocab: Optional[int] = None,
-             on_tokens: Optional[Callable[[list], None]] = None, timer: Optional[Timer] = None) -> GenerateOutput:
+             on_tokens: Optional[Callable[[list], None]] = None, timer: Optional[Timer] = None,
+             cuda_graphs: bool = False) -> GenerateOutput:
     """Generates up to `max_new_tokens` tokens after `input_ids`, losslessly.
 
     Args:
@@ -59,6 +61,9 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
         timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each
             phase so that the stats' times are exact on a GPU.
+        cuda_graphs: run the target as a `StaticTarget` (target/static.py): static KV buffers, rollback a
+            length update, and its 1-token and (k+1)-token forwards CUDA graphs on a GPU (the same code
+            eagerly elsewhere). Kept on a `Target` for later calls; chain rounds of one prompt only.
     Warns:
         UserWarning (one line) when the drafter's weights and the target differ in dtype; it runs as is.
     Returns:
@@ -73,16 +78,21 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             ids outside the vocabulary, a prompt longer than the target's context (`input_ids`) or
             prompt + max_new_tokens longer (`max_new_tokens`), a sampling parameter out of its range,
             stop ids outside the vocabulary, a per-prompt list of the wrong length, NaN/+inf target
-            logits, or a tree without a tree drafter (or with several prompts).
+            logits, a tree without a tree drafter (or with several prompts), or `cuda_graphs` with a tree
+            or several prompts.
     """
     target = as_target(target)
     check_drafter(drafter, tree)
     warn_dtype_mismatch(target, drafter)
     input_ids, batched = as_prompts(input_ids)
+    if cuda_graphs and (tree is not None or batched):
+        raise ValueError("cuda_graphs: the static target runs chain rounds of one prompt (no tree, no batch)")
     if batched:
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
     prompt = check_prompt(target, input_ids, max_new_tokens)
+    if cuda_graphs:
+        target = _static(target, drafter, prompt.shape[1] + max_new_tokens)
     req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
                   _stop_set(stop_token_ids, target.vocab_size), on_tokens, target.device)
     round_fn = _round_function(drafter, tree)
@@ -99,6 +109,13 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     stats.new_tokens = len(state.tokens)
     stats.total_time_s = timer.now(target.device) - start
     return GenerateOutput(state.tokens, stats)
+
+
+def _static(target: Target, drafter, capacity: int) -> StaticTarget:
+    """The StaticTarget for a call needing `capacity` KV slots (a round's forward never writes past the
+    prompt + max_new_tokens: its drafts are capped by the remaining budget), graphing T = 1 and k + 1."""
+    k = 0 if drafter is None else int(drafter.num_draft_tokens)
+    return static_target_for(target, capacity, sorted({1, k + 1}))
 
 
 def as_target(target) -> Target:
