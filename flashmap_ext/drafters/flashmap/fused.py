@@ -50,6 +50,9 @@ class PackedFlashMap:
     slot_w: torch.Tensor; slot_b: torch.Tensor; slot_norm: torch.Tensor; slot_pos: torch.Tensor
     final_w: torch.Tensor; final_b: torch.Tensor
     head_w: torch.Tensor; head_b: Optional[torch.Tensor]
+    # (τs, τt) -> [1, n_layers·9 + 2, w]: the adaLN modulations of the step's constant times, computed once
+    # (FLASHMAP_DIT_PRECOMPUTED_MODS=1 or pack_weights(precompute=True)); None = computed every evaluation
+    mods: Optional[dict] = None
 
 
 def fused_supported(drafter: nn.Module) -> bool:
@@ -64,10 +67,33 @@ def fused_supported(drafter: nn.Module) -> bool:
             and all(w % 64 == 0 for w in widths))
 
 
-def pack_weights(drafter: nn.Module) -> PackedFlashMap:
+#: the (τs, τt) pairs of the draft step's evaluations: one step (0 → 1), two steps (0 → ½, ½ → 1)
+STEP_TIMES = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0))
+
+
+def precomputed_mods_enabled() -> bool:
+    """FLASHMAP_DIT_PRECOMPUTED_MODS=1: pack_weights precomputes the modulations (off by default)."""
+    return os.environ.get("FLASHMAP_DIT_PRECOMPUTED_MODS", "0") == "1"
+
+
+@torch.no_grad()
+def precompute_mods(drafter: nn.Module, adaln_w: torch.Tensor, adaln_b: torch.Tensor) -> dict:
+    """{(τs, τt): [1, n_layers·9 + 2, w]} for STEP_TIMES: the adaLN linear of the time condition (which
+    depends on nothing else), in float64 and rounded once to the weights' dtype."""
+    c, out = drafter.config, {}
+    for tau_s, tau_t in STEP_TIMES:
+        tau = lambda v: torch.full((1,), v, dtype=torch.float32, device=adaln_w.device)
+        cond = drafter._cond(tau(tau_s), tau(tau_t)).double()
+        mods = torch.nn.functional.linear(cond, adaln_w.double(), adaln_b.double())
+        out[(tau_s, tau_t)] = mods.to(adaln_w.dtype).view(1, 9 * c.n_layers + 2, c.width)
+    return out
+
+
+def pack_weights(drafter: nn.Module, precompute: Optional[bool] = None) -> PackedFlashMap:
     """The drafter's weights (and the target's LM head rows) in the fused layout. Single weights are
     shared with the module (no copy); the concatenated ones (all adaLN modulations, all memory K/V
-    projections) are copies, so pack again after the weights change (training)."""
+    projections) are copies, so pack again after the weights change (training). precompute: the step's
+    adaLN modulations per (τs, τt) too (`precompute_mods`; default: FLASHMAP_DIT_PRECOMPUTED_MODS=1)."""
     pk = lambda *ts: ts[0].detach().contiguous() if len(ts) == 1 else torch.cat([t.detach() for t in ts])
     layers = [PackedLayer(
         pk(b.self_attn.qkv.weight), pk(b.self_attn.qkv.bias), pk(b.self_attn.q_norm.weight),
@@ -77,9 +103,11 @@ def pack_weights(drafter: nn.Module) -> PackedFlashMap:
         pk(b.mlp[0].weight), pk(b.mlp[0].bias), pk(b.mlp[2].weight), pk(b.mlp[2].bias)) for b in drafter.blocks]
     blocks, fin, tables = drafter.blocks, drafter.final, drafter.tables
     head_b = tables.head_bias
+    adaln_w = pk(*[b.adaLN.weight for b in blocks], fin.adaLN.weight)
+    adaln_b = pk(*[b.adaLN.bias for b in blocks], fin.adaLN.bias)
+    precompute = precomputed_mods_enabled() if precompute is None else precompute
     return PackedFlashMap(
-        drafter, layers,
-        pk(*[b.adaLN.weight for b in blocks], fin.adaLN.weight), pk(*[b.adaLN.bias for b in blocks], fin.adaLN.bias),
+        drafter, layers, adaln_w, adaln_b,
         pk(*[w for b in blocks for w in (b.cross_attn.k_proj.weight, b.cross_attn.v_proj.weight)]),
         pk(*[w for b in blocks for w in (b.cross_attn.k_proj.bias, b.cross_attn.v_proj.bias)]),
         pk(drafter.tap_proj.weight), pk(drafter.tap_proj.bias), pk(drafter.tap_norm.weight),
@@ -88,7 +116,8 @@ def pack_weights(drafter: nn.Module) -> PackedFlashMap:
         pk(drafter.slot_proj.weight), pk(drafter.slot_proj.bias), pk(drafter.slot_norm.weight), pk(drafter.slot_pos),
         pk(fin.out.weight), pk(fin.out.bias),
         tables.head_weight.detach().to(drafter.dtype).contiguous(),
-        None if head_b is None else head_b.detach().to(drafter.dtype).contiguous())
+        None if head_b is None else head_b.detach().to(drafter.dtype).contiguous(),
+        precompute_mods(drafter, adaln_w, adaln_b) if precompute else None)
 
 
 def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Tensor, start: torch.Tensor) -> None:
@@ -123,7 +152,7 @@ def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: to
 
 def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.Tensor, memory_kv,
            q_pos: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
-    """One DiT block (DiTBlock.forward at A = 1). x [B, K, w], mods [B, 9, w], memory_kv (k, v) [B, cap, h, hd]."""
+    """One DiT block (DiTBlock.forward at A = 1). x [B, K, w], mods [B or 1, 9, w], memory_kv (k, v) [B, cap, h, hd]."""
     c = p.drafter.config
     B, K, w = x.shape
     sh1, sc1, g1, sh2, sc2, g2, sh3, sc3, g3 = mods.unbind(1)
@@ -154,9 +183,11 @@ def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tens
     B, K, _ = slot_inputs.shape
     x = ops.linear(slot_inputs.to(p.slot_w.dtype), p.slot_w, p.slot_b)
     x = ops.rms_norm(x.unsqueeze(-2), p.slot_norm, eps=c.norm_eps).squeeze(-2) + p.slot_pos
-    tau = lambda v: torch.full((B,), v, dtype=torch.float32, device=x.device)
-    cond = d._cond(tau(tau_s), tau(tau_t)).to(p.adaln_w.dtype)
-    mods = ops.linear(cond, p.adaln_w, p.adaln_b).view(B, 9 * c.n_layers + 2, c.width)
+    mods = p.mods.get((tau_s, tau_t)) if p.mods else None  # [1, ...]: one row serves every batch row
+    if mods is None:
+        tau = lambda v: torch.full((B,), v, dtype=torch.float32, device=x.device)
+        cond = d._cond(tau(tau_s), tau(tau_t)).to(p.adaln_w.dtype)
+        mods = ops.linear(cond, p.adaln_w, p.adaln_b).view(B, 9 * c.n_layers + 2, c.width)
     q_pos = lengths.long()[:, None] + 1 + torch.arange(K, device=x.device)
     kv_len = lengths + (1 - start)
     for i, layer in enumerate(p.layers):
