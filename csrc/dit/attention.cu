@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "dit/attention_kernel.cuh"
+#include "dit/dit_switches.h"
 
 namespace flashmap::dit {
 
@@ -39,6 +40,8 @@ static void launch_head_dim(const AttentionParams& p, const AttentionPlan& plan,
   AttentionParams q = p;  // the split geometry always comes from the plan
   q.splits = plan.splits;
   q.keys_per_split = plan.keys_per_split;
+  q.length_splits = dit_switches().length_splits;
+  q.parallel_merge = dit_switches().parallel_merge;
   const dim3 grid(plan.splits, p.Hq, p.B * plan.q_tiles);
   kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(q);
 }

@@ -15,7 +15,9 @@
 //   P = exp2(S * scale * log2 e - m), O (16 x D) = O * exp2(m_old - m) + P V  (P reused as the A operand,
 //   V read with ldmatrix.trans). At the end the 4 warp states (m, l, O) merge through smem. With one
 // split the CTA writes out = O / l; with several, it writes (O / l, m + log2 l) to the workspace and the
-// last split to arrive (atomic counter) merges all splits in split order (deterministic).
+// last split to arrive (atomic counter) merges all splits in split order (deterministic). Switches
+// (dit_switches.h, off by default): FLASHMAP_DIT_LENGTH_SPLITS (only the splits holding keys run and merge)
+// and FLASHMAP_DIT_PARALLEL_MERGE (merge_splits_parallel: the same sums, loads batched).
 // Fragment layouts (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): A regs {(g, 2t), (g+8, 2t),
 // (g, 2t+8), (g+8, 2t+8)}, B regs {(k = 2t, n = g), (k = 2t+8, n = g)}, C {(g, 2t), (g, 2t+1), (g+8, 2t),
 // (g+8, 2t+1)}, pairs packed low-first.
@@ -30,6 +32,7 @@
 #include "dit/dit_common.cuh"
 #include "dit/dit_params.h"
 #include "dit/dit_tuning.h"
+#include "dit/split_reduce.h"
 
 namespace flashmap::dit {
 
@@ -152,7 +155,7 @@ __device__ __forceinline__ void attend_16_keys(WarpSoftmaxState<T::kD>& st, cons
 // split's normalised partial and log2-sum-exp.
 template <class T>
 __device__ __forceinline__ void merge_warps(const AttentionParams& p, WarpSoftmaxState<T::kD>& st, float* smem,
-                                            int b, int h, int split, int q0) {
+                                            int b, int h, int split, int q0, int active) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float* sO = smem;                              // [kWarps][kQ][kD]
   float* sM = sO + T::kWarps * T::kQ * T::kD;    // [kWarps][kQ]
@@ -190,7 +193,7 @@ __device__ __forceinline__ void merge_warps(const AttentionParams& p, WarpSoftma
       o += f * sO[(w * T::kQ + row) * T::kD + col];
     }
     const float val = l > 0.f ? o / l : 0.f;
-    if (p.splits == 1) {
+    if (active == 1) {
       p.out[((static_cast<int64_t>(b) * p.Sq + q) * p.Hq + h) * p.D + col] = float_to_bf16_bits(val);
     } else {
       const int64_t slot = (static_cast<int64_t>(b) * p.Hq + h) * p.splits + split;
@@ -200,23 +203,56 @@ __device__ __forceinline__ void merge_warps(const AttentionParams& p, WarpSoftma
   }
 }
 
-// Last split of a (b, h, q-tile) to arrive: out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max).
+// Last split of a (b, h, q-tile) to arrive: out = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max), over the
+// first `splits` splits (all of them, or the active ones).
 template <class T>
-__device__ __forceinline__ void merge_splits(const AttentionParams& p, int b, int h, int q0) {
+__device__ __forceinline__ void merge_splits(const AttentionParams& p, int b, int h, int q0, int splits) {
   const int64_t slot0 = (static_cast<int64_t>(b) * p.Hq + h) * p.splits;
   for (int idx = threadIdx.x; idx < T::kQ * T::kD; idx += T::kThreads) {
     const int row = idx / T::kD, col = idx % T::kD, q = q0 + row;
     if (q >= p.Sq) continue;
     float mx = -INFINITY;
-    for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, __ldcg(p.partial_lse + (slot0 + s) * p.Sq + q));
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, __ldcg(p.partial_lse + (slot0 + s) * p.Sq + q));
     float wsum = 0.f, o = 0.f;
     if (mx != -INFINITY) {
-      for (int s = 0; s < p.splits; ++s) {
+      for (int s = 0; s < splits; ++s) {
         const float w = exp2f(__ldcg(p.partial_lse + (slot0 + s) * p.Sq + q) - mx);
         wsum += w;
         o += w * __ldcg(p.partial_o + ((slot0 + s) * p.Sq + q) * p.D + col);
       }
     }
+    p.out[((static_cast<int64_t>(b) * p.Sq + q) * p.Hq + h) * p.D + col] =
+        float_to_bf16_bits(wsum > 0.f ? o / wsum : 0.f);
+  }
+}
+
+// merge_splits with the same sums in the same order (FLASHMAP_DIT_PARALLEL_MERGE=1): every lse is read once
+// (all in parallel) into smem, one thread per query row turns them into weights (merge_weights), and each
+// output element's partial loads are issued 8 at a time (weighted_sum_in_split_order). smem: the CTA's
+// (free) K/V staging area, kQ x (kAttnMaxSplits + 1) floats.
+template <class T>
+__device__ __forceinline__ void merge_splits_parallel(const AttentionParams& p, int b, int h, int q0, int splits,
+                                                      float* smem) {
+  constexpr int kLd = tuning::kAttnMaxSplits + 1;  // weights of row r at smem[r * kLd], their sum after them
+  const int64_t slot0 = (static_cast<int64_t>(b) * p.Hq + h) * p.splits;
+  for (int idx = threadIdx.x; idx < T::kQ * splits; idx += T::kThreads) {
+    const int row = idx / splits, s = idx % splits, q = q0 + row;
+    smem[row * kLd + s] = q < p.Sq ? __ldcg(p.partial_lse + (slot0 + s) * p.Sq + q) : -INFINITY;
+  }
+  __syncthreads();
+  if (threadIdx.x < T::kQ) {  // the weights overwrite the lse in place (merge_weights allows it)
+    float* w = smem + threadIdx.x * kLd;
+    w[kLd - 1] = merge_weights([&](int s) { return w[s]; }, splits, w);
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < T::kQ * T::kD; idx += T::kThreads) {
+    const int row = idx / T::kD, col = idx % T::kD, q = q0 + row;
+    if (q >= p.Sq) continue;
+    const float* w = smem + row * kLd;
+    const float wsum = w[kLd - 1];
+    const float o = weighted_sum_in_split_order<8>(
+        [&](int s) { return w[s]; },
+        [&](int s) { return __ldcg(p.partial_o + ((slot0 + s) * p.Sq + q) * p.D + col); }, splits);
     p.out[((static_cast<int64_t>(b) * p.Sq + q) * p.Hq + h) * p.D + col] =
         float_to_bf16_bits(wsum > 0.f ? o / wsum : 0.f);
   }
@@ -231,6 +267,9 @@ __global__ void __launch_bounds__(T::kThreads) attention_kernel(AttentionParams 
   const int hk = h / (p.Hq / p.Hkv);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int kv_len = p.kv_len ? min(max(p.kv_len[b], 0), p.Skv) : p.Skv;
+  // FLASHMAP_DIT_LENGTH_SPLITS=1: splits past the row's keys neither run nor arrive (graph-safe: on the device).
+  const int active = p.length_splits ? active_splits(kv_len, p.keys_per_split, p.splits) : p.splits;
+  if (split >= active) return;
   const int key_begin = split * p.keys_per_split;
   const int key_end = min(key_begin + p.keys_per_split, kv_len);
   const int n_blocks = key_end > key_begin ? (key_end - key_begin + T::kBlock - 1) / T::kBlock : 0;
@@ -273,20 +312,21 @@ __global__ void __launch_bounds__(T::kThreads) attention_kernel(AttentionParams 
   }
   cute::cp_async_wait<0>();
   __syncthreads();  // K/V smem is reused for the merge
-  merge_warps<T>(p, st, reinterpret_cast<float*>(smem_raw), b, h, split, q0);
-  if (p.splits == 1) return;
+  merge_warps<T>(p, st, reinterpret_cast<float*>(smem_raw), b, h, split, q0, active);
+  if (active == 1) return;
   __shared__ int s_last;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
     int* counter = p.counters + (static_cast<int64_t>(b) * p.Hq + h) * q_tiles + q0 / T::kQ;
-    s_last = atomicAdd(counter, 1) == p.splits - 1;
+    s_last = atomicAdd(counter, 1) == active - 1;
     if (s_last) *counter = 0;
   }
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  merge_splits<T>(p, b, h, q0);
+  if (p.parallel_merge) merge_splits_parallel<T>(p, b, h, q0, active, reinterpret_cast<float*>(smem_raw));
+  else merge_splits<T>(p, b, h, q0, active);
 }
 
 }  // namespace flashmap::dit

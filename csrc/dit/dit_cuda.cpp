@@ -73,7 +73,7 @@ struct LinearWorkspace {
 // Counters only when a fixup uses them (split-K or the argmax), from fixup_counters.
 LinearWorkspace linear_workspace(const at::Tensor& x, const LinearPlan& plan, bool argmax) {
   auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
-  const bool fixup = plan.splits > 1 || argmax;
+  const bool fixup = plan.counters > 0 && (plan.splits > 1 || argmax);  // a cluster split-K needs none
   return {at::empty({int64_t(plan.partial_floats)}, f32), at::empty({int64_t(plan.argmax_slots)}, f32),
           at::empty({int64_t(plan.argmax_slots)}, i32), fixup_counters(x, fixup ? plan.counters : 0)};
 }

@@ -69,6 +69,8 @@ struct LinearParams {
   int* argmax_idx;      // [tiles_n, M] in argmax mode
   int* counters;        // [tiles_n * tiles_m + tiles_m], zero on entry (the kernel leaves them zero)
   int splits;
+  bool cluster_splitk;  // the splits of a tile are one cluster (LinearPlan::cluster): no partials/counters
+  bool batched_fixup;   // the last-CTA fixup issues all split loads of an element at once
 };
 
 LinearPlan linear_plan(int M, int N, int K, bool argmax, int device);
@@ -89,6 +91,8 @@ struct AttentionParams {
   float* partial_lse;  // [B, Hq, splits, Sq]
   int* counters;       // [B * Hq * q_tiles], zero on entry (the kernel leaves them zero)
   int splits, keys_per_split;
+  bool length_splits;   // only the splits holding keys (active_splits of kv_len) run, arrive and merge
+  bool parallel_merge;  // the merge stages its weights in smem and batches the partial-output loads
 };
 
 struct AttentionPlan {

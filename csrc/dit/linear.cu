@@ -2,6 +2,7 @@
 // launch. Also hosts sm_count(), shared by the DiT launchers.
 #include <algorithm>
 
+#include "dit/dit_switches.h"
 #include "dit/linear_kernel.cuh"
 
 namespace flashmap::dit {
@@ -18,7 +19,9 @@ int sm_count(int device) {
 }
 
 LinearPlan linear_plan(int M, int N, int K, bool argmax, int device) {
-  return linear_plan_for(M, N, K, argmax, M > 0 && N > 0 ? sm_count(device) : 0);
+  const DitSwitches& sw = dit_switches();
+  const LinearPlanCaps caps{sw.max_splits, sw.ctas_per_sm, sw.cluster_splitk};
+  return linear_plan_for(M, N, K, argmax, M > 0 && N > 0 ? sm_count(device) : 0, caps);
 }
 
 template <int kTileM>
@@ -26,10 +29,26 @@ static void launch_tile(const LinearParams& p, const LinearPlan& plan, cudaStrea
   using Traits = LinearTraits<kTileM>;
   auto kernel = linear_kernel<Traits>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  LinearParams q = p;  // the split count always comes from the plan
+  LinearParams q = p;  // the split count and the reduction always come from the plan
   q.splits = plan.splits;
+  q.cluster_splitk = plan.cluster;
+  q.batched_fixup = dit_switches().batched_fixup;
   const dim3 grid(plan.tiles_n, plan.splits, plan.tiles_m);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(q);
+  if (!plan.cluster) {
+    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(q);
+    return;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = plan.splits, cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, q);  // an error is reported by the glue's launch check
 }
 
 void linear_launch(const LinearParams& p, const LinearPlan& plan, cudaStream_t stream) {

@@ -13,6 +13,8 @@
 // workspace, and the last CTA of a tile to arrive (atomic counter) sums all splits in split order
 // (deterministic) and runs the epilogue. The epilogue stages the accumulators through smem so every
 // global read/write of bias, gate, residual, out and logits is coalesced along n.
+// With FLASHMAP_DIT_CLUSTER_SPLITK=1 the splits of a tile form one thread-block cluster instead and reduce
+// through distributed shared memory (cluster_splitk_epilogue; at most kMaxClusterSplits splits).
 // Argmax mode keeps splits = 1: each CTA reduces its 128 columns per token to one (value, index) pair,
 // and the last CTA of the token tile reduces those over all column tiles. No K x V logits are written
 // unless asked for.
@@ -22,11 +24,13 @@
 
 #include <climits>
 
+#include <cooperative_groups.h>
 #include <cute/tensor.hpp>
 
 #include "dit/dit_common.cuh"
 #include "dit/dit_params.h"
 #include "dit/dit_tuning.h"
+#include "dit/split_reduce.h"
 
 namespace flashmap::dit {
 
@@ -191,21 +195,45 @@ __device__ __forceinline__ bool arrive_last(int* counter, int expected) {
   return s_last;
 }
 
+// out[gm, gn] from the accumulated y: bias, activation, gate, residual, one rounding to bf16.
+__device__ __forceinline__ void epilogue_element(const LinearParams& p, float y, int gm, int gn) {
+  if (p.bias) y += bf16_bits_to_float(p.bias[gn]);
+  if (p.act == Activation::kGeluTanh) y = gelu_tanh(y);
+  else if (p.act == Activation::kSilu) y = silu(y);
+  if (p.gate) y *= bf16_bits_to_float(p.gate[static_cast<int64_t>(gm / p.rows_per_gate) * p.gate_stride + gn]);
+  if (p.residual) y += bf16_bits_to_float(p.residual[gm * p.residual_stride + gn]);
+  p.out[static_cast<int64_t>(gm) * p.N + gn] = float_to_bf16_bits(y);
+}
+
 template <class Traits>
 __device__ __forceinline__ void linear_epilogue(const LinearParams& p, const float* sC, int n0, int m0,
                                                 int nn, int mm) {
   for (int idx = threadIdx.x; idx < mm * Traits::kTileN; idx += Traits::kThreads) {
     const int m = idx / Traits::kTileN, n = idx % Traits::kTileN;
-    if (n >= nn) continue;
-    const int gm = m0 + m, gn = n0 + n;
-    float y = sC[m * Traits::kLdC + n];
-    if (p.bias) y += bf16_bits_to_float(p.bias[gn]);
-    if (p.act == Activation::kGeluTanh) y = gelu_tanh(y);
-    else if (p.act == Activation::kSilu) y = silu(y);
-    if (p.gate) y *= bf16_bits_to_float(p.gate[static_cast<int64_t>(gm / p.rows_per_gate) * p.gate_stride + gn]);
-    if (p.residual) y += bf16_bits_to_float(p.residual[gm * p.residual_stride + gn]);
-    p.out[static_cast<int64_t>(gm) * p.N + gn] = float_to_bf16_bits(y);
+    if (n < nn) epilogue_element(p, sC[m * Traits::kLdC + n], m0 + m, n0 + n);
   }
+}
+
+// Split-K inside a thread-block cluster of p.splits CTAs along the grid's y (FLASHMAP_DIT_CLUSTER_SPLITK=1):
+// each split's fp32 tile stays in its own smem; after a cluster barrier, rank r sums every rank's tile over
+// the elements of its slice, in rank (= split) order through distributed shared memory, and runs their
+// epilogue. No global partials, no counters; the second barrier keeps each tile alive until all have read it.
+template <class Traits>
+__device__ __forceinline__ void cluster_splitk_epilogue(const LinearParams& p, float* sC, int n0, int m0,
+                                                        int nn, int mm) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const Slice mine = rank_slice(static_cast<int>(cluster.block_rank()), p.splits, mm * Traits::kTileN);
+  for (int idx = mine.begin + threadIdx.x; idx < mine.end; idx += Traits::kThreads) {
+    const int m = idx / Traits::kTileN, n = idx % Traits::kTileN;
+    if (n >= nn) continue;
+    const int off = m * Traits::kLdC + n;
+    const float y = sum_in_split_order_batched<kMaxClusterSplits>(
+        [&](int sp) { return *cluster.map_shared_rank(sC + off, sp); }, p.splits);
+    epilogue_element(p, y, m0 + m, n0 + n);
+  }
+  cluster.sync();
 }
 
 // LM head: softcap, optional fp32 logits, per-token argmax of this column tile, then the cross-tile
@@ -265,6 +293,10 @@ __global__ void __launch_bounds__(Traits::kThreads) linear_kernel(LinearParams p
   float* sC = reinterpret_cast<float*>(smem);
   const int n0 = n_blk * T::kTileN, m0 = m_blk * T::kTileM;
   const int nn = min(T::kTileN, p.N - n0), mm = min(T::kTileM, p.M - m0);
+  if (p.splits > 1 && p.cluster_splitk) {
+    cluster_splitk_epilogue<T>(p, sC, n0, m0, nn, mm);
+    return;
+  }
   if (p.splits > 1) {
     // Split-K fixup: publish this split's tile, the last arriving CTA sums all splits in order.
     float* mine = p.partials + static_cast<int64_t>(split) * p.M * p.N;
@@ -276,10 +308,12 @@ __global__ void __launch_bounds__(Traits::kThreads) linear_kernel(LinearParams p
     for (int idx = threadIdx.x; idx < mm * T::kTileN; idx += T::kThreads) {
       const int m = idx / T::kTileN, n = idx % T::kTileN;
       if (n >= nn) continue;
-      float s = 0.f;
-      for (int sp = 0; sp < p.splits; ++sp)
-        s += __ldcg(p.partials + (static_cast<int64_t>(sp) * p.M + m0 + m) * p.N + n0 + n);
-      sC[m * T::kLdC + n] = s;
+      const float* col = p.partials + static_cast<int64_t>(m0 + m) * p.N + n0 + n;
+      const int64_t split_stride = static_cast<int64_t>(p.M) * p.N;
+      auto load = [&](int sp) { return __ldcg(col + sp * split_stride); };
+      // FLASHMAP_DIT_BATCHED_FIXUP=1: all (<= 16) split loads in flight at once; same sum, same order.
+      sC[m * T::kLdC + n] = p.batched_fixup ? sum_in_split_order_batched<tuning::kLinearMaxSplits>(load, p.splits)
+                                            : sum_in_split_order(load, p.splits);
     }
     __syncthreads();
   }

@@ -1,0 +1,58 @@
+// The switches of the DiT kernels' newer code paths, read once from the environment (pure host code, no CUDA
+// headers: python_tests/ops/test_cuda_host_math.py checks them on a CPU). Every path is OFF by default until
+// it has passed the CUDA op tests on a GPU; the defaults are the kernels as validated on the H200.
+//   FLASHMAP_DIT_CLUSTER_SPLITK=1   split-K linears reduce inside a thread-block cluster through distributed
+//                                   shared memory (no global partials, no counters; <= 8 splits)
+//   FLASHMAP_DIT_BATCHED_FIXUP=1    the last-CTA split-K fixup issues all of an element's split loads at once
+//   FLASHMAP_DIT_LENGTH_SPLITS=1    attention merges only the key splits that hold keys (count from kv_len
+//                                   on the device), not every split of the capacity
+//   FLASHMAP_DIT_PARALLEL_MERGE=1   attention's split merge stages the weights in smem once per row and
+//                                   issues the partial-output loads 8 at a time
+//   FLASHMAP_LINEAR_MAX_SPLITS=n, FLASHMAP_LINEAR_CTAS_PER_SM=n   the split-K plan's caps (the split sweep)
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+#include "dit/dit_tuning.h"
+
+namespace flashmap::dit {
+
+struct DitSwitches {
+  bool cluster_splitk = false, batched_fixup = false, length_splits = false, parallel_merge = false;
+  int max_splits = tuning::kLinearMaxSplits;      // 1..16
+  int ctas_per_sm = tuning::kLinearCtasPerSm;     // 1..32
+};
+
+inline bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, "1") == 0;
+}
+
+// An integer in [lo, hi] from the environment, else `fallback` (unset, not a number, or out of range).
+inline int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return (*end == '\0' && n >= lo && n <= hi) ? static_cast<int>(n) : fallback;
+}
+
+inline DitSwitches read_dit_switches() {
+  DitSwitches s;
+  s.cluster_splitk = env_flag("FLASHMAP_DIT_CLUSTER_SPLITK");
+  s.batched_fixup = env_flag("FLASHMAP_DIT_BATCHED_FIXUP");
+  s.length_splits = env_flag("FLASHMAP_DIT_LENGTH_SPLITS");
+  s.parallel_merge = env_flag("FLASHMAP_DIT_PARALLEL_MERGE");
+  s.max_splits = env_int("FLASHMAP_LINEAR_MAX_SPLITS", tuning::kLinearMaxSplits, 1, tuning::kLinearMaxSplits);
+  s.ctas_per_sm = env_int("FLASHMAP_LINEAR_CTAS_PER_SM", tuning::kLinearCtasPerSm, 1, 32);
+  return s;
+}
+
+// The process's switches: read at the first launch (set the variables before the first DiT op runs).
+inline const DitSwitches& dit_switches() {
+  static const DitSwitches s = read_dit_switches();
+  return s;
+}
+
+}  // namespace flashmap::dit
