@@ -10,8 +10,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "dit/dit_args.h"
@@ -48,6 +52,31 @@ const bf16_bits* bf(const at::Tensor& t) { return static_cast<const bf16_bits*>(
 const bf16_bits* bf(const std::optional<at::Tensor>& t) { return t ? bf(*t) : nullptr; }
 bf16_bits* bf_mut(const at::Tensor& t) { return static_cast<bf16_bits*>(t.data_ptr()); }
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+
+// FLASHMAP_DIT_NODE_WORKSPACES=1 (fixup_counters.h): a captured launch's workspace tensors stay allocated until
+// kHeld later captures have begun, so the caching allocator never hands them to a later node of the same graph
+// (two nodes that may overlap under programmatic dependent launch never share a workspace).
+void hold_for_capture(std::initializer_list<at::Tensor> tensors) {
+  static const bool on = node_workspaces_enabled();
+  if (!on) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream(), &capture, &id));
+  if (capture != cudaStreamCaptureStatusActive) return;
+  constexpr int kHeld = 8;
+  static std::mutex mu;
+  static std::pair<unsigned long long, std::vector<at::Tensor>> held[kHeld];
+  static int next = 0;
+  const std::lock_guard<std::mutex> lock(mu);
+  auto* slot = std::find_if(held, held + kHeld, [&](const auto& h) { return h.first == id && !h.second.empty(); });
+  if (slot == held + kHeld) {
+    slot = &held[next];
+    next = (next + 1) % kHeld;
+    *slot = {id, {}};
+  }
+  for (const at::Tensor& t : tensors)
+    if (t.defined() && t.numel() > 0) slot->second.push_back(t);
+}
 
 at::Tensor adaln_cuda(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {
   check_adaln(x, shift, scale);
@@ -113,6 +142,7 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
   p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.ptr;
   linear_launch(p, plan, stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  hold_for_capture({ws.partials, ws.counters.fresh});
   return out;
 }
 
@@ -142,6 +172,7 @@ std::tuple<at::Tensor, at::Tensor> lm_head_cuda(const at::Tensor& x, const at::T
   p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.ptr;
   linear_launch(p, plan, stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  hold_for_capture({ws.argmax_val, ws.argmax_idx, ws.counters.fresh});
   return {tokens, logits};
 }
 
@@ -192,6 +223,7 @@ at::Tensor attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   p.counters = counters.ptr;
   attention_launch(p, plan, stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  hold_for_capture({partial_o, partial_lse, counters.fresh});
   return out;
 }
 

@@ -22,10 +22,24 @@ inline bool shared_counters_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
+// FLASHMAP_DIT_NODE_WORKSPACES=1 (off by default): every captured launch gets its own slice of the buffer
+// (and the glue keeps each captured launch's workspace until the capture ends), so no two nodes of a graph
+// share a counter or a workspace: the precondition for programmatic dependent launch, where a node may
+// start before its predecessor has finished.
+inline bool node_workspaces_enabled() {
+  const char* v = std::getenv("FLASHMAP_DIT_NODE_WORKSPACES");
+  return v && std::strcmp(v, "1") == 0;
+}
+
 class CounterPool {
  public:
-  CounterPool() : enabled_(shared_counters_enabled()) {}
-  explicit CounterPool(bool enabled) : enabled_(enabled) {}
+  // Per-node mode: a buffer of at least kNodeFloor counters (the ~150 launches of a 2-step draft graph
+  // need a few thousand), slices aligned to kNodeAlign counters (128 bytes).
+  static constexpr size_t kNodeFloor = size_t(1) << 16;
+  static constexpr size_t kNodeAlign = 32;
+
+  CounterPool() : enabled_(shared_counters_enabled()), per_node_(node_workspaces_enabled()) {}
+  explicit CounterPool(bool enabled, bool per_node = false) : enabled_(enabled), per_node_(per_node) {}
 
   // An uncaptured call that needs n counters on `stream`: grows the buffer to max(n, 2 x its size) so
   // that a later capture finds n (cudaMalloc, one cudaMemsetAsync to zero, then a sync of `stream`, so no
@@ -34,6 +48,7 @@ class CounterPool {
   cudaError_t reserve(size_t n, cudaStream_t stream) {
     if (!enabled_) return cudaSuccess;
     const std::lock_guard<std::mutex> lock(mu_);
+    if (per_node_ && n < kNodeFloor) n = kNodeFloor;
     if (n <= ints_) return cudaSuccess;
     const size_t ints = n > 2 * ints_ ? n : 2 * ints_;
     void* p = nullptr;
@@ -54,15 +69,17 @@ class CounterPool {
   // the buffer, or nullptr when the caller must take fresh zeroed counters (a memset node) — sharing
   // off, the buffer smaller than n, or a stream other than the first one of that capture (a forked
   // capture, whose branches may run concurrently; the last kRecent captures are remembered).
+  // Per-node mode: the next unused slice of n counters of that capture's buffer (nullptr once it is full).
   int* for_capture(unsigned long long capture, cudaStream_t stream, size_t n) {
     if (!enabled_) return nullptr;
     const std::lock_guard<std::mutex> lock(mu_);
     if (n > ints_) return nullptr;
-    for (const Owner& o : recent_)
-      if (o.used && o.capture == capture) return o.stream == stream ? buf_ : nullptr;
-    recent_[next_] = {capture, stream, true};
+    for (Owner& o : recent_)
+      if (o.used && o.capture == capture) return o.stream == stream ? slice(o, n) : nullptr;
+    recent_[next_] = {capture, stream, true, 0};
+    Owner& o = recent_[next_];
     next_ = (next_ + 1) % kRecent;
-    return buf_;
+    return slice(o, n);
   }
 
   size_t size() const { return ints_; }
@@ -73,8 +90,16 @@ class CounterPool {
     unsigned long long capture;
     cudaStream_t stream;
     bool used;
+    size_t next_free;  // per-node mode: counters of the buffer this capture has handed out
   };
-  const bool enabled_;
+  int* slice(Owner& o, size_t n) {
+    if (!per_node_) return buf_;
+    if (o.next_free + n > ints_) return nullptr;
+    int* p = buf_ + o.next_free;
+    o.next_free += (n + kNodeAlign - 1) / kNodeAlign * kNodeAlign;
+    return p;
+  }
+  const bool enabled_, per_node_;
   std::mutex mu_;
   int* buf_ = nullptr;
   size_t ints_ = 0;

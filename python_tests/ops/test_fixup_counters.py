@@ -56,13 +56,15 @@ cudaError_t cudaGetLastError() { ++errors_cleared; return cudaSuccess; }
 }
 
 static cudaStream_t stream(const char* s) { return reinterpret_cast<cudaStream_t>(std::atol(s)); }
-static int owner(const int* p) {  // which allocation p is, -1 for nullptr
-  for (size_t i = 0; i < allocs.size(); ++i) if (allocs[i].p == p) return int(i);
+static int owner(const int* p) {  // which allocation p points into, -1 for nullptr
+  for (size_t i = 0; i < allocs.size(); ++i)
+    if (p >= allocs[i].p && p < allocs[i].p + allocs[i].bytes / sizeof(int)) return int(i);
   return p ? -2 : -1;
 }
 
 int main(int argc, char** argv) {
-  flashmap::dit::CounterPool pool(std::strcmp(argv[1], "on") == 0);
+  const bool nodes = std::strcmp(argv[1], "nodes") == 0;  // per-node slices (FLASHMAP_DIT_NODE_WORKSPACES=1)
+  flashmap::dit::CounterPool pool(nodes || std::strcmp(argv[1], "on") == 0, nodes);
   for (int i = 2; i < argc; ++i) {
     char* f[5] = {};
     int nf = 0;
@@ -83,7 +85,9 @@ int main(int argc, char** argv) {
                   a ? a->bytes : 0, a ? int(a->zeroed) : 0, a ? a->synced_stream : -1, pool.size());
     } else {
       const int* p = pool.for_capture(std::strtoull(f[1], nullptr, 10), stream(f[2]), std::strtoul(f[3], nullptr, 10));
-      std::printf("capture %d\n", owner(p));
+      const int o = owner(p);
+      if (nodes && o >= 0) std::printf("capture %d +%ld\n", o, long(p - allocs[o].p));
+      else std::printf("capture %d\n", o);
     }
   }
   std::printf("end frees=%d cleared=%d\n", frees_of_live, errors_cleared);
@@ -104,8 +108,9 @@ def pool(tmp_path_factory):
     # No torch include path and no torch library: the header cannot use torch's allocator.
     exe = build_driver(tmp_path_factory, "fixup_counters", DRIVER, "-Wall", "-I", str(cuda_include()))
 
-    def run(*commands, enabled=True, env=None):
-        done = subprocess.run([str(exe), "on" if enabled else "off", *commands], capture_output=True, text=True,
+    def run(*commands, enabled=True, nodes=False, env=None):
+        mode = "nodes" if nodes else "on" if enabled else "off"
+        done = subprocess.run([str(exe), mode, *commands], capture_output=True, text=True,
                               env={**os.environ, **(env or {})})
         assert done.returncode == 0, done.stderr
         return done.stdout.splitlines()
@@ -174,3 +179,15 @@ def test_the_cuda_glue_takes_captured_counters_from_the_pool_only():
     assert "counter_pool(" in body and "for_capture(" in body and "reserve(" in body
     assert len(re.findall(r"at::(zeros|empty)\(", body)) == 1 and "at::Tensor fresh = at::zeros(" in body
     assert "static" not in body  # no buffer of torch's kept across calls
+
+
+def test_per_node_mode_gives_every_captured_launch_its_own_slice(pool):
+    """FLASHMAP_DIT_NODE_WORKSPACES=1: the buffer holds at least 2^16 counters; within one capture every launch
+    gets the next 128-byte aligned slice (distinct, in order); a new capture starts again at 0; a launch that
+    no longer fits falls back to fresh counters; a forked stream still never shares."""
+    out = pool("reserve:10:1", "capture:1:1:10", "capture:1:1:33", "capture:1:1:1", "capture:2:1:5",
+               "capture:1:2:1", "capture:3:1:65536", "capture:3:1:1", nodes=True)
+    grew, *captures, _ = out
+    assert fields(grew) == dict(rc=0, allocs=1, bytes=4 * 2 ** 16, zeroed=1, synced=1, size=2 ** 16)
+    assert captures == ["capture 0 +0", "capture 0 +32", "capture 0 +96", "capture 0 +0", "capture -1",
+                        "capture 0 +0", "capture -1"]
