@@ -85,10 +85,12 @@ def make_memory(drafter, length):
 
 def bytes_per_step(packed, memory, steps) -> int:
     """HBM bytes one draft step reads: anchor entry weights once; per evaluation the trunk, final layer and
-    LM head weights plus the memory K/V up to the anchor; the embedding once for the 2-step midpoint."""
+    LM head weights, the adaLN weights (or, when precomputed, that evaluation's modulation row) plus the
+    memory K/V up to the anchor; the embedding once for the 2-step midpoint."""
     nbytes = lambda *ts: sum(t.numel() * t.element_size() for t in ts if t is not None)
     trunk = sum(nbytes(*vars(layer).values()) for layer in packed.layers)
-    per_eval = trunk + nbytes(packed.slot_w, packed.adaln_w, packed.final_w, packed.head_w)
+    adaln = nbytes(next(iter(packed.mods.values()))) if packed.mods else nbytes(packed.adaln_w)
+    per_eval = trunk + adaln + nbytes(packed.slot_w, packed.final_w, packed.head_w)
     per_eval += 2 * memory.k[:, :, :, :memory.length + 1].numel() * memory.k.element_size()
     anchor = nbytes(packed.anchor_w, packed.mem_kv_w)
     emb = nbytes(packed.drafter.tables.state_embedding) if steps == 2 else 0

@@ -1,7 +1,7 @@
 """A short `flashmap train flow` run on one GPU: the qwen3-8b preset's FlashMap drafter on a Qwen3-8B-shaped
 target (bench_round.QWEN3_8B, random weights, bf16), its steps/s and tokens/s, and whether the loss falls.
 
-    python benches/bench_train.py [--json train.json] [--tiny] [--steps 24] [--sequences 32] [--seq-len 1024]
+    python benches/bench_train.py [--json train.json] [--tiny] [--steps 20] [--sequences 16] [--seq-len 1024]
 
 The data: --sequences sequences of --seq-len tokens from a fixed sparse Markov chain over 2,048 token ids (an
 eighth of the vocabulary on small targets)
@@ -83,16 +83,16 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here (pytest-benchmark layout)")
     ap.add_argument("--tiny", action="store_true", help="small target, preset cpu-tiny (default without a GPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default 24; tiny: 8)")
-    ap.add_argument("--sequences", type=int, default=None, help="training sequences (default 32; tiny: 8)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default 20; tiny: 8)")
+    ap.add_argument("--sequences", type=int, default=None, help="training sequences (default 16; tiny: 8)")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 1024; tiny: 64)")
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the rates")
     ap.add_argument("--workdir", type=Path, help="feature cache and run directory (default: a temporary one)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     args.tiny = args.tiny or device.type != "cuda"
-    steps = args.steps or (8 if args.tiny else 24)
-    n_seq, seq_len = args.sequences or (8 if args.tiny else 32), args.seq_len or (64 if args.tiny else 1024)
+    steps = args.steps or (8 if args.tiny else 20)
+    n_seq, seq_len = args.sequences or (8 if args.tiny else 16), args.seq_len or (64 if args.tiny else 1024)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = bench_round.build_target(args.tiny, device, dtype)
     preset = "cpu-tiny" if args.tiny else "qwen3-8b"

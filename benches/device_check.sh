@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # One-shot GPU validation (DESIGN.md §10): build the CUDA extension, run the CUDA tests, then the
-# benchmarks, in priority order, in at most BUDGET_S (default 520) seconds on one GPU (sized for an H200).
+# benchmarks, in priority order, in at most BUDGET_S (default 530) seconds on one GPU (sized for an H200).
 #
 #   On a CUDA machine (nvcc and a CUDA torch), in a checkout that holds third_party/cutlass-min
 #   (`make cutlass-min`, which needs no GPU; `make checkpoints` is not needed: no step reads the weights):
 #     bash benches/device_check.sh                  # writes ./device_check_out/
 #     OUT=/tmp/dc bash benches/device_check.sh      # elsewhere
 #   `make device-preflight` (this script with --preflight) checks first, in one line, that cutlass-min is
-#   there, that every step's files are present and that the step shares sum to the budget.
-#   A rerun of some steps only: STEPS=build,dit_step_tests,bench_round
-#   (env and build always run when STEPS is set; the others are left out of the schedule, their shares unused)
-#   A CPU dry run of the script itself (build CPU-only, CUDA tests skip, benchmarks run their CPU smoke
-#   shapes): FLASHMAP_CUDA=0 OUT=/tmp/dc bash benches/device_check.sh
+#   there, that every step's files are present and that the default steps' shares sum to the budget.
+#   A rerun of some steps only (a fix checked in the device time left), or an optional step:
+#   STEPS=build,dit_switch_tests,bench_gamma (env and build always run when STEPS is set; the others are
+#   left out of the schedule, their shares unused). A CPU dry run of the script itself (build CPU-only,
+#   CUDA tests skip, benchmarks run their CPU smoke shapes): FLASHMAP_CUDA=0 OUT=/tmp/dc bash benches/device_check.sh
 #
-# The schedule. Each step has a share of the budget (SHARE below, seconds, in priority order; the shares
-# sum to BUDGET_S - 10, the 10 s left for the last summary) and must end by START + its share + the shares
-# before it: time an early step leaves unused goes to the later ones, and a step that runs long is cut at
-# its end, or eats into the later ones (the lowest priority last, never the other way). Every step is told
-# what is left: its limit and the seconds to the end of the budget in its log header, its result line and
-# its environment (DEVICE_CHECK_STEP_S, DEVICE_CHECK_LEFT_S). The shares (the H200 build took 38 s):
+# The schedule. Each step has a share of the budget (SHARE below, seconds, in priority order; the default
+# steps' shares sum to BUDGET_S - 10, the 10 s left for the last summary) and must end by START + its share +
+# the shares before it: time an early step leaves unused goes to the later ones, and a step that runs long is
+# cut at its end, or eats into the later ones (the lowest priority last, never the other way). Every step is
+# told what is left: its limit and the seconds to the end of the budget in its log header, its result line
+# and its environment (DEVICE_CHECK_STEP_S, DEVICE_CHECK_LEFT_S). The shares (the H200 build took 38 s):
 #   env (20)          nvidia-smi, nvcc --version, a torch import (5 s of it is the kill margin)
 #   build (115)       9 translation units. CPU time of each, compiled alone with the build's flags on one
 #                     core of an Intel Xeon (/usr/bin/time user+sys): linear.cu 48.6 s, dit_cpu.cpp 14.3, dit_cuda.cpp 13.1,
@@ -28,23 +28,31 @@
 #                     parallel: ~50 s + link + setup.py's start; the share is ~twice that, for a slower host.
 #                     Without ninja the build is serial: its share becomes SERIAL_BUILD_S (300, 131 s x 2
 #                     + link) and the last steps shrink.
-#   verify_tests (60), dit_op_tests (55), dit_step_tests (55): torch import and CUDA context ~10 s each,
-#                     the rest the tests (ms each on a GPU; the fp64 oracles on the CPU dominate)
-#   bench_verify (30), bench_draft_<variant> (25 each): pytest-benchmark, 30 rounds of µs-ms calls
-#   bench_round (55)  an 8B-shaped random target built on the GPU (seconds), 4 variants x 25 rounds
-#   dit_compile_tests (45): inductor, in a fresh process (the first DiT op call happens inside the compile)
+#   dit_op_tests (55), dit_step_tests (60): torch import and CUDA context ~10 s each, the rest the tests (ms
+#                     each on a GPU; the fp64 oracles on the CPU dominate)
+#   dit_switch_tests (70): the same DiT tests with every new kernel path switched on, plus the switch
+#                     equality tests (3 child processes of ~10 s)
+#   bench_draft_fused (25), bench_draft_switched (25): pytest-benchmark, 30 rounds of ms calls per shape
+#   split_sweep (45)  the L = 1024 1-step draft at FLASHMAP_LINEAR_MAX_SPLITS 2, 4, 8: 3 processes of ~15 s
+#   bench_gamma (55)  an 8B-shaped random target built on the GPU (~10 s), forwards, AR and 5 acceptance
+#                     lengths of ~160 tokens each (~20 s of decoding)
+#   bench_train (50)  the same target, features of 16 x 1024 tokens, 20 steps of train flow (qwen3-8b
+#                     preset), its ~5 GB final checkpoint
+#   Optional (STEPS=...; shares from the validated run of 2026-12-04): verify_tests (60), bench_verify (30),
+#                     bench_draft_fused-eager (25), bench_draft_eager (25), bench_round (55), dit_compile_tests (45)
 #
 # Steps, in this order (a failed build skips the rest):
 #   env, build            toolkit and GPU facts; setup.py build_ext --inplace (CUDA_HOME from
 #                         scripts/cuda_home.sh: a wrapper nvcc on PATH makes torch guess wrong)
-#   verify_tests          python_tests/ops/test_verify_*.py -k cuda   (CUDA_LAUNCH_BLOCKING=1: an illegal address
-#   dit_op_tests          DiT ops -m cuda                          is reported at its kernel, not later)
-#   dit_step_tests        fused draft step / graph / noise -m cuda
-#   bench_verify          verify vs the PyTorch composition, K = 16, V = 151,936, B 1/8/64
-#   bench_draft_<variant> draft step, one process per variant (fused, fused-eager, eager; never the
-#                         torch.compile variant): pytest-benchmark writes its JSON only when its process ends
-#   bench_round           one decoding round end to end (Qwen3-8B shape), JSON rewritten per variant
-#   dit_compile_tests     the torch.compile tests (inductor compile time), last
+#   dit_op_tests          DiT ops -m cuda                          (CUDA_LAUNCH_BLOCKING=1: an illegal address
+#   dit_step_tests        fused draft step / graph / noise / precomputed modulations / static target -m cuda
+#   dit_switch_tests      the DiT op and step tests under SWITCHES (all new kernel paths on) + test_dit_switches
+#   bench_draft_fused     draft step, fused kernels as they are (default switches)
+#   bench_draft_switched  the same with SWITCHES
+#   split_sweep           the L = 1024 1-step fused draft at 2, 4 and 8 split-K splits at most
+#   bench_gamma           the speedup-vs-γ curve on the graphed 8B-shaped target (benches/bench_gamma.py)
+#   bench_train           a short train flow run on the GPU (benches/bench_train.py)
+#   (optional) verify_tests, bench_verify, bench_draft_<fused-eager|eager>, bench_round, dit_compile_tests
 # Every step runs under `timeout -k` (a hung CUDA context cannot outlive its limit).
 #
 # Outputs in $OUT (default ./device_check_out), three files:
@@ -56,14 +64,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-520}
+BUDGET_S=${BUDGET_S:-530}
 PREFLIGHT=0
 [ "${1:-}" = --preflight ] && PREFLIGHT=1
 
-declare -A SHARE=([env]=20 [build]=115 [verify_tests]=60 [dit_op_tests]=55 [dit_step_tests]=55
-  [bench_verify]=30 [bench_draft_fused]=25 [bench_draft_fused-eager]=25 [bench_draft_eager]=25
-  [bench_round]=55 [dit_compile_tests]=45)
-# Opt-in steps run only when STEPS names them; their shares lie outside the default schedule's sum. The
+# Optional steps run only when STEPS names them; their shares lie outside the default schedule's sum. The
 # verify v2 run (FLASHMAP_VERIFY_KERNEL=v2; DESIGN.md §3.1), in one call, with the FlashInfer and curand
 # headers carried (`make flashinfer-headers`):
 #   STEPS=verify_tests,verify_tests_v2,bench_verify_side bash benches/device_check.sh
@@ -71,7 +76,16 @@ declare -A SHARE=([env]=20 [build]=115 [verify_tests]=60 [dit_op_tests]=55 [dit_
 #   verify_tests_v2 (90)    the verify tests again with the v2 kernel, plus test_verify_v2.py
 #   bench_verify_side (200) benches/bench_verify_side.py: v1, v2, the composition and FlashInfer (its nvcc
 #                           build ~60 s of it), B 1/8/64 x greedy/T=1/top-p, µs and % of copy bandwidth
-declare -A OPT_SHARE=([verify_tests_v2]=90 [bench_verify_side]=200)
+declare -A SHARE=([env]=20 [build]=115 [dit_op_tests]=55 [dit_step_tests]=60 [dit_switch_tests]=70
+  [bench_draft_fused]=25 [bench_draft_switched]=25 [split_sweep]=45 [bench_gamma]=55 [bench_train]=50
+  [verify_tests]=60 [bench_verify]=30 [bench_draft_fused-eager]=25 [bench_draft_eager]=25 [bench_round]=55
+  [dit_compile_tests]=45 [verify_tests_v2]=90 [bench_verify_side]=200)
+DEFAULT_STEPS=env,build,dit_op_tests,dit_step_tests,dit_switch_tests,bench_draft_fused,bench_draft_switched,split_sweep,bench_gamma,bench_train
+ACTIVE_STEPS=${STEPS:-$DEFAULT_STEPS}
+# Every new DiT kernel path on (csrc/dit/dit_switches.h, fixup_counters.h, drafters/flashmap/fused.py); the
+# batched fixup is the cluster's alternative and is compared bitwise in test_dit_switches.py.
+SWITCHES=(FLASHMAP_DIT_CLUSTER_SPLITK=1 FLASHMAP_DIT_LENGTH_SPLITS=1 FLASHMAP_DIT_PARALLEL_MERGE=1
+          FLASHMAP_DIT_NODE_WORKSPACES=1 FLASHMAP_DIT_PRECOMPUTED_MODS=1)
 SERIAL_BUILD_S=300  # the build's share without ninja (the estimate above)
 SCHEDULED=0         # sum of the shares of the steps so far
 PROBLEMS=()         # --preflight: what would fail there
@@ -79,7 +93,7 @@ PROBLEMS=()         # --preflight: what would fail there
 # ---------------------------------------------------------------------------------------------- PREFLIGHT
 preflight_start() {
   local sum=0 s
-  for s in "${SHARE[@]}"; do sum=$((sum + s)); done
+  for s in ${DEFAULT_STEPS//,/ }; do sum=$((sum + SHARE[$s])); done
   [ "$sum" -eq $((BUDGET_S - 10)) ] || PROBLEMS+=("the step shares sum to ${sum}s, not BUDGET_S - 10 = $((BUDGET_S - 10))s")
   [ -d third_party/cutlass-min/include/cute ] || PROBLEMS+=("third_party/cutlass-min is missing: run \`make cutlass-min\`")
 }
@@ -101,7 +115,8 @@ preflight_end() {
     echo "device preflight FAILED: ${joined#; }"
     exit 1
   fi
-  echo "device preflight ok: ${#SHARE[@]} steps, shares sum to $((BUDGET_S - 10))s, their files present"
+  local n=${DEFAULT_STEPS//[^,]/}
+  echo "device preflight ok: $(( ${#n} + 1 )) steps, shares sum to $((BUDGET_S - 10))s, their files present"
   exit 0
 }
 
@@ -155,22 +170,16 @@ summarize() {  # rewrites $OUT/summary.json from the steps so far and the artefa
   fi
 }
 
-step() {  # step NAME [env VAR=VALUE ...] COMMAND...   (its share: SHARE[NAME], or OPT_SHARE[NAME])
+step() {  # step NAME [env VAR=VALUE ...] COMMAND...   (its share: SHARE[NAME])
   local name=$1
   shift
   STEP_NAME=$name
-  local share=${SHARE[$name]:-${OPT_SHARE[$name]:-}}
-  [ -n "$share" ] || { echo "device_check: step $name has no SHARE" >&2; exit 2; }
-  if [ -n "${OPT_SHARE[$name]:-}" ] && [[ ",${STEPS:-}," != *",$name,"* ]]; then
-    [ "$PREFLIGHT" = 1 ] && preflight_step "$@"
-    return 0  # an opt-in step not asked for
+  [ -n "${SHARE[$name]:-}" ] || { echo "device_check: step $name has no SHARE" >&2; exit 2; }
+  [ "$PREFLIGHT" = 1 ] && { preflight_step "$@"; return 0; }  # every step's files, optional ones too
+  if [ "$name" != env ] && [ "$name" != build ] && [[ ",$ACTIVE_STEPS," != *",$name,"* ]]; then
+    return 0  # not scheduled: no share, no line
   fi
-  if [ -n "${STEPS:-}" ] && [ "$PREFLIGHT" = 0 ] && [ "$name" != env ] && [ "$name" != build ] \
-     && [[ ",$STEPS," != *",$name,"* ]]; then
-    return 0  # not asked for: no share, no line
-  fi
-  SCHEDULED=$((SCHEDULED + share))
-  [ "$PREFLIGHT" = 1 ] && { preflight_step "$@"; return 0; }
+  SCHEDULED=$((SCHEDULED + SHARE[$name]))
   local now end left limit
   now=$(date +%s)
   end=$((START + SCHEDULED))
@@ -215,30 +224,44 @@ if [ "$PREFLIGHT" = 0 ] && ! ensure_ninja; then
 fi
 step build "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build failed"
 
-# Fused acceptance `verify`: exact vs the fp64 reference, edge cases, graph replay, chi-square, opcheck.
-step verify_tests "${TESTS[@]}" python_tests/ops/test_verify_exact.py python_tests/ops/test_verify_edge.py \
-  python_tests/ops/test_verify_stats.py python_tests/ops/test_verify_opcheck.py -k cuda --junitxml="${WORK:-}/verify_tests.xml"
 # DiT drafter kernels vs the fp64 oracle under the error budget; then the fused step, graph replay, seeded
-# noise. Two steps, so that a timeout (pytest writes its junit XML only at the end) loses one half; the
-# torch.compile test (inductor: the slowest to start) runs last of all, after the benchmarks.
+# noise, the precomputed modulations and the static (graphed) target. Two steps, so that a timeout (pytest
+# writes its junit XML only at the end) loses one half; the torch.compile test (inductor: the slowest to
+# start) is optional.
 NO_COMPILE="not torch_compile"
 step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
   --junitxml="${WORK:-}/dit_op_tests.xml"
 step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/drafters/test_dit_fused.py \
-  python_tests/drafters/test_draft_graph.py python_tests/test_drafter_noise.py --junitxml="${WORK:-}/dit_step_tests.xml"
+  python_tests/drafters/test_draft_graph.py python_tests/test_drafter_noise.py python_tests/drafters/test_precomputed_mods.py \
+  python_tests/target/test_static_target.py --junitxml="${WORK:-}/dit_step_tests.xml"
+# The same kernels' tests with every new path on, and the paths against the default kernels bitwise.
+step dit_switch_tests env "${SWITCHES[@]}" "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
+  python_tests/drafters/test_dit_fused.py python_tests/drafters/test_draft_graph.py python_tests/drafters/test_precomputed_mods.py \
+  python_tests/ops/test_dit_switches.py --junitxml="${WORK:-}/dit_switch_tests.xml"
 
+# Draft step, Qwen3-8B drafter shape: the kernels as they are, then with the switches; one process each.
+FUSED="fused and not fused-eager"
+step bench_draft_fused "${BENCH[@]}" benches/bench_draft.py -k "$FUSED" --benchmark-json="${WORK:-}/bench_draft_fused.json"
+step bench_draft_switched env "${SWITCHES[@]}" "${BENCH[@]}" benches/bench_draft.py -k "$FUSED" \
+  --benchmark-json="${WORK:-}/bench_draft_switched.json"
+# shellcheck disable=SC2016  # expanded by the inner bash
+step split_sweep bash -c 'for s in 2 4 8; do FLASHMAP_LINEAR_MAX_SPLITS=$s "$@" --benchmark-json="$0/split_sweep_$s.json" \
+  "benches/bench_draft.py::test_draft_step[1-1024-fused]" || exit; done' "${WORK:-}" "${BENCH[@]}"
+step bench_gamma "$PY" benches/bench_gamma.py --json "${WORK:-}/bench_gamma.json"
+step bench_train "$PY" benches/bench_train.py --json "${WORK:-}/bench_train.json"
+
+# Optional (STEPS=...): the verify op's tests and benchmark, the other draft variants, the round of the
+# dynamic-cache target, the torch.compile test.
+step verify_tests "${TESTS[@]}" python_tests/ops/test_verify_exact.py python_tests/ops/test_verify_edge.py \
+  python_tests/ops/test_verify_stats.py python_tests/ops/test_verify_opcheck.py -k cuda --junitxml="${WORK:-}/verify_tests.xml"
 step verify_tests_v2 env FLASHMAP_VERIFY_KERNEL=v2 CUDA_LAUNCH_BLOCKING=1 "${PYTEST[@]}" python_tests/ops/test_verify_exact.py \
   python_tests/ops/test_verify_edge.py python_tests/ops/test_verify_stats.py python_tests/ops/test_verify_opcheck.py \
   python_tests/ops/test_verify_v2.py -k cuda --junitxml="${WORK:-}/verify_tests_v2.xml"
 step bench_verify_side "$PY" benches/bench_verify_side.py --json "${WORK:-}/bench_verify_side.json"
 step bench_verify "${BENCH[@]}" benches/bench_verify.py -k cuda --benchmark-json="${WORK:-}/bench_verify.json"
-# Draft step, Qwen3-8B drafter shape: one process per variant, each with its own JSON.
-for variant in fused fused-eager eager; do
-  case $variant in
-    fused) select="fused and not fused-eager" ;;
-    eager) select="eager and not fused-eager" ;;
-    *) select=$variant ;;
-  esac
+for variant in fused-eager eager; do
+  select=$variant
+  [ "$variant" = eager ] && select="eager and not fused-eager"
   step "bench_draft_$variant" "${BENCH[@]}" benches/bench_draft.py -k "$select" \
     --benchmark-json="${WORK:-}/bench_draft_$variant.json"
 done

@@ -3,7 +3,8 @@
     python benches/device_summary.py WORK_DIR SUMMARY_JSON [--print]
 
 WORK_DIR holds steps.jsonl (one line per step: step, rc, seconds), pytest-benchmark JSON files (their
-benchmarks[].stats.median in seconds and extra_info; bench_round.py writes the same layout) and junit XML
+benchmarks[].stats.median in seconds and extra_info, keyed by file stem and benchmark name; bench_round.py,
+bench_gamma.py and bench_train.py write the same layout) and junit XML
 files (failed tests, and tests with record_property values such as near_ties). Standard library only.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ import xml.etree.ElementTree as ET
 
 # extra_info fields worth a place on the one-screen summary, in this order
 HEADLINE = ("us_per_call", "logits_GBps", "roofline_x", "gb_per_s", "forward_ms", "draft_ms", "verify_op_ms",
-            "overhead", "overhead_nosync")
+            "overhead", "overhead_nosync", "x_floor", "gamma", "tokens_per_s", "speedup", "break_even_gamma",
+            "speedup_at_paper_gamma", "roofline_at_paper_gamma", "steps_per_s", "first_loss", "last_loss")
 
 
 def read_steps(work: str) -> list[dict]:
@@ -33,9 +35,10 @@ def read_benchmarks(work: str) -> dict:
             data = json.load(open(path))
         except ValueError:  # a file being written when its step was killed
             continue
+        stem = os.path.basename(path)[:-5]  # one step's file: the same benchmark may run in several steps
         for b in data.get("benchmarks", []):
-            out[b["fullname"]] = {"group": b.get("group"), "median_us": b["stats"]["median"] * 1e6,
-                                  **b.get("extra_info", {})}
+            out[f"{stem}::{b['name']}"] = {"group": b.get("group"), "median_us": b["stats"]["median"] * 1e6,
+                                           **{k: v for k, v in b.get("extra_info", {}).items() if k != "losses"}}
     return out
 
 
@@ -83,9 +86,8 @@ def one_screen(summary: dict) -> str:
     if len(failed) > 12:
         lines.append(f"  ... {len(failed) - 12} more failures in summary.json")
     for name, b in summary["benchmarks"].items():
-        short = name.split("::")[-1]
         fields = " ".join(f"{k}={b[k]:.3g}" for k in HEADLINE if isinstance(b.get(k), (int, float)))
-        lines.append(f"  {short:<44} {b['median_us']:10.1f} us  {fields}")
+        lines.append(f"  {name:<52} {b['median_us']:10.1f} us  {fields}")
     return "\n".join(lines)
 
 
