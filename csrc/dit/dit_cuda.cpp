@@ -65,7 +65,8 @@ void hold_for_capture(std::initializer_list<at::Tensor> tensors) {
   if (capture != cudaStreamCaptureStatusActive) return;
   constexpr int kHeld = 8;
   static std::mutex mu;
-  static std::pair<unsigned long long, std::vector<at::Tensor>> held[kHeld];
+  // Never destroyed: freeing tensors from a static destructor could outlive the CUDA caching allocator.
+  static auto* held = new std::pair<unsigned long long, std::vector<at::Tensor>>[kHeld];
   static int next = 0;
   const std::lock_guard<std::mutex> lock(mu);
   auto* slot = std::find_if(held, held + kHeld, [&](const auto& h) { return h.first == id && !h.second.empty(); });

@@ -76,25 +76,28 @@ class StaticTarget(Target):
         self.shape = Shape(int(cfg.num_attention_heads), int(cfg.num_key_value_heads), head_dim,
                            float(cfg.rms_norm_eps))
         self.weights = [layer_weights(layer) for layer in self.layers]
-        self._tables(head_dim)
+        # Slots allocated: capacity rounded up to 64 (SDPA kernels want the mask's last dim 16-byte aligned);
+        # the ones past `capacity` are never written and always masked.
+        slots = -(-capacity // 64) * 64
+        self._tables(slots)
         dev, dt = self.device, self.dtype
-        self._kv = [(torch.zeros(batch_size, self.shape.kv_heads, capacity, head_dim, device=dev, dtype=dt),
-                     torch.zeros(batch_size, self.shape.kv_heads, capacity, head_dim, device=dev, dtype=dt))
+        self._kv = [(torch.zeros(batch_size, self.shape.kv_heads, slots, head_dim, device=dev, dtype=dt),
+                     torch.zeros(batch_size, self.shape.kv_heads, slots, head_dim, device=dev, dtype=dt))
                     for _ in self.layers]
-        self._slots = torch.arange(capacity, device=dev)
+        self._slots = torch.arange(slots, device=dev)
         self._length = torch.zeros(1, dtype=torch.int64, device=dev)
         self._host_length, self._generation = 0, 0
         self._graphs: dict = {}     # key -> (graph, ids buffer, outputs) once captured, "warm" before
         self._pool = None
 
-    def _tables(self, head_dim: int) -> None:
-        """cos/sin [capacity, hd] from the HF model's own rotary embedding (its scaling included)."""
+    def _tables(self, slots: int) -> None:
+        """cos/sin [slots, hd] from the HF model's own rotary embedding (its scaling included)."""
         rotary = getattr(self.model.get_decoder(), "rotary_emb", None)
         if rotary is None:
             raise TypeError(f"StaticTarget: {type(self.model).__name__} has no decoder rotary_emb")
         with torch.no_grad():
             probe = torch.zeros(1, device=self.device, dtype=self.dtype)
-            cos, sin = rotary(probe, torch.arange(self.capacity, device=self.device)[None])
+            cos, sin = rotary(probe, torch.arange(slots, device=self.device)[None])
         self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
 
     def new_cache(self) -> StaticCache:
