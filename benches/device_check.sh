@@ -8,7 +8,7 @@
 #     OUT=/tmp/dc bash benches/device_check.sh      # elsewhere
 #   `make device-preflight` (this script with --preflight) checks first, in one line, that cutlass-min is
 #   there, that every step's files are present and that the default steps' shares sum to the budget.
-#   A rerun of some steps only (a fix checked in the device time left), or an optional step:
+#   A rerun of some steps only, or an optional step:
 #   STEPS=build,dit_switch_tests,bench_gamma (env and build always run when STEPS is set; the others are
 #   left out of the schedule, their shares unused). A CPU dry run of the script itself (build CPU-only,
 #   CUDA tests skip, benchmarks run their CPU smoke shapes): FLASHMAP_CUDA=0 OUT=/tmp/dc bash benches/device_check.sh
