@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_dit_fused import inputs, make, tiny_qwen3, two_memories
 
-from flashmap_ext.drafters.flashmap import draft_block
 from flashmap_ext.drafters.flashmap import fused as fused
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_fused_step_with_the_table_equals_reference_and_recompute(target, steps)
     assert plain.mods is None
     taps, z, anchor = inputs(drafter, 3, 9)
     ref_mem, fused_mem = two_memories(drafter, tabled, taps, [9])
-    r = draft_block(drafter, ref_mem, anchor, steps=steps, noise=z, return_logits=True)
+    r = draft_flashmap(drafter, ref_mem, anchor, steps=steps, noise=z, return_logits=True)
     f = fused.fused_draft_block(tabled, fused_mem, anchor, steps=steps, noise=z, return_logits=True)
     g = fused.fused_draft_block(plain, fused_mem, anchor, steps=steps, noise=z, return_logits=True)
     torch.testing.assert_close(f.logits, r.logits, rtol=1e-4, atol=1e-4)
