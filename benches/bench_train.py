@@ -8,7 +8,7 @@ eighth of the vocabulary on small targets)
 (each id has one likely successor, p = 0.9): text a drafter can learn within a few dozen steps. Their taps
 come from the target itself (`cache_features`, the code behind `flashmap features`) into a feature cache,
 then the command line's own `train flow` runs with --preset qwen3-8b (--tiny: cpu-tiny) on that cache; the
-target it loads is the one already in memory (`runner.load_target` answers with it), saving an 8B model's
+target it loads is the one already in memory (`load_target` answers with it), saving an 8B model's
 write and two reads. From <out>/metrics.jsonl (one line per step): steps/s and tokens/s over the steps after
 the first --warmup (sequence tokens: batch x accum x seq-len; labels: x anchors x K), the first and last
 losses (means of 3). The JSON has pytest-benchmark's layout (median = seconds per step).
@@ -49,14 +49,14 @@ def chain_samples(n: int, length: int, vocab: int, seed: int = 0) -> list:
 
 def run_cli(target, argv: list[str]) -> int:
     """`flashmap train ...` in this process, with --target answered by the Target in memory."""
+    import flashmap_ext.target as target_lib
     from flashmap_ext import cli
-    from flashmap_ext.train import runner
-    original = runner.load_target
-    runner.load_target = lambda args: (target, None)
+    original = target_lib.load_target
+    target_lib.load_target = lambda *args, **kwargs: (target, None)
     try:
         return cli.main(argv)
     finally:
-        runner.load_target = original
+        target_lib.load_target = original
 
 
 def rates(out: Path, warmup: int) -> dict:
