@@ -51,6 +51,7 @@ def run_cli(target, argv: list[str]) -> int:
     """`flashmap train ...` in this process, with --target answered by the Target in memory."""
     import flashmap_ext.target as target_lib
     from flashmap_ext import cli
+    cli.build_parser()  # imports every command module now: none may bind the stand-in below at its import
     original = target_lib.load_target
     target_lib.load_target = lambda *args, **kwargs: (target, None)
     try:
