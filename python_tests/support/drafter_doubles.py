@@ -13,6 +13,7 @@ loop's memory contract (memory = all committed tokens except the anchor, taps = 
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -122,7 +123,9 @@ class OracleTreeDrafter:
                          torch.tensor([i // 2 + 1 for i in range(n)]), torch.zeros(n))
 
 
-_GREEDY: dict = {}   # id(model) -> {context tuple: continuation list}, full-recompute greedy results
+# model -> {context tuple: continuation list}, full-recompute greedy results; weak keys, so that a new model
+# that reuses a freed model's id() never finds that model's continuations
+_GREEDY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def greedy_continuation(model, context: list, n: int) -> torch.Tensor:
@@ -131,7 +134,7 @@ def greedy_continuation(model, context: list, n: int) -> torch.Tensor:
     Memoised per model: a context that extends a known one along its greedy path reuses it (greedy
     decoding is a deterministic function of the full context), so oracles stay cheap in tests.
     """
-    known = _GREEDY.setdefault(id(model), {})
+    known = _GREEDY.setdefault(model, {})
     context = tuple(int(t) for t in context)
     for ctx, cont in known.items():
         m = len(context) - len(ctx)
