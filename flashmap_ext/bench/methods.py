@@ -19,6 +19,7 @@ import torch
 from flashmap_ext.bench.metrics import Method
 from flashmap_ext.bench.shapes import auto_methods, shape_methods
 from flashmap_ext.drafters.drafting import draft_block
+from flashmap_ext.drafters.flashmap.mode import draft_best_of, draw_seed
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.tree import TreeSpec
 
@@ -53,6 +54,31 @@ class NoiseMeanDrafter(StepsDrafter):
         c = self.inner.config
         z = torch.zeros(anchor_tokens.shape[0], c.block_size, c.d_target, device=anchor_tokens.device)
         return draft_block(self.inner, memory, anchor_tokens, steps=self.steps, noise=z).tokens[:, :num_tokens]
+
+
+class BestOfDrafter(StepsDrafter):
+    """Mode-seeking probe: `draws` noise draws per block, the one the drafter rates best (drafters/flashmap/mode.py)."""
+
+    def __init__(self, drafter, steps: int, draws: int):
+        super().__init__(drafter, steps)
+        self.draws = draws
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        return draft_best_of(self.inner, memory, anchor_tokens, draws=self.draws, steps=self.steps, seed=seed,
+                             position=position)[:, :num_tokens]
+
+
+class MarginalArgmaxDrafter(BestOfDrafter):
+    """Mode-seeking probe: per slot, the argmax of the drafter's softmax averaged over `draws` noise draws (a
+    Monte-Carlo estimate of its per-slot marginals; no joint structure kept)."""
+
+    def draft(self, memory, anchor_tokens, *, num_tokens, seed, position):
+        mean = 0.0
+        for i in range(self.draws):
+            block = draft_block(self.inner, memory, anchor_tokens, steps=self.steps, seed=draw_seed(seed, i),
+                                position=position, return_logits=True)
+            mean = mean + torch.softmax(block.logits.float(), dim=-1) / self.draws
+        return self.inner.to_target_ids(mean.argmax(dim=-1))[:, :num_tokens]
 
 
 class PerSlotNoiseDrafter(StepsDrafter):

@@ -53,6 +53,9 @@ def add_parser(subparsers) -> None:
                    help="tree drafting, e.g. 7,10,16: EAGLE-3 drafters, FlashMap/DFlash with --block-tree, "
                         "the hybrid's two branches with --lookup; default: chain drafting")
     p.add_argument("--steps", type=int, choices=[1, 2], help="FlashMap draft steps (default: checkpoint's)")
+    p.add_argument("--draws", type=draws_arg, metavar="N",
+                   help="FlashMap: noise draws per block, the one the drafter rates best is proposed (mode-seeking; "
+                        "N × steps evaluations; verification unchanged; default: the checkpoint's, 1)")
     p.add_argument("--context-window", type=window_arg, metavar="W|none",
                    help="FlashMap/DFlash: read at most the last W context positions (default: the "
                         "checkpoint's; 'none': all of them)")
@@ -68,8 +71,8 @@ def run(args) -> int:
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target(args.target, dtype, args.device)
     window = KEEP if args.context_window is None else (args.context_window or None)
-    drafter = (load_drafter(args.drafter, target, args.drafter_type, steps=args.steps, context_window=window)
-               if args.drafter else None)
+    drafter = (load_drafter(args.drafter, target, args.drafter_type, steps=args.steps, draws=args.draws,
+                            context_window=window) if args.drafter else None)
     drafter, tree = shape_drafter(args, target, drafter)
     ids = encode_prompt(tokenizer, args.prompt, args.chat)
     if len(ids) >= target.max_positions:
@@ -109,10 +112,22 @@ def add_shape_arguments(p) -> None:
                         "branches), calibrated once and cached")
 
 
+def draws_arg(text: str) -> int:
+    """--draws: an int in [1, 64]."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, 64], got {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, 64], got {n}")
+    return n
+
+
 def check_drafter_options(args, kind: str | None) -> None:
-    """ValueError for --steps / --context-window on a drafter that has no such option (or none at all)."""
-    if args.steps is not None and kind != "flashmap":
-        raise ValueError(f"--steps: FlashMap drafters only (got {'no drafter' if kind is None else kind})")
+    """ValueError for --steps / --draws / --context-window on a drafter that has no such option (or none at all)."""
+    for flag, value in (("--steps", args.steps), ("--draws", args.draws)):
+        if value is not None and kind != "flashmap":
+            raise ValueError(f"{flag}: FlashMap drafters only (got {'no drafter' if kind is None else kind})")
     if args.context_window is not None and kind not in ("flashmap", "dflash"):
         raise ValueError(f"--context-window: FlashMap and DFlash drafters only "
                          f"(got {'no drafter' if kind is None else kind})")

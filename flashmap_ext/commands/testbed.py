@@ -19,6 +19,17 @@ from pathlib import Path
 from flashmap_ext.commands.demo import positive_int
 
 MAX_K = 8  # the language's longest phrase and copy span: longer blocks have no structure to find
+ALL_DRAFTERS = ("flow", "map", "dflash", "eagle3")
+
+
+def _drafters(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in ALL_DRAFTERS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(ALL_DRAFTERS)}, got {text!r}")
+    if "map" in names and "flow" not in names:
+        raise argparse.ArgumentTypeError("map needs flow (its distillation teacher)")
+    return tuple(x for x in ALL_DRAFTERS if x in names)
 
 
 def _block(text: str) -> int:
@@ -48,6 +59,14 @@ def add_parser(subparsers) -> None:
     r.add_argument("--prompts", type=positive_int, default=40, help="held-out sequences (bootstrap units)")
     r.add_argument("--stride", type=positive_int, default=2, help="score every stride-th anchor")
     r.add_argument("--draws", type=positive_int, default=4, help="noise draws per prompt for FlashMap")
+    r.add_argument("--mode-draws", type=positive_int, default=8,
+                   help="noise draws of the mode-seeking FlashMap rows (best of N by the drafter's own "
+                        "probabilities; the map's per-slot marginal argmax over N)")
+    r.add_argument("--data", choices=["sampled", "greedy"], default="sampled",
+                   help="what drafters train and are scored on: samples of the language (default) or sampled "
+                        "prompts answered by its greedy chain, as the real recipe's self-answered corpus")
+    r.add_argument("--drafters", type=_drafters, default=ALL_DRAFTERS,
+                   help=f"comma-separated subset of {','.join(ALL_DRAFTERS)} to train and measure (map needs flow)")
     r.add_argument("--curve-points", type=positive_int, default=10,
                    help="checkpoints per drafter on the held-out learning curve (all are kept)")
     r.set_defaults(func=run_all)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from flashmap_ext.checkpoint_kind import KINDS, config_kind
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common.base import TargetMismatch
 from flashmap_ext.drafters.common.checkpoint import (
     CheckpointError,
@@ -29,14 +30,15 @@ KEEP = "checkpoint"  # context_window: as the checkpoint's config says
 
 
 def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torch.dtype | None = None,
-                 steps: int | None = None, context_window: int | None | str = KEEP,
+                 steps: int | None = None, draws: int | None = None, context_window: int | None | str = KEEP,
                  flag: str = "--drafter", target_flag: str = "--target") -> torch.nn.Module:
     """A drafter for `target` (a Target or an HF causal LM) in eval mode and `dtype` (default: the target's).
 
     path: a checkpoint directory, 'random' (a small random FlashMap drafter: 2 layers, width 128, K = 8) or
     'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3', the type expected (default: the one config.json
     names); a checkpoint whose config.json names another type, or none, is refused (CheckpointError).
-    steps: FlashMap draft steps (1 or 2; default the checkpoint's). context_window: W, the FlashMap or
+    steps: FlashMap draft steps (1 or 2; default the checkpoint's). draws: FlashMap noise draws per block, the
+    best kept (drafters/flashmap/mode.py; default the checkpoint's). context_window: W, the FlashMap or
     DFlash drafter reads the last W memory entries only (common/window.py); None: all; default the
     checkpoint's. Raises CheckpointError (a ValueError) for a missing directory, a bad config, unreadable
     weights or an unknown checkpoint type; TargetMismatch (a ValueError) for a drafter built for another
@@ -55,6 +57,10 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
             drafter = CLASSES[kind or checkpoint_type(path, flag)].from_pretrained(path, target, dtype=dtype)
     if steps is not None and hasattr(drafter.config, "draft_steps"):
         drafter.config.draft_steps = steps
+    if draws is not None:
+        if not hasattr(drafter.config, "draft_draws"):
+            raise ValueError(f"draws: the {type(drafter).__name__} has no noise draws (FlashMap drafters only)")
+        drafter.config.draft_draws = check_int("draws", draws, 1, 65)
     if context_window != KEEP:
         if not hasattr(drafter.config, "context_window"):
             raise ValueError(f"context_window: the {type(drafter).__name__} has no context window")

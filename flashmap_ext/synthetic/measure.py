@@ -6,7 +6,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from flashmap_ext.bench.methods import NoiseMeanDrafter, PerSlotNoiseDrafter, StepsDrafter
+from flashmap_ext.bench.methods import (
+    BestOfDrafter,
+    MarginalArgmaxDrafter,
+    NoiseMeanDrafter,
+    PerSlotNoiseDrafter,
+    StepsDrafter,
+)
 from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.evaluate.heldout import add_taps
 from flashmap_ext.synthetic.language import Language
@@ -33,23 +39,40 @@ def flattened(steps: list[int], gamma: list[float], tol: float = FLAT) -> bool:
     return bool(half) and abs(gamma[-1] - gamma[half[-1]]) < tol
 
 
-def _drafters(runs: dict[str, Path], target) -> dict:
-    """{row name: drafter} of the table: the flow model's one Euler step (the control) and two steps (the target
-    distillation's 0 → 1 jumps start from), the map at 1 and 2 steps, both 1-step drafters from the noise mean
-    z = 0, DFlash and EAGLE-3."""
-    flow = load_drafter(str(runs["flow"] / "drafter"), target, "flashmap", dtype=torch.float32)
-    fmap = load_drafter(str(runs["map"] / "drafter"), target, "flashmap", dtype=torch.float32)
-    return {"flow-1": StepsDrafter(flow, 1), "flow-2": StepsDrafter(flow, 2), "flow-1 z=0": NoiseMeanDrafter(flow, 1),
-            "FlashMap-1": StepsDrafter(fmap, 1), "FlashMap-2": StepsDrafter(fmap, 2),
-            "FlashMap-1 z=0": NoiseMeanDrafter(fmap, 1),
-            "DFlash": load_drafter(str(runs["dflash"] / "drafter"), target, "dflash", dtype=torch.float32),
-            "EAGLE-3": load_drafter(str(runs["eagle3"] / "drafter"), target, "eagle3", dtype=torch.float32)}
+def _drafters(runs: dict[str, Path], target, draws: int) -> dict:
+    """{row name: drafter} of the table for the runs present: the flow model's one Euler step (the control) and
+    two steps (the target distillation's 0 → 1 jumps start from), the distilled map at 1 and 2 steps, both 1-step
+    drafters from the noise mean z = 0, the mode-seeking 1-step drafters (best of `draws` noise draws by the
+    drafter's own probabilities; the map's per-slot marginal argmax over `draws` draws), DFlash and EAGLE-3."""
+    out = {}
+    for name, label in (("flow", "flow"), ("map", "FlashMap")):
+        if name in runs:
+            d = load_drafter(str(runs[name] / "drafter"), target, "flashmap", dtype=torch.float32)
+            out.update({f"{label}-1": StepsDrafter(d, 1), f"{label}-2": StepsDrafter(d, 2),
+                        f"{label}-1 z=0": NoiseMeanDrafter(d, 1), f"{label}-1 best-of-{draws}": BestOfDrafter(d, 1, draws)})
+            if name == "map":
+                out[f"FlashMap-1 marginal argmax x{draws}"] = MarginalArgmaxDrafter(d, 1, draws)
+    for name, label in (("dflash", "DFlash"), ("eagle3", "EAGLE-3")):
+        if name in runs:
+            out[label] = load_drafter(str(runs[name] / "drafter"), target, name, dtype=torch.float32)
+    return out
 
 
-def _setup(target_dir: Path, prompts: int, seed: int):
+def _pairs(names, draws: int) -> list[tuple[str, str]]:
+    """The paired differences of the table whose rows are present."""
+    best, marg = f"best-of-{draws}", f"marginal argmax x{draws}"
+    pairs = [("FlashMap-1", "DFlash"), ("FlashMap-2", "FlashMap-1"), ("FlashMap-2", "DFlash"), ("flow-1", "DFlash"),
+             ("FlashMap-1", "flow-1"), ("flow-2", "flow-1"), ("flow-1 z=0", "flow-1"), ("FlashMap-1 z=0", "FlashMap-1"),
+             (f"FlashMap-1 {best}", "FlashMap-1"), (f"FlashMap-1 {marg}", "FlashMap-1"), (f"flow-1 {best}", "flow-1"),
+             (f"FlashMap-1 {best}", "DFlash"), (f"flow-1 {best}", "DFlash"), (f"FlashMap-1 {best}", "flow-1"),
+             ("FlashMap-1", "independent_sampled"), ("FlashMap-1", "independent_argmax")]
+    return [(a, b) for a, b in pairs if a in names and b in names]
+
+
+def _setup(target_dir: Path, prompts: int, seed: int, data: str):
     target, _ = load_target(str(target_dir), dtype="fp32", device="cpu")
     lang = Language(load_spec(target_dir))
-    seqs = heldout_sequences(lang, prompts, seed)
+    seqs = heldout_sequences(lang, prompts, seed, data)
     add_taps(target, seqs, [1, 2, 3])
     return target, lang, seqs
 
@@ -58,7 +81,7 @@ def learning_curves(target_dir: Path, runs: dict[str, Path], opts: dict, seed: i
     """{run: {"steps", "gamma_t0", "gamma_t1", "slot1": [...], "flat": bool (`flattened`)}} on a small held-out
     set (8 sequences, every 3rd anchor) at each saved checkpoint (the testbed keeps them all); flow and map
     drafted at 1 step."""
-    target, lang, seqs = _setup(target_dir, 8, seed)
+    target, lang, seqs = _setup(target_dir, 8, seed, opts.get("data", "sampled"))
     k, out = opts["block_size"], {}
     for name, run in runs.items():
         kind = {"flow": "flashmap", "map": "flashmap"}.get(name, name)
@@ -89,29 +112,24 @@ def _row(tally) -> dict:
 
 def measure(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> dict:
     """The table's data: rows per drafter and ideal drafter, paired differences, shuffle test, draw diversity."""
-    target, lang, seqs = _setup(target_dir, opts["prompts"], seed)
-    k, stride = opts["block_size"], opts["stride"]
-    drafters = _drafters(runs, target)
+    target, lang, seqs = _setup(target_dir, opts["prompts"], seed, opts.get("data", "sampled"))
+    k, stride, draws = opts["block_size"], opts["stride"], opts.get("mode_draws", 8)
+    drafters = _drafters(runs, target, draws)
     drafts = {name: drafter_drafts(d, seqs, k, stride) for name, d in drafters.items()}
     tallies = {name: score_drafts(lang, seqs, d, k) for name, d in drafts.items()}
     ceilings = ceiling_tallies(lang, seqs, k, stride)
-    fmap = drafters["FlashMap-1"].inner
     shuffle, diversity = {}, {}
-    for steps in (1, 2):
-        name = f"FlashMap-{steps}"
+    for steps in (1, 2) if "FlashMap-1" in drafters else ():
+        fmap, name = drafters["FlashMap-1"].inner, f"FlashMap-{steps}"
         per_slot = score_drafts(lang, seqs, drafter_drafts(PerSlotNoiseDrafter(fmap, steps), seqs, k, stride), k)
         shuffle[name] = {f"{kind}/t{t}": paired_delta(tallies[name], per_slot, kind, t)
                          for kind in ("all", "bimodal") for t in (0, 1)}
-        draws = [drafts[name]] + [drafter_drafts(StepsDrafter(fmap, steps), seqs, k, stride, seed=s)
-                                  for s in range(1, opts["draws"])]
-        diversity[name] = draw_diversity(lang, seqs, draws)
+        draws_ = [drafts[name]] + [drafter_drafts(StepsDrafter(fmap, steps), seqs, k, stride, seed=s)
+                                   for s in range(1, opts["draws"])]
+        diversity[name] = draw_diversity(lang, seqs, draws_)
     pool = {**tallies, **ceilings}  # the ideal drafters score the same anchors: claim (i) is a paired Δ too
     deltas = {f"{a} - {b}": {f"{kind}/t{t}": paired_delta(pool[a], pool[b], kind, t)
-                             for kind in KINDS for t in (0, 1)}
-              for a, b in (("FlashMap-1", "DFlash"), ("FlashMap-2", "FlashMap-1"), ("FlashMap-2", "DFlash"),
-                           ("flow-1", "DFlash"), ("FlashMap-1", "flow-1"), ("flow-2", "flow-1"),
-                           ("flow-1 z=0", "flow-1"), ("FlashMap-1 z=0", "FlashMap-1"),
-                           ("FlashMap-1", "independent_sampled"), ("FlashMap-1", "independent_argmax"))}
+                             for kind in KINDS for t in (0, 1)} for a, b in _pairs(pool, draws)}
     params = {name: sum(p.numel() for p in getattr(d, "inner", d).parameters() if p.requires_grad)
               for name, d in drafters.items()}
     return {"rows": {name: _row(t) for name, t in tallies.items()},

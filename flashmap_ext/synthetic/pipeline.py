@@ -46,14 +46,16 @@ def drafter_commands(out: Path, target: Path, opts: dict) -> dict[str, list[str]
 def train_drafters(out: Path, target: Path, opts: dict, flashmap: Callable) -> dict[str, Path]:
     """Trains flow, DFlash, EAGLE-3 and the map (skipping finished runs); {name: run directory}."""
     commands = drafter_commands(out, target, opts)
+    chosen = opts.get("drafters") or tuple(commands)
     for name in ("flow", "dflash", "eagle3", "map"):
-        if not (out / name / "drafter" / "config.json").is_file():
+        if name in chosen and not (out / name / "drafter" / "config.json").is_file():
             flashmap(*commands[name])
-    return {name: out / name for name in commands}
+    return {name: out / name for name in commands if name in chosen}
 
 
 def prepare(out: Path, opts: dict, flashmap: Callable) -> Path:
     """The target (trained unless present), the training corpus and its feature cache; returns the target dir."""
+    from flashmap_ext.synthetic.greedy import greedy_corpus
     from flashmap_ext.synthetic.language import sample_corpus
     target = out / "target"
     if not (target / "testbed.json").is_file():
@@ -61,8 +63,10 @@ def prepare(out: Path, opts: dict, flashmap: Callable) -> Path:
     lang = Language(load_spec(target))
     data = out / "train.jsonl"
     if not data.is_file():
-        seqs = sample_corpus(lang, opts["train_sequences"], CORPUS_SEED)
-        data.write_text("".join(json.dumps(conversation(lang, s)) + "\n" for s in seqs))
+        n, h = opts["train_sequences"], lang.spec.header
+        records = greedy_corpus(lang, n, CORPUS_SEED) if opts.get("data") == "greedy" else \
+            [(s, h + 1) for s in sample_corpus(lang, n, CORPUS_SEED)]
+        data.write_text("".join(json.dumps(conversation(lang, s, c)) + "\n" for s, c in records))
     if not (out / "feats" / "index.jsonl").is_file() or not (out / "feats.done").is_file():
         flashmap("features", "--target", str(target), "--data", str(data), "--out", str(out / "feats"),
                  "--layers", TAPS, "--dtype", "fp32", "--max-length", "256", "--device", "cpu", "--no-progress")

@@ -25,7 +25,8 @@ def markdown(r: dict) -> str:
     lines = [f"{r['prompts']} held-out sequences, {r['anchors']} anchors, K = {r['options']['block_size']}; "
              f"target held-out CE {r['target']['model_entropy']:.4f} vs language {r['target']['true_entropy']:.4f} "
              "nats/token. γ = 1 + mean accepted per round, verified by the language (95 % paired bootstrap "
-             "over sequences).", "",
+             "over sequences). flow-n: the flow model (the teacher), n Euler steps; FlashMap-n: the distilled flow "
+             f"map, n steps; data: {r['options'].get('data', 'sampled')}.", "",
              "| drafter | γ T=0 all | γ T=1 all | γ T=1 bimodal | γ T=0 forced | γ T=1 free |", "|---|---|---|---|---|---|"]
     rows = [(n, row) for n, row in r["rows"].items()] + [(CEILINGS[n], row) for n, row in r["ceilings"].items()]
     for name, row in rows:

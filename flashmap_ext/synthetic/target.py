@@ -54,11 +54,13 @@ def make_tokenizer(lang: Language) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", chat_template=TEMPLATE)
 
 
-def conversation(lang: Language, tokens: list[int]) -> dict:
-    """The chat record of a language sequence (BOS, header, body, EOS): user = header, assistant = body."""
-    names, h = token_names(lang), lang.spec.header
-    return {"messages": [{"role": "user", "content": " ".join(names[t] for t in tokens[1:h + 1])},
-                         {"role": "assistant", "content": " ".join(names[t] for t in tokens[h + 1:-1])}]}
+def conversation(lang: Language, tokens: list[int], answer_start: int | None = None) -> dict:
+    """The chat record of a language sequence (BOS, header, body, EOS): user = tokens 1..answer_start−1 (default
+    the header), assistant = the rest before EOS."""
+    names = token_names(lang)
+    c = lang.spec.header + 1 if answer_start is None else answer_start
+    return {"messages": [{"role": "user", "content": " ".join(names[t] for t in tokens[1:c])},
+                         {"role": "assistant", "content": " ".join(names[t] for t in tokens[c:-1])}]}
 
 
 def build_model(lang: Language, recipe: TargetRecipe) -> Qwen3ForCausalLM:

@@ -16,16 +16,21 @@ import numpy as np
 from flashmap_ext.bench.interval import delta_interval
 from flashmap_ext.evaluate.heldout import HeldoutSequence, anchors, iter_drafts
 from flashmap_ext.synthetic.ceilings import NAMES, accepted_t0, accepted_t1, anchor_ceilings, greedy_chain, path_probs
+from flashmap_ext.synthetic.greedy import greedy_corpus
 from flashmap_ext.synthetic.language import Language, Parser, sample_corpus
 
 KINDS = ("all", "bimodal", "forced", "free")
+DATA = ("sampled", "greedy")  # what the drafters train and are scored on (`flashmap testbed run --data`)
 
 
-def heldout_sequences(lang: Language, n: int, seed: int) -> list[HeldoutSequence]:
-    """n held-out sequences (loss on the body and EOS, as in training)."""
+def heldout_sequences(lang: Language, n: int, seed: int, data: str = "sampled") -> list[HeldoutSequence]:
+    """n held-out sequences, the answer (loss) on the body and EOS as in training: `data` "sampled" (samples of
+    the language) or "greedy" (synthetic/greedy.py: a sampled prompt, the greedy chain as the answer)."""
+    if data not in DATA:
+        raise ValueError(f"data: expected one of {DATA}, got {data!r}")
     h = lang.spec.header
-    return [HeldoutSequence("synthetic", str(i), s, [0] * (h + 1) + [1] * (len(s) - h - 1))
-            for i, s in enumerate(sample_corpus(lang, n, seed))]
+    records = greedy_corpus(lang, n, seed) if data == "greedy" else [(s, h + 1) for s in sample_corpus(lang, n, seed)]
+    return [HeldoutSequence("synthetic", str(i), s, [0] * c + [1] * (len(s) - c)) for i, (s, c) in enumerate(records)]
 
 
 def anchor_kind(parser: Parser, state) -> str:

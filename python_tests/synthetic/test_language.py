@@ -9,7 +9,9 @@ from collections import defaultdict
 import pytest
 
 from flashmap_ext.synthetic.ceilings import NAMES, anchor_ceilings
+from flashmap_ext.synthetic.greedy import greedy_corpus, segment_starts
 from flashmap_ext.synthetic.language import BOS, EOS, Language, LanguageSpec, Parser, sample_corpus
+from flashmap_ext.synthetic.testbed import heldout_sequences
 
 TINY = LanguageSpec(seed=3, header=2, body=3, header_pool=2, num_sets=4, max_phrase=2, max_copy=2, filler=2,
                     phrase_pool=6, p_phrase=0.3, p_copy=0.2, filler_a=0.7)
@@ -168,3 +170,28 @@ def test_bad_spec_names_the_field():
         LanguageSpec(max_copy=9)
     with pytest.raises(ValueError, match="tokens"):
         Parser(Language(LanguageSpec()), [5, 6])
+
+
+def test_greedy_records_are_sampled_prompts_answered_by_the_story_greedy_chain(world):
+    """Every answer token is the most likely next token under the story's conditionals (lowest id on ties), the
+    answer opens at a segment start of a sequence of positive probability, and records are deterministic."""
+    lang, seqs = world
+    records = greedy_corpus(lang, 40, seed=4)
+    assert records == greedy_corpus(lang, 40, seed=4)
+    for tokens, c in records:
+        assert tokens[-1] == EOS and tokens.count(EOS) == 1 and tuple(tokens) in seqs
+        assert c in segment_starts(lang, tokens)
+        for n in range(c + 1, len(tokens)):
+            nxt = continuations(seqs, tuple(tokens[:n]), 1)
+            best = max(nxt.values())
+            assert tokens[n] == min(t for (t,), p in nxt.items() if math.isclose(p, best, rel_tol=1e-12))
+    assert len({c - TINY.header for _, c in records}) > 1  # cuts vary
+
+
+def test_greedy_heldout_loss_mask_covers_the_answer(world):
+    lang, _ = world
+    (seq,) = heldout_sequences(lang, 1, 4, "greedy")
+    tokens, c = greedy_corpus(lang, 1, seed=4)[0]
+    assert seq.input_ids == tokens and seq.loss_mask == [0] * c + [1] * (len(tokens) - c)
+    with pytest.raises(ValueError, match="data"):
+        heldout_sequences(lang, 1, 4, "beam")

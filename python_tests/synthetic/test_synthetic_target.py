@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from flashmap_ext.synthetic.greedy import greedy_corpus
 from flashmap_ext.synthetic.language import Language, LanguageSpec, Parser, sample_corpus
 from flashmap_ext.synthetic.target import (
     TargetRecipe,
@@ -30,6 +31,14 @@ def test_chat_rendering_gives_back_the_sequence():
         (sample,) = render_conversation(tok, conversation(LANG, seq)["messages"])
         assert sample.input_ids == seq
         assert sample.loss_mask == [0] * (LANG.spec.header + 1) + [1] * (len(seq) - LANG.spec.header - 1)
+
+
+def test_greedy_records_render_with_the_answer_from_the_cut():
+    tok = make_tokenizer(LANG)
+    for seq, c in greedy_corpus(LANG, 5, seed=7):
+        (sample,) = render_conversation(tok, conversation(LANG, seq, c)["messages"])
+        assert sample.input_ids == seq
+        assert sample.loss_mask == [0] * c + [1] * (len(seq) - c)
 
 
 def test_saved_directory_loads_as_a_target(tmp_path):

@@ -25,6 +25,8 @@ class FlashMapConfig:
     target_layer_ids: 0-based target decoder layers whose outputs are tapped (HF hidden_states[i + 1]).
     d_target, vocab_size: the target's hidden size and (padded) vocabulary rows.
     draft_steps: network evaluations per drafted block by default (1 or 2, DESIGN.md §4).
+    draft_draws: noise draws per drafted block; above 1 the block the drafter rates best is kept
+        (drafters/flashmap/mode.py; draft_draws × draft_steps evaluations).
     softcap: tanh soft cap on the logits (FMLM uses 30); 0 disables it.
     draft_vocab_size: optional EAGLE-3-style draft vocabulary (the flow lives on these rows only; the
         `d2t` buffer maps draft id i to target id i + d2t[i]). None: the full vocabulary.
@@ -57,6 +59,7 @@ class FlashMapConfig:
     d_target: int = 4096
     vocab_size: int = 151_936
     draft_steps: int = 1
+    draft_draws: int = 1
     softcap: float = 30.0
     draft_vocab_size: int | None = None
     two_time: bool = True
@@ -81,7 +84,8 @@ class FlashMapConfig:
             ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1),
             ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0),
             ("target_layer_ids", len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0),
-            ("draft_steps", self.draft_steps in (1, 2)), ("softcap", self.softcap >= 0),
+            ("draft_steps", self.draft_steps in (1, 2)), ("draft_draws", self.draft_draws >= 1),
+            ("softcap", self.softcap >= 0),
             ("vocab_size", self.vocab_size >= 2), ("d_target", self.d_target >= 1),
             ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size),
         ]

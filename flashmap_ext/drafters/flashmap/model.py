@@ -35,6 +35,7 @@ from flashmap_ext.drafters.flashmap.flow import (
     whitened_rows,
 )
 from flashmap_ext.drafters.flashmap.memory import KV, FlashMapMemory, TrainMemory, ragged_mask
+from flashmap_ext.drafters.flashmap.mode import draft_best_of
 from flashmap_ext.rng import drafter_xi
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
@@ -340,9 +341,13 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
               seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """BlockDrafter.draft: tokens [B, num_tokens] int64 with `config.draft_steps` evaluations."""
+        """BlockDrafter.draft: tokens [B, num_tokens] int64 with `config.draft_steps` evaluations per noise draw
+        (`config.draft_draws` draws, the best kept: mode.py)."""
         if not (0 <= num_tokens <= self.num_draft_tokens):
             raise ValueError(f"num_tokens: must be in [0, {self.num_draft_tokens}], got {num_tokens}")
+        if self.config.draft_draws > 1:
+            return draft_best_of(self, memory, anchor_tokens, draws=self.config.draft_draws, seed=seed,
+                                 position=position)[:, :num_tokens]
         return draft_flashmap(self, memory, anchor_tokens, seed=seed, position=position).tokens[:, :num_tokens]
 
     # ------------------------------------------------------------------ training
