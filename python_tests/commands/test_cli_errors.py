@@ -208,6 +208,7 @@ def test_eval_bad_drafter_checkpoint_before_the_target_loads(tmp_path, capsys, n
     (["--drafter", "random", "--drafter-type", "eagle3"], "--drafter-type eagle3"),
     (["--drafter", "random-eagle3", "--steps", "2"], "--steps: FlashMap drafters only (got eagle3)"),
     (["--steps", "2"], "--steps: FlashMap drafters only (got no drafter)"),
+    (["--drafter", "random-eagle3", "--draws", "4"], "--draws: FlashMap drafters only (got eagle3)"),
     (["--drafter", "random-eagle3", "--context-window", "64"], "--context-window: FlashMap and DFlash"),
     (["--lookup", "--tree", "4,2,8"], "--lookup --tree needs --drafter"),  # the tree was silently a chain
     # --tree shaped the lookup hybrid's branches; the top-k tree drafted a plain chain inside it, unsaid

@@ -21,6 +21,8 @@ def test_generate_streams_text_and_stats(capsys):
     assert spec_out == ar_out and ar_out.endswith("\n")
     assert "γ = 1.00" in ar_err and "tokens/s" in ar_err
     assert "24 tokens" in spec_err and "γ = " in spec_err
+    best_out, _ = run_cli(BASE + ["--drafter", "random", "--draws", "3"], capsys)
+    assert best_out == ar_out
 
 
 @pytest.mark.parametrize("kind", ["flashmap", "dflash"])

@@ -74,7 +74,8 @@ def test_a_drafter_pairs_with_a_ceiling_on_the_same_anchors(world):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--block-size", "9"], "--block-size"), (["--steps", "0"], "--steps"), (["--prompts", "-1"], "--prompts"),
-    (["--bogus", "1"], "--bogus")])
+    (["--bogus", "1"], "--bogus"), (["--data", "beam"], "--data"), (["--drafters", "map,dflash"], "--drafters"),
+    (["--drafters", "flow,medusa"], "--drafters"), (["--mode-draws", "0"], "--mode-draws")])
 def test_bad_options_are_refused_naming_the_flag(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         main(["testbed", "run", "--out", str(tmp_path), *argv])
