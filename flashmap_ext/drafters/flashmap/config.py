@@ -147,7 +147,8 @@ class FlashMapConfig:
 
 
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
-OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik"})
+OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik",
+                             "draft_draws"})
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
           "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.
