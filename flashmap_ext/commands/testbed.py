@@ -62,6 +62,8 @@ def add_parser(subparsers) -> None:
     r.add_argument("--mode-draws", type=positive_int, default=8,
                    help="noise draws of the mode-seeking FlashMap rows (best of N by the drafter's own "
                         "probabilities; the map's per-slot marginal argmax over N)")
+    r.add_argument("--no-probes", dest="probes", action="store_false",
+                   help="skip the z = 0 rows, the shuffle test and the draw diversity (a shorter measurement)")
     r.add_argument("--data", choices=["sampled", "greedy"], default="sampled",
                    help="what drafters train and are scored on: samples of the language (default) or sampled "
                         "prompts answered by its greedy chain, as the real recipe's self-answered corpus")

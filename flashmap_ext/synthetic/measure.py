@@ -39,17 +39,20 @@ def flattened(steps: list[int], gamma: list[float], tol: float = FLAT) -> bool:
     return bool(half) and abs(gamma[-1] - gamma[half[-1]]) < tol
 
 
-def _drafters(runs: dict[str, Path], target, draws: int) -> dict:
+def _drafters(runs: dict[str, Path], target, draws: int, probes: bool = True) -> dict:
     """{row name: drafter} of the table for the runs present: the flow model's one Euler step (the control) and
     two steps (the target distillation's 0 → 1 jumps start from), the distilled map at 1 and 2 steps, both 1-step
     drafters from the noise mean z = 0, the mode-seeking 1-step drafters (best of `draws` noise draws by the
-    drafter's own probabilities; the map's per-slot marginal argmax over `draws` draws), DFlash and EAGLE-3."""
+    drafter's own probabilities; the map's per-slot marginal argmax over `draws` draws), DFlash and EAGLE-3;
+    without `probes` no z = 0 rows."""
     out = {}
     for name, label in (("flow", "flow"), ("map", "FlashMap")):
         if name in runs:
             d = load_drafter(str(runs[name] / "drafter"), target, "flashmap", dtype=torch.float32)
             out.update({f"{label}-1": StepsDrafter(d, 1), f"{label}-2": StepsDrafter(d, 2),
-                        f"{label}-1 z=0": NoiseMeanDrafter(d, 1), f"{label}-1 best-of-{draws}": BestOfDrafter(d, 1, draws)})
+                        f"{label}-1 best-of-{draws}": BestOfDrafter(d, 1, draws)})
+            if probes:
+                out[f"{label}-1 z=0"] = NoiseMeanDrafter(d, 1)
             if name == "map":
                 out[f"FlashMap-1 marginal argmax x{draws}"] = MarginalArgmaxDrafter(d, 1, draws)
     for name, label in (("dflash", "DFlash"), ("eagle3", "EAGLE-3")):
@@ -111,15 +114,17 @@ def _row(tally) -> dict:
 
 
 def measure(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> dict:
-    """The table's data: rows per drafter and ideal drafter, paired differences, shuffle test, draw diversity."""
+    """The table's data: rows per drafter and ideal drafter, paired differences, and with opts["probes"] (default)
+    the z = 0 rows, the shuffle test and the draw diversity."""
     target, lang, seqs = _setup(target_dir, opts["prompts"], seed, opts.get("data", "sampled"))
     k, stride, draws = opts["block_size"], opts["stride"], opts.get("mode_draws", 8)
-    drafters = _drafters(runs, target, draws)
+    probes = opts.get("probes", True)
+    drafters = _drafters(runs, target, draws, probes)
     drafts = {name: drafter_drafts(d, seqs, k, stride) for name, d in drafters.items()}
     tallies = {name: score_drafts(lang, seqs, d, k) for name, d in drafts.items()}
     ceilings = ceiling_tallies(lang, seqs, k, stride)
     shuffle, diversity = {}, {}
-    for steps in (1, 2) if "FlashMap-1" in drafters else ():
+    for steps in (1, 2) if "FlashMap-1" in drafters and probes else ():
         fmap, name = drafters["FlashMap-1"].inner, f"FlashMap-{steps}"
         per_slot = score_drafts(lang, seqs, drafter_drafts(PerSlotNoiseDrafter(fmap, steps), seqs, k, stride), k)
         shuffle[name] = {f"{kind}/t{t}": paired_delta(tallies[name], per_slot, kind, t)
