@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from conftest import tiny_qwen3
-from support.drafter_doubles import greedy_continuation, random_flashmap
 from flashmap_ext import draft_block
 from flashmap_ext.drafters.flashmap.mode import draft_best_of, draw_seed, own_acceptance
 from flashmap_ext.speculate import generate
+from support.drafter_doubles import greedy_continuation, random_flashmap
 from support.loop_helpers import prompt_of
 
 K, TAPS = 4, (1, 2)
