@@ -1,7 +1,7 @@
 """Testbed arms: several FlashMap drafters (flow model or distilled map, 1 or 2 steps) and DFlash scored on the
 same held-out anchors of the synthetic testbed, with paired bootstrap intervals of each against the first.
 
-    .venv/bin/python scripts/testbed_arms.py --target runs/tb/target --data greedy --prompts 200 \
+    .venv/bin/python research/testbed_arms.py --target runs/tb/target --data greedy --prompts 200 \
         --arm flow-1=runs/tb/flow/drafter:1 --arm map-1=runs/tb/map/drafter:1 --arm DFlash=runs/tb/dflash/drafter \
         [--out runs/tb/arms.json]
 
