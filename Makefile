@@ -4,9 +4,10 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.deps-installed
-# z-lab's reference DFlash for the differential tests; --no-deps: it pins an older transformers/tqdm
-REFERENCE := dflash==0.1.0
-REF_STAMP := $(VENV)/.reference-installed
+# z-lab's reference DFlash and speculators' DFlash2 for the differential tests; --no-deps: dflash pins an older
+# transformers/tqdm, speculators pulls in its data-generation stack (datasets, openai, ...) its models do not need
+REFERENCE := dflash==0.1.0 speculators==0.9.0
+REF_STAMP := $(VENV)/.references-installed
 CUTLASS := third_party/cutlass/include/cute
 CUTLASS_MIN := third_party/cutlass-min/include/cute
 CUTLASS_VERSION := 4.2.0.0
@@ -27,7 +28,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 $(REF_STAMP): $(STAMP)
-	@$(STEP) "installing $(REFERENCE) (reference for the tests)" $(BIN)/pip install --no-deps "$(REFERENCE)"
+	@$(STEP) "installing $(REFERENCE) (reference for the tests)" $(BIN)/pip install --no-deps $(REFERENCE)
 	@touch $(REF_STAMP)
 
 build: $(STAMP)

@@ -4,14 +4,18 @@
                     add 1 to the tap ids itself). From a DFlash checkpoint in any format we read; a draft
                     vocabulary also stores the target's LM-head rows (vLLM's drafter owns them: pass --target).
                     The same writer as vLLM's `export_dflash` (drafters/dflash/release.py).
+  --to dflash2      z-lab's DFlash2 format (`DFlash2DraftModel`: DFlash's plus the dynamic convolutions and
+                    the candidate selector), from a DFlash2 checkpoint in z-lab's or speculators' layout.
   --to specforge    SpecForge's EAGLE-3 format (`LlamaForCausalLMEagle3`, SGLang; vLLM reads it too) with the
                     LM head stored (a frozen-head drafter's head is taken from --target) and the tap ids
                     both in `eagle_config` (SGLang numbering) and top level (vLLM numbering, +1).
-  --to speculators  vLLM's `speculators` EAGLE-3 format (`Eagle3Speculator`, tap ids +1).
+  --to speculators  vLLM's `speculators` format (tap ids +1): EAGLE-3 (`Eagle3Speculator`) from an EAGLE-3
+                    drafter, DFlash2 (`speculators_model_type: dflash2`) from a DFlash2 drafter
+                    (drafters/dflash2/speculators_format.py; what it has no place for is refused by name).
 
 Any supported source format is read (z-lab / SpecForge / speculators / ours). FlashMap drafters have no
 engine format of their own and are refused, pointing to `export_flashmap` (vLLM through our plugin, README
-"Serving with vLLM"), as is a DFlash <-> EAGLE-3 conversion.
+"Serving with vLLM"), as is a conversion between drafter kinds (DFlash, DFlash2, EAGLE-3).
 """
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ from pathlib import Path
 
 from flashmap_ext.checks import check_output_path
 
-FORMATS = ("dflash", "specforge", "speculators")
+FORMATS = ("dflash", "dflash2", "specforge", "speculators")
+# the formats each drafter kind converts to
+TARGETS = {"dflash": ("dflash",), "dflash2": ("dflash2", "speculators"), "eagle3": ("specforge", "speculators")}
 
 
 def add_parser(subparsers) -> None:
@@ -55,11 +61,14 @@ def run(args) -> int:
         raise ValueError(f"{args.src} is a FlashMap drafter: no engine format to convert it to; for vLLM "
                          "(our plugin) use flashmap_ext.integrations.vllm.export_flashmap(src, dst), README "
                          "'Serving with vLLM'")
-    wanted = "dflash" if kind == "dflash" else "eagle3"
-    if (args.to == "dflash") != (wanted == "dflash"):
+    formats = TARGETS[kind]
+    if args.to not in formats:
         raise ValueError(f"{args.src} is {KINDS[kind]} drafter: it converts to "
-                         f"{'--to dflash' if kind == 'dflash' else '--to specforge or --to speculators'}, "
-                         f"not --to {args.to}")
+                         f"{' or '.join('--to ' + f for f in formats)}, not --to {args.to}")
+    if kind == "dflash2":
+        convert_dflash2(args.src, args.dst, args.to, args.target)
+        print(f"wrote {args.to} checkpoint to {args.dst}")
+        return 0
     target = _target(args.target) if args.target else None
     if kind == "dflash":
         convert_dflash(args.src, args.dst, target, args.unwindowed)
@@ -81,6 +90,14 @@ def convert_dflash(src: str, dst: str, target=None, unwindowed: bool = False) ->
         if str(err).startswith("target:"):
             raise ValueError(f"{src} has a draft vocabulary: pass --target to store its LM-head rows") from err
         raise
+
+
+def convert_dflash2(src: str, dst: str, to: str, verifier: str | None = None) -> None:
+    """z-lab's or speculators' DFlash2 layout, weights in their stored dtype (no target needed: the
+    embedding and LM head are the target's and never stored)."""
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+    drafter = DFlash2Drafter.from_pretrained(src, device="cpu")
+    drafter.save_pretrained(dst, layout="speculators" if to == "speculators" else "zlab", verifier=verifier)
 
 
 def convert_eagle3(src: str, dst: str, to: str, target=None, verifier: str | None = None) -> None:

@@ -19,11 +19,13 @@ from flashmap_ext.drafters.common.checkpoint import (
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.dflash.config import DFlashConfig
+from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+from flashmap_ext.drafters.dflash2.speculators_format import parse as parse_dflash2
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter
 from flashmap_ext.target.model import hf_causal_lm
 
-CLASSES = {"flashmap": FlashMapDrafter, "dflash": DFlashDrafter, "eagle3": Eagle3Drafter}
+CLASSES = {"flashmap": FlashMapDrafter, "dflash": DFlashDrafter, "dflash2": DFlash2Drafter, "eagle3": Eagle3Drafter}
 
 
 KEEP = "checkpoint"  # context_window: as the checkpoint's config says
@@ -35,7 +37,7 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
     """A drafter for `target` (a Target or an HF causal LM) in eval mode and `dtype` (default: the target's).
 
     path: a checkpoint directory, 'random' (a small random FlashMap drafter: 2 layers, width 128, K = 8) or
-    'random-eagle3'. kind: 'flashmap' | 'dflash' | 'eagle3', the type expected (default: the one config.json
+    'random-eagle3'. kind: 'flashmap' | 'dflash' | 'dflash2' | 'eagle3', the type expected (default: the one config.json
     names); a checkpoint whose config.json names another type, or none, is refused (CheckpointError).
     steps: FlashMap draft steps (1 or 2; default the checkpoint's). draws: FlashMap noise draws per block, the
     best kept (drafters/flashmap/mode.py; default the checkpoint's). context_window: W, the FlashMap or
@@ -82,7 +84,7 @@ def named_errors(flag: str, path: str, target_flag: str = "--target"):
 
 
 def checkpoint_type(path: str, flag: str = "--drafter") -> str:
-    """'flashmap' | 'dflash' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
+    """'flashmap' | 'dflash' | 'dflash2' | 'eagle3' from the checkpoint's config.json; CheckpointError (a ValueError,
     one line naming `flag`) for a missing directory, a missing / malformed / empty config or an unknown kind."""
     with named_errors(flag, path):
         cfg = read_config(path)
@@ -90,7 +92,7 @@ def checkpoint_type(path: str, flag: str = "--drafter") -> str:
     if kind is None:
         raise CheckpointError(f"{flag} {path}: unknown drafter type (architectures="
                               f"{cfg.get('architectures') or []}, model_type={cfg.get('model_type')!r}); its "
-                              f"config.json must name it: architectures ['DFlashDraftModel'] (dflash), "
+                              f"config.json must name it: architectures ['DFlashDraftModel'] (dflash), ['DFlash2DraftModel'] (dflash2), "
                               f"['LlamaForCausalLMEagle3'] (eagle3) or model_type 'flashmap_drafter' (flashmap)")
     return kind
 
@@ -121,7 +123,8 @@ def check_drafter(path: str, kind: str | None = None, flag: str = "--drafter",
     if kind not in (None, found):
         raise wrong_type(f"{KINDS[found]} checkpoint (its config.json says so)")
     kind = found
-    parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict}.get(kind)
+    parse = {"flashmap": FlashMapConfig.from_dict, "dflash": DFlashConfig.from_hf_dict,
+             "dflash2": parse_dflash2}.get(kind)
     with named_errors(flag, path):
         if parse is not None:  # EAGLE-3's tap ids may come from the target: its config is parsed at load
             load_config(path, kind, parse)

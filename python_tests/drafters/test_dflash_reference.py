@@ -160,7 +160,6 @@ def test_training_forward_matches_inference_under_masks(name, target, tmp_path):
 
 
 REFUSED = {
-    "dflash2": ({"architectures": ["DFlash2DraftModel"]}, "DFlash2"),
     "conv": ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": TAPS, "conv_kernel_size": 4}},
              "conv_kernel_size"),
     "rope-dynamic": ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type"),
@@ -186,6 +185,13 @@ def test_unsupported_variants_are_refused_in_one_line(name, target, tmp_path):
     with pytest.raises(NotImplementedError) as err:
         DFlashDrafter.from_pretrained(path, target)
     assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_dflash2_checkpoint_is_not_loaded_as_dflash(target, tmp_path):
+    path = write_released(tmp_path / "d2", architectures=["DFlash2DraftModel"])
+    with pytest.raises(ValueError, match="DFlash2") as err:
+        DFlashDrafter.from_pretrained(path, target)
+    assert "\n" not in str(err.value)
 
 
 def test_engine_tap_ids_are_offset_by_one():

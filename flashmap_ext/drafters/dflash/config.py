@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from flashmap_ext.drafters.common.config import (
     TargetShaped,
@@ -67,6 +67,9 @@ class DFlashConfig(TargetShaped):
     final_logit_softcapping: float | None = None  # ... then softcapped: c·tanh(logits / c) when c > 0
     context_window: int | None = None  # ours: read the last W memory entries only (common/window.py); None: all
 
+    architecture: ClassVar[str] = ARCHITECTURE
+    draft_fields: ClassVar[tuple[str, ...]] = ()  # a subclass's fields written into `dflash_config`
+
     def __post_init__(self):
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {self.block_size}")
@@ -99,7 +102,7 @@ class DFlashConfig(TargetShaped):
         """The released `config.json` content (without `torch_dtype`, which the saver adds). Options at
         their neutral value are written as the v1 release does (full attention, no scaling)."""
         d = dataclasses.asdict(self)
-        extra = {k: d.pop(k) for k in ("mask_token_id", "target_layer_ids")}
+        extra = {k: d.pop(k) for k in ("mask_token_id", "target_layer_ids", *self.draft_fields)}
         extra["target_layer_ids"] = list(extra["target_layer_ids"])
         for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
                               ("final_logit_softcapping", None), ("context_window", None)):
@@ -110,7 +113,7 @@ class DFlashConfig(TargetShaped):
             d.pop(name)
         if d["num_target_layers"] is None:
             del d["num_target_layers"]
-        out = {"architectures": [ARCHITECTURE], "model_type": "qwen3", **d, "hidden_act": "silu",
+        out = {"architectures": [self.architecture], "model_type": "qwen3", **d, "hidden_act": "silu",
                "rope_scaling": self.rope_scaling, "attention_dropout": 0.0, "tie_word_embeddings": False,
                "layer_types": list(self.layer_types or [FULL] * self.num_hidden_layers),
                "sliding_window": self.sliding_window, "use_sliding_window": self.sliding_window is not None,
@@ -124,15 +127,21 @@ class DFlashConfig(TargetShaped):
         """Parses a released DFlash `config.json`. ValueError for a non-DFlash or incomplete config;
         NotImplementedError, one line naming the field, for what this implementation does not run
         (DFlash2 heads, dynamic/longrope RoPE, vLLM's `use_swa`/attention sinks, ...)."""
-        if ARCHITECTURE not in (cfg.get("architectures") or []):
+        if cls.architecture not in (cfg.get("architectures") or []):
             if "DFlash2DraftModel" in (cfg.get("architectures") or []):
                 raise NotImplementedError("DFlash2 (architectures=['DFlash2DraftModel']: conv layers + candidate "
-                                          "selector) is not supported")
-            raise ValueError(f"not a DFlash checkpoint: architectures={cfg.get('architectures')}")
+                                          "selector) is not a DFlash checkpoint: load it as DFlash2")
+            raise ValueError(f"not a {cls.architecture} checkpoint: architectures={cfg.get('architectures')}")
+        return cls(**cls.hf_fields(cfg))
+
+    @classmethod
+    def hf_fields(cls, cfg: dict[str, Any], allowed: frozenset = frozenset()) -> dict[str, Any]:
+        """The DFlashConfig fields of a released `config.json` (what `from_hf_dict` builds from); `allowed`:
+        fields of `_UNSUPPORTED` a subclass runs (DFlash2's `conv_kernel_size`, `selector_rank`)."""
         draft = cfg.get("dflash_config") or {}
         check_field_types(cfg, _TOP_SCHEMA)
         check_field_types(draft, _DRAFT_SCHEMA, "dflash_config.")
-        reject_unsupported(cfg)
+        reject_unsupported(cfg, allowed)
 
         def field(name, default=None):
             return draft.get(name, cfg.get(name, default))
@@ -152,25 +161,25 @@ class DFlashConfig(TargetShaped):
         heads = int(cfg["num_attention_heads"])
         causal = cfg.get("is_causal", draft.get("causal"))
         softcap = field("final_logit_softcapping")
-        return cls(hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
-                   num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
-                   head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-                   vocab_size=int(cfg["vocab_size"]), mask_token_id=int(field("mask_token_id")),
-                   target_layer_ids=ids, num_hidden_layers=n_layers,
-                   num_target_layers=None if num_target_layers is None else int(num_target_layers),
-                   block_size=int(field("block_size")), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                   rope_theta=float(rope_theta(cfg)),
-                   max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
-                   attention_bias=bool(cfg.get("attention_bias", False)),
-                   initializer_range=float(cfg.get("initializer_range", 0.02)),
-                   draft_vocab_size=None if cfg.get("draft_vocab_size") is None else int(cfg["draft_vocab_size"]),
-                   layer_types=cfg.get("layer_types"),
-                   sliding_window=_sliding_window(cfg),
-                   is_causal=None if causal is None else bool(causal), rope_scaling=rope_scaling(cfg),
-                   input_embedding_scale=float(field("input_embedding_scale", 1.0)),
-                   output_multiplier=float(field("output_multiplier", 1.0)),
-                   final_logit_softcapping=None if softcap is None else float(softcap),
-                   context_window=draft.get("context_window"))
+        return dict(hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
+                    num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+                    head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+                    vocab_size=int(cfg["vocab_size"]), mask_token_id=int(field("mask_token_id")),
+                    target_layer_ids=ids, num_hidden_layers=n_layers,
+                    num_target_layers=None if num_target_layers is None else int(num_target_layers),
+                    block_size=int(field("block_size")), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                    rope_theta=float(rope_theta(cfg)),
+                    max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
+                    attention_bias=bool(cfg.get("attention_bias", False)),
+                    initializer_range=float(cfg.get("initializer_range", 0.02)),
+                    draft_vocab_size=None if cfg.get("draft_vocab_size") is None else int(cfg["draft_vocab_size"]),
+                    layer_types=cfg.get("layer_types"),
+                    sliding_window=_sliding_window(cfg),
+                    is_causal=None if causal is None else bool(causal), rope_scaling=rope_scaling(cfg),
+                    input_embedding_scale=float(field("input_embedding_scale", 1.0)),
+                    output_multiplier=float(field("output_multiplier", 1.0)),
+                    final_logit_softcapping=None if softcap is None else float(softcap),
+                    context_window=draft.get("context_window"))
 
 
 # JSON types of the fields `from_hf_dict` reads (common.config.check_field_types; "?": null allowed).
@@ -203,10 +212,13 @@ _UNSUPPORTED = (("conv_kernel_size", (None, 0)), ("selector_rank", (None, 0)), (
                 ("projector_type", (None, "dflash")))
 
 
-def reject_unsupported(cfg: dict[str, Any]) -> None:
-    """NotImplementedError naming the first field whose value this implementation cannot run."""
+def reject_unsupported(cfg: dict[str, Any], allowed: frozenset = frozenset()) -> None:
+    """NotImplementedError naming the first field whose value this implementation cannot run (but the
+    names in `allowed`)."""
     draft = cfg.get("dflash_config") or {}
     for name, neutral in _UNSUPPORTED:
+        if name in allowed:
+            continue
         value = draft.get(name, cfg.get(name))
         if value not in neutral:
             raise NotImplementedError(f"DFlash option {name}={value!r} is not supported")

@@ -61,10 +61,14 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     `hidden_norm`, `norm`. Call `attach_target` (or pass `target`) before drafting or training.
     """
 
+    layer_type = DFlashLayer  # a subclass may wrap the layers (DFlash2)
+    kind, label = "dflash", "DFlash drafter"  # checkpoint kind (common/checkpoint.py) and its name in errors
+    config_type = DFlashConfig
+
     def __init__(self, config: DFlashConfig, target: Any = None):
         super().__init__()
         c = self.config = config
-        self.layers = nn.ModuleList(DFlashLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_type(c) for _ in range(c.num_hidden_layers))
         self.fc = nn.Linear(len(c.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -289,7 +293,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
                                  f"tokenizer {'absent' if tokenizer is None else len(tokenizer)}): pass mask_token_id= "
                                  "(flashmap train dflash: --mask-token-id)")
             overrides["mask_token_id"] = len(tokenizer)
-        config = DFlashConfig(**{**shape, "vocab_size": rows, **overrides})
+        config = cls.config_type(**{**shape, "vocab_size": rows, **overrides})
         weight = model.get_input_embeddings().weight
         return cls(config, target).to(device=weight.device, dtype=dtype or weight.dtype)
 
@@ -301,18 +305,23 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         `lm_head.weight` (the draft vocabulary's head in vLLM's layout, release.py) is not loaded: the head
         is the target's; with `target` given, UnsupportedCheckpoint unless it equals the target's rows."""
         ckpt.check_load_dtype(dtype, cls.__name__)
-        config = ckpt.load_config(path, "dflash", DFlashConfig.from_hf_dict)
-        weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path, "dflash").items()
+        config = ckpt.load_config(path, cls.kind, cls.parse_config)
+        weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path, cls.kind).items()
                    if not k.endswith("rotary_emb.inv_freq")}
         head = weights.pop("lm_head.weight", None) if config.draft_vocab_size is not None else None
-        drafter = ckpt.build_loaded(cls, config, weights, f"{path} (DFlash drafter)", target, device, dtype)
+        drafter = ckpt.build_loaded(cls, config, weights, f"{path} ({cls.label})", target, device, dtype)
         if head is not None and target is not None:
             own = drafter._tables.head_weight
             if head.shape != own.shape or not torch.equal(head, own.to("cpu", head.dtype)):
-                raise ckpt.UnsupportedCheckpoint(f"{path} (DFlash drafter): its lm_head.weight is not the "
+                raise ckpt.UnsupportedCheckpoint(f"{path} ({cls.label}): its lm_head.weight is not the "
                                                  "target's LM-head rows of the draft vocabulary (a trained "
                                                  "draft head is not supported)")
         return drafter
+
+    @staticmethod
+    def parse_config(cfg: dict) -> DFlashConfig:
+        """The drafter's config from a checkpoint's parsed config.json."""
+        return DFlashConfig.from_hf_dict(cfg)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         """Writes the released DFlash format: config.json + model.safetensors (no embedding/LM head)."""

@@ -3,6 +3,7 @@
     register()                the plugin: registers the FlashMap drafter architecture with vLLM's
                               ModelRegistry (vLLM calls it in every process through the entry point)
     export_dflash(src, dst)   our DFlash checkpoint -> a directory vLLM's native `dflash` method loads
+    export_dflash2(src, dst)  our DFlash2 checkpoint -> z-lab's DFlash2 layout (vLLM >= 0.28, `dflash` method)
     export_flashmap(src, dst) our FlashMap checkpoint -> a directory served through the `dflash` method
                               by the plugin's drafter model (model.py)
     speculative_config(dst)  the `--speculative-config` dict for an exported directory
@@ -12,9 +13,15 @@ the target's tapped hidden states and runs the drafter once on [anchor, K query 
 """
 from __future__ import annotations
 
-from flashmap_ext.integrations.vllm.export import ARCHITECTURE, export_dflash, export_flashmap, speculative_config
+from flashmap_ext.integrations.vllm.export import (
+    ARCHITECTURE,
+    export_dflash,
+    export_dflash2,
+    export_flashmap,
+    speculative_config,
+)
 
-__all__ = ["register", "export_dflash", "export_flashmap", "speculative_config", "ARCHITECTURE"]
+__all__ = ["register", "export_dflash", "export_dflash2", "export_flashmap", "speculative_config", "ARCHITECTURE"]
 
 
 def register() -> None:

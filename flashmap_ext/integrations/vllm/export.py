@@ -43,6 +43,27 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
     return export_released(src, dst, target, unwindowed=unwindowed)
 
 
+def export_dflash2(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Writes our DFlash2 checkpoint `src` (z-lab's or speculators' layout) into `dst` in z-lab's released
+    DFlash2 layout, which vLLM serves with its `dflash` method since v0.28 (its `DFlash2DraftModel` path;
+    the vLLM tests here do not run it). NotImplementedError for what that layout or vLLM does not carry: a
+    draft vocabulary (the selector's codebooks would be indexed by draft rows), our context window, the
+    speculators-trained sliding window counted from the anchor (`flashmap convert --to speculators` keeps
+    it), embedding scale, output multiplier. Returns `dst`."""
+    from flashmap_ext.drafters.common import checkpoint as ckpt
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+    from flashmap_ext.drafters.dflash2.speculators_format import parse
+
+    config = ckpt.load_config(src, "dflash2", parse)
+    for name, neutral in (("draft_vocab_size", None), ("context_window", None), ("window_from_anchor", False),
+                          ("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
+        if getattr(config, name) != neutral:
+            raise NotImplementedError(f"{src}: DFlash2 option {name}={getattr(config, name)!r} is not served by "
+                                      "vLLM's DFlash2 drafter")
+    DFlash2Drafter.from_pretrained(src, device="cpu").save_pretrained(dst, layout="zlab")
+    return Path(dst)
+
+
 def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_position_embeddings: int = 40960,
                     seed: int = 0, unwindowed: bool = False) -> Path:
     """Writes the plugin's form of our FlashMap checkpoint `src` (`FlashMapDrafter.save_pretrained`)
@@ -86,7 +107,7 @@ def vllm_config_dict(config: Any, *, max_position_embeddings: int, seed: int) ->
 
 def speculative_config(path: str | os.PathLike) -> dict[str, Any]:
     """`{"method": "dflash", "model": path, "num_speculative_tokens": K}` for an exported directory:
-    K = block_size − 1 for DFlash (anchor + K masks), block_size for FlashMap (every slot drafts). ValueError
+    K = block_size − 1 for DFlash and DFlash2 (anchor + K masks), block_size for FlashMap (every slot drafts). ValueError
     for an un-exported FlashMap checkpoint (its K cannot be read from a DFlash-shaped config)."""
     raw = json.loads((Path(path) / "config.json").read_text())
     if raw.get("model_type") == "flashmap_drafter":  # a training checkpoint, not an export: K would be wrong
