@@ -1,9 +1,11 @@
-"""`flashmap train {flow,dflash,eagle3}`: train a drafter on a feature cache (`snapshot`: a drafter folder
-from one of a run's training checkpoints).
+"""`flashmap train {flow,dflash,dflash2,eagle3}`: train a drafter on a feature cache (`snapshot`: a drafter
+folder from one of a run's training checkpoints).
 
   flow    the FlashMap flow model (DESIGN.md §4): τ ~ U[0,1] stratified, slot-weighted CE, d-space noise.
           Its output is the teacher for `flashmap distill`, and already drafts on its own (one Euler step).
   dflash  the DFlash baseline (block = anchor + masks, weighted CE, decay γ = 7 for block 16; --slot-decay).
+  dflash2 DFlash2: DFlash plus dynamic convolutions and a candidate selector; DFlash's loss plus the
+          selector's (train/dflash.py), on the same features.
   eagle3  the EAGLE-3 baseline (training-time test over 7 steps, weights 0.8^j, draft vocabulary of the
           most frequent response tokens). Its taps differ: cache them with `flashmap features --layers eagle3`.
 """
@@ -54,17 +56,21 @@ def add_parser(subparsers) -> None:
     dflash = stages.add_parser("dflash", help="DFlash baseline drafter", epilog=runner.EPILOG,
                                description="Train the DFlash baseline drafter on a feature cache.",
                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    runner.add_training_args(dflash)
-    shape = dflash.add_argument_group("drafter shape (default: from --preset)")
-    shape.add_argument("--layers", type=int, help="decoder layers")
-    shape.add_argument("--block-size", type=int, help="anchor + draft tokens per block")
-    shape.add_argument("--intermediate-size", type=int, help="MLP width (default: the target's)")
-    shape.add_argument("--draft-vocab", metavar="N|FILE",
-                       help="draft vocabulary as for `train flow` (drafts and loss on these LM-head rows only)")
-    shape.add_argument("--mask-token-id", type=int,
-                       help="embedding row used as the mask token (default: the first row past the tokenizer)")
-    add_slot_decay(dflash, "auto", "default auto (DFlash's rule)")
+    add_dflash_args(dflash)
     dflash.set_defaults(func=run_dflash)
+    dflash2 = stages.add_parser("dflash2", help="DFlash2 drafter (convolutions + candidate selector)",
+                                epilog=runner.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Train a DFlash2 drafter on a feature cache: DFlash's loss plus "
+                                            "the candidate selector's.")
+    shape = add_dflash_args(dflash2)
+    shape.add_argument("--conv-kernel-size", type=int, help="taps of each dynamic convolution (default 2)")
+    shape.add_argument("--conv-group-size", type=int,
+                       help="channels sharing one dynamic kernel value (default: from --preset)")
+    shape.add_argument("--selector-rank", type=int, help="rank of the selector's bilinear term (default: --preset)")
+    shape.add_argument("--selector-top-k", type=int, help="unary candidates the selector re-scores (default 16)")
+    dflash2.add_argument("--selector-weight", type=float, default=1.0,
+                         help="weight of the selector loss next to the unary loss (default 1.0, the reference's)")
+    dflash2.set_defaults(func=run_dflash)
     eagle = stages.add_parser("eagle3", help="EAGLE-3 baseline drafter", epilog=runner.EPILOG,
                               description="Train the EAGLE-3 baseline on a feature cache of its low/mid/high "
                                           "taps (`flashmap features --layers eagle3`).",
@@ -86,6 +92,22 @@ def add_parser(subparsers) -> None:
                              description=snapshot.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     snapshot.add_arguments(snap)
     snap.set_defaults(func=snapshot.run, resume_hint="")
+
+
+def add_dflash_args(parser):
+    """The training, shape and --slot-decay options `train dflash` and `train dflash2` share; returns the
+    shape group."""
+    runner.add_training_args(parser)
+    shape = parser.add_argument_group("drafter shape (default: from --preset)")
+    shape.add_argument("--layers", type=int, help="decoder layers")
+    shape.add_argument("--block-size", type=int, help="anchor + draft tokens per block")
+    shape.add_argument("--intermediate-size", type=int, help="MLP width (default: the target's)")
+    shape.add_argument("--draft-vocab", metavar="N|FILE",
+                       help="draft vocabulary as for `train flow` (drafts and loss on these LM-head rows only)")
+    shape.add_argument("--mask-token-id", type=int,
+                       help="embedding row used as the mask token (default: the first row past the tokenizer)")
+    add_slot_decay(parser, "auto", "default auto (DFlash's rule)")
+    return shape
 
 
 def add_slot_decay(parser, default: str, default_help: str) -> None:
@@ -196,12 +218,22 @@ def draft_vocab(spec, cache, rows: int):
     return build_draft_vocab(counts, min(int(spec), rows))
 
 
+DFLASH2_OPTIONS = {"conv_kernel_size": "conv_kernel_size", "conv_group_size": "conv_group_size",
+                   "selector_rank": "selector_rank", "selector_top_k": "selector_top_k"}
+
+
 def run_dflash(args) -> int:
+    """`train dflash` and `train dflash2` (args.stage): one recipe, DFlash2 adds its shape and selector loss."""
     from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
     from flashmap_ext.train.dflash import dflash_loss
-    run, shape = runner.settings(args, "train-dflash", "dflash")
+    stage = args.stage
+    run, shape = runner.settings(args, f"train-{stage}", stage)
     shape = _overrides(args, shape, {"layers": "num_hidden_layers", "block_size": "block_size",
-                                     "mask_token_id": "mask_token_id", "intermediate_size": "intermediate_size"})
+                                     "mask_token_id": "mask_token_id", "intermediate_size": "intermediate_size",
+                                     **(DFLASH2_OPTIONS if stage == "dflash2" else {})})
+    cls = DFlash2Drafter if stage == "dflash2" else DFlashDrafter
+    selector = {"selector_weight": args.selector_weight} if stage == "dflash2" else {}
     from flashmap_ext.target import load_target
     target, tokenizer = load_target(args.target, *runner.target_placement(args))
     layer_ids = runner.tap_layers(args, runner.FeatureCache(args.features).meta["target_layer_ids"])
@@ -211,16 +243,16 @@ def run_dflash(args) -> int:
                       hf_causal_lm(target).get_input_embeddings().weight.shape[0])
     if ids is not None:
         shape["draft_vocab_size"] = ids.numel()
-    drafter = DFlashDrafter.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
+    drafter = cls.for_target(target, tokenizer=tok, target_layer_ids=list(layer_ids), **shape)
     if ids is not None:
         drafter.set_draft_vocab(ids)
     options = runner.loss_options(args)
     gamma = slot_decay_arg(args.slot_decay)
 
     def loss_fn(model, batch, generator):
-        return dflash_loss(model, batch, generator, gamma=gamma, **options)
-    metrics = runner.run_stage(drafter, loss_fn, args, run, "dflash", target=target)
-    return runner.finish("dflash", metrics, args)
+        return dflash_loss(model, batch, generator, gamma=gamma, **options, **selector)
+    metrics = runner.run_stage(drafter, loss_fn, args, run, stage, target=target)
+    return runner.finish(stage, metrics, args)
 
 
 def run_eagle3(args) -> int:

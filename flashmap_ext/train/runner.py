@@ -103,10 +103,10 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
             run[key] = getattr(args, key)
     shape = dict(chosen[model_key])
     window = getattr(args, "context_window", None)
-    if model_key in ("flashmap", "dflash"):
+    if model_key in ("flashmap", "dflash", "dflash2"):
         shape["context_window"] = run.get("max_length") if window is None else window or None
     elif window is not None:
-        raise ValueError(f"--context-window: FlashMap and DFlash drafters only (not {model_key})")
+        raise ValueError(f"--context-window: FlashMap and DFlash drafters only, DFlash2 included (not {model_key})")
     return run, shape
 
 

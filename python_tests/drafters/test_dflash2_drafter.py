@@ -177,3 +177,96 @@ def test_config_checks():
     once = DFlash2Config.from_hf_dict(DFlash2Config(**base, conv_kernel_size=3, selector_top_k=7).to_hf_dict())
     assert (once.conv_kernel_size, once.selector_top_k) == (3, 7)
     assert DFlash2Config.from_hf_dict(once.to_hf_dict()) == once
+
+
+# --- training --------------------------------------------------------------------------------------------
+def _batch(d, target, t=20, seed=3):
+    ids = torch.randint(0, 110, (2, t), generator=torch.Generator().manual_seed(seed))
+    taps = Target(target).forward(ids, Target(target).new_cache(), tap_layer_ids=TAPS).taps
+    anchors = torch.tensor([[0, 4, 9, 13], [1, 2, 10, -1]])
+    k = d.num_draft_tokens
+    pos = anchors[..., None] + 1 + torch.arange(k)
+    labels = torch.where((pos < t) & (anchors[..., None] >= 0), ids.gather(1, pos.clamp(0, t - 1).flatten(1))
+                         .view_as(pos), -100)
+    return {"input_ids": ids, "taps": taps, "anchor_pos": anchors, "labels": labels}
+
+
+def test_loss_is_dflash_plus_the_selector_term_by_hand(target):
+    """dflash_loss of a DFlash2 drafter = the unary weighted CE + the selector's weighted CE over its
+    top-k candidates (the label swapped in for the last one when missing), against a float64 loop."""
+    import math
+
+    from flashmap_ext.train.dflash import dflash_loss
+    d = drafter(target).double()
+    sel = d.candidate_selector
+    sel.top_k = 3  # small enough that some labels fall outside the top-k
+    batch = _batch(d, target)
+    batch["taps"] = batch["taps"].double()
+    batch["labels"][0, 1, 2] = -100
+    loss, metrics = dflash_loss(d, batch, gamma=2.0, anchor_chunk=3, selector_weight=0.5)
+    hidden = d.forward_train_hidden(batch["taps"], batch["input_ids"], batch["anchor_pos"])
+    logits = d.vocab_logits(hidden)
+    unary = [0.0, 0.0]
+    selector = [0.0, 0.0]
+    missed = 0
+    for b, a, k in itertools.product(range(2), range(4), range(4)):
+        y = int(batch["labels"][b, a, k])
+        if y < 0:
+            continue
+        w = math.exp(-k / 2.0)
+        unary[0] -= w * float(torch.log_softmax(logits[b, a, k], -1)[y])
+        unary[1] += w
+        prev = int(batch["input_ids"][b, batch["anchor_pos"][b, a]]) if k == 0 else int(batch["labels"][b, a, k - 1])
+        cands = logits[b, a, k].topk(3).indices.tolist()
+        if y not in cands:
+            cands[-1], missed = y, missed + 1
+        ctx = sel.predecessor_codebook[prev] * (hidden[b, a, k] @ sel.hidden_projection.weight.T) if prev >= 0 else 0
+        scores = torch.stack([logits[b, a, k, c] + (ctx * sel.successor_codebook[c]).sum() for c in cands])
+        selector[0] -= w * float(torch.log_softmax(scores, -1)[cands.index(y)])
+        selector[1] += w
+    assert missed > 0
+    want = unary[0] / unary[1] + 0.5 * selector[0] / selector[1]
+    assert loss.item() == pytest.approx(want, rel=1e-6)  # the loss runs its logits in fp32
+    assert metrics["selector_loss"] == pytest.approx(selector[0] / selector[1], rel=1e-6)
+
+
+def test_loss_decreases_on_tiny_overfit(target):
+    from flashmap_ext.train.dflash import dflash_loss
+    d = drafter(target).train()
+    batch = _batch(d, target)
+    opt = torch.optim.Adam(d.parameters(), lr=5e-3)
+    first = None
+    for _ in range(25):
+        loss, metrics = dflash_loss(d, batch)
+        first = first or metrics
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert metrics["loss"] < 0.3 * first["loss"] and metrics["selector_loss"] < 0.5 * first["selector_loss"]
+    assert metrics["acc"] > first["acc"] + 0.3
+    assert d.candidate_selector.successor_codebook.grad.abs().sum() > 0
+    assert target.lm_head.weight.grad is None
+
+
+def test_train_dflash2_command_on_tiny_random(tmp_path, monkeypatch):
+    """`flashmap train dflash2` end to end on the tiny random target: features, a few steps, the drafter
+    written, loaded back and drafting (its metrics carry the selector loss), parameters as configured."""
+    monkeypatch.setenv("FLASHMAP_DEBUG", "1")
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"},
+                                                     {"role": "assistant", "content": "?"}]}) + "\n"
+                            for w in ("one", "two", "three", "four")))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "r.jsonl"),
+                 "--max-new-tokens", "24", "--batch-size", "4"]) == 0
+    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    out = tmp_path / "d2"
+    assert main(["train", "dflash2", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
+                 "--batch-size", "2", "--out", str(out), "--steps", "12", "--mask-token-id", "0",
+                 "--selector-rank", "4", "--selector-top-k", "5", "--log-every", "1", "--lr", "3e-3"]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert "selector_loss" in lines[0] and lines[-1]["loss"] < lines[0]["loss"]
+    cfg = json.loads((out / "drafter" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_rank"] == 4
+    assert main(["generate", "--target", "tiny-random", "--drafter", str(out / "drafter"), "--prompt", "say one",
+                 "--max-new-tokens", "8"]) == 0

@@ -104,3 +104,23 @@ def test_tap_ids_convert_both_ways(target, tmp_path):
            and not k.startswith(("embed_tokens", "lm_head"))}
     for k, v in own.items():
         assert torch.equal(v, again.state_dict()[k]), k
+
+
+def test_selector_loss_matches_the_reference(target, tmp_path):
+    """Our selector CE (train/dflash.py) = the reference's: its training candidates (the label swapped in
+    for the last one when the top-k misses it) re-scored by its selector, cross-entropy per position."""
+    import torch.nn.functional as F
+    from speculators.models.dflash2.metrics import selector_training_candidates
+
+    from flashmap_ext.train.dflash import selector_ce
+    ref, ours = load_pair(target, tmp_path, "full")
+    g = torch.Generator().manual_seed(5)
+    logits, hidden = torch.randn(30, 111, generator=g) * 3, torch.randn(30, 64, generator=g)
+    labels, prev = torch.randint(0, 111, (30,), generator=g), torch.randint(0, 111, (30,), generator=g)
+    with torch.no_grad():
+        cands, where, found = selector_training_candidates(logits.topk(5).indices, labels)
+        want = F.cross_entropy(ref.candidate_selector.score_candidates(logits, hidden, prev, cands), where,
+                               reduction="none")
+        got, _ = selector_ce(ours.candidate_selector, logits, hidden, prev, labels)
+    assert 0 < int(found.sum()) < 30
+    assert (got - want).abs().max().item() <= 1e-5

@@ -9,7 +9,7 @@ from flashmap_ext.commands.features import tap_layers
 from flashmap_ext.train.checkpoint import latest
 from flashmap_ext.train.runner import settings, window_arg
 
-COMMANDS = [["train", "flow"], ["train", "dflash"], ["train", "eagle3"], ["distill"], ["data", "regenerate"],
+COMMANDS = [["train", "flow"], ["train", "dflash"], ["train", "dflash2"], ["train", "eagle3"], ["distill"], ["data", "regenerate"],
             ["features"]]
 
 
