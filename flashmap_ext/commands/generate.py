@@ -103,9 +103,10 @@ def add_shape_arguments(p) -> None:
     p.add_argument("--lookup", action="store_true",
                    help="prompt-lookup hybrid: n-gram continuations from prompt + output where they match, the "
                         "drafter's tokens elsewhere (alone without --drafter); with --tree both as two branches")
-    p.add_argument("--block-tree", choices=["topk", "multinoise"],
-                   help="with --tree D,K,N on a FlashMap/DFlash drafter: top-K-per-slot trees, or K noise draws "
-                        "merged into a prefix tree (FlashMap); N = node budget")
+    p.add_argument("--block-tree", choices=["topk", "multinoise", "selector"],
+                   help="with --tree D,K,N on a FlashMap/DFlash drafter: top-K-per-slot trees, K noise draws "
+                        "merged into a prefix tree (FlashMap), or trees scored by DFlash2's candidate selector "
+                        "(its K best candidates given each node); N = node budget")
     p.add_argument("--auto", action="store_true",
                    help="pick the draft shape per round from this machine's measured costs (plain decoding, "
                         "lookup, a drafter chain or top-k tree and its node budget, or lookup + drafter as two "
@@ -128,7 +129,7 @@ def check_drafter_options(args, kind: str | None) -> None:
     for flag, value in (("--steps", args.steps), ("--draws", args.draws)):
         if value is not None and kind != "flashmap":
             raise ValueError(f"{flag}: FlashMap drafters only (got {'no drafter' if kind is None else kind})")
-    if args.context_window is not None and kind not in ("flashmap", "dflash"):
+    if args.context_window is not None and kind not in ("flashmap", "dflash", "dflash2"):
         raise ValueError(f"--context-window: FlashMap and DFlash drafters only "
                          f"(got {'no drafter' if kind is None else kind})")
 
@@ -181,8 +182,9 @@ def shape_drafter(args, target, drafter):
     if getattr(args, "block_tree", None):
         if tree is None or drafter is None:
             raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
-        from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter
-        drafter = (TopKTreeDrafter if args.block_tree == "topk" else MultiNoiseDrafter)(drafter)
+        from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, SelectorTreeDrafter, TopKTreeDrafter
+        wrap = {"topk": TopKTreeDrafter, "multinoise": MultiNoiseDrafter, "selector": SelectorTreeDrafter}
+        drafter = wrap[args.block_tree](drafter)
     if getattr(args, "lookup", False):
         if tree is not None and drafter is None:
             raise ValueError(LOOKUP_TREE_ALONE)

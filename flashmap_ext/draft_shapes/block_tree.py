@@ -7,9 +7,13 @@
 - `TopKTreeDrafter(block drafter)`: the block's per-slot logits (FlashMap or DFlash); each node at depth d
   gets slot d+1's `topk` most likely tokens as children; nodes are taken best-first by cumulative draft
   log-probability until `num_nodes` (DDTree-style top-k-per-slot tree).
+- `SelectorTreeDrafter(dflash2)`: DFlash2's edge scores: a node's children are the `topk` best of its slot's
+  selector candidates given the node's own token (unary + the selector term given its parent, normalised
+  over the candidates), taken best-first by cumulative edge log-probability until `num_nodes`.
 
 Both are batch 1 and take `generate(..., tree=TreeSpec(depth, topk, num_nodes))`; `draft` passes through to
 the wrapped drafter, so the same object also drafts chains.
+All are verified by the same tree round, so any tree is lossless whatever its scores.
 """
 from __future__ import annotations
 
@@ -185,3 +189,42 @@ class TopKTreeDrafter(_BlockTreeBase):
         seed = torch.zeros_like(position) if seed is None else seed
         logp = block_log_probs(self.inner, memory, anchor_token, position, seed)
         return topk_tree(logp, topk=topk, num_nodes=num_nodes, depth=min(depth, self.num_draft_tokens))
+
+
+class SelectorTreeDrafter(_BlockTreeBase):
+    """Best-first trees scored by a DFlash2 drafter's candidate selector (one block forward per round)."""
+
+    def __init__(self, drafter):
+        if not hasattr(drafter, "candidate_selector"):
+            raise ValueError(f"selector trees need a DFlash2 drafter (a candidate selector), got {type(drafter).__name__}")
+        super().__init__(drafter)
+
+    @torch.no_grad()
+    def draft_tree(self, memory, anchor_token: torch.Tensor, position: torch.Tensor, *, depth: int, topk: int,
+                   num_nodes: int, seed: Optional[torch.Tensor] = None) -> DraftTree:
+        d = self.inner
+        depth = min(depth, self.num_draft_tokens)
+        hidden = d.block_hidden(memory, anchor_token, position)[0, :depth]
+        unary = d.vocab_logits(hidden)
+        sel = d.candidate_selector
+
+        def children(slot: int, row: int) -> list:
+            cands, logp = sel.edge_log_probs(unary[slot], hidden[slot], row)
+            best = logp.topk(min(topk, logp.numel()))
+            return list(zip(best.values.tolist(), cands[best.indices].tolist()))
+        if depth <= 0 or num_nodes <= 0:
+            return merge_chains([], num_nodes=0, depth=0)
+        anchor_row = int(d.vocab.to_draft(anchor_token)[0])
+        heap = [(-v, r, -1, 0, tok) for r, (v, tok) in enumerate(children(0, anchor_row))]
+        heapq.heapify(heap)
+        tokens, parents, depths, scores, pushed = [], [], [], [], len(heap)
+        while heap and len(tokens) < num_nodes:
+            neg, _, parent, level, row = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(row), parents.append(parent), depths.append(level + 1), scores.append(-neg)
+            if level + 1 < depth:
+                for v, tok in children(level + 1, row):
+                    heapq.heappush(heap, (neg - v, pushed, node, level + 1, tok))
+                    pushed += 1
+        ids = d.vocab.to_target(torch.tensor(tokens, dtype=torch.int64, device=unary.device)).tolist()
+        return _subtree(list(range(len(tokens))), ids, parents, depths, scores)

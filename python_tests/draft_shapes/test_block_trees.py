@@ -9,7 +9,13 @@ import torch
 
 from conftest import tiny_qwen3
 from flashmap_ext import Target, TreeSpec, generate
-from flashmap_ext.draft_shapes.block_tree import MultiNoiseDrafter, TopKTreeDrafter, merge_chains, topk_tree
+from flashmap_ext.draft_shapes.block_tree import (
+    MultiNoiseDrafter,
+    SelectorTreeDrafter,
+    TopKTreeDrafter,
+    merge_chains,
+    topk_tree,
+)
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
 from support.drafter_doubles import RecordingDrafter, greedy_continuation
 from support.loop_helpers import V_SMALL, assert_matches_joint, prompt_of
@@ -100,6 +106,49 @@ def test_topk_tree_is_best_first_by_cumulative_log_prob():
     assert topk_tree(logp, topk=3, num_nodes=100, depth=2).tokens.numel() == 3 + 9
 
 
+def random_dflash2(model, k=K, top_k=5):
+    """A random DFlash2 drafter, its convolutions and selector random too (so the selector reorders)."""
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+    torch.manual_seed(1)
+    d = DFlash2Drafter.for_target(model, mask_token_id=model.config.vocab_size - 1, block_size=k + 1,
+                                  num_hidden_layers=1, target_layer_ids=list(TAPS), selector_rank=4,
+                                  selector_top_k=top_k).eval()
+    with torch.no_grad():
+        for name, p in d.named_parameters():
+            if "conv" in name or "selector" in name:
+                p.copy_(torch.randn_like(p) * (0.3 if "conv" in name else 1.0))
+    return d
+
+
+def test_selector_tree_scores_are_cumulative_edge_log_probs(model):
+    """Depth-1 nodes are the anchor's best candidates by edge log-probability; every node's score is its
+    parent's plus its own edge log-probability given the parent's token (recomputed here slot by slot)."""
+    d = random_dflash2(model)
+    ids = torch.tensor([prompt_of(9)])
+    t = Target(model)
+    memory = d.new_memory(1)
+    d.extend_memory(memory, ids[:, :8], t.forward(ids[:, :8], t.new_cache(), tap_layer_ids=TAPS).taps)
+    anchor, pos = ids[0, 8:9], torch.tensor([8])
+    tree = SelectorTreeDrafter(d).draft_tree(memory, anchor, pos, depth=K, topk=3, num_nodes=12)
+    hidden = d.block_hidden(memory, anchor, pos)[0]
+    unary = d.vocab_logits(hidden)
+    for i in range(tree.tokens.numel()):
+        parent = int(tree.parents[i])
+        prev = int(anchor) if parent < 0 else int(tree.tokens[parent])
+        slot = int(tree.depths[i]) - 1
+        cands, logp = d.candidate_selector.edge_log_probs(unary[slot], hidden[slot], prev)
+        edge = float(logp[cands.tolist().index(int(tree.tokens[i]))])
+        base = 0.0 if parent < 0 else float(tree.scores[parent])
+        assert float(tree.scores[i]) == pytest.approx(base + edge, abs=1e-5)
+    assert tree.tokens.numel() == 12
+    full = SelectorTreeDrafter(d).draft_tree(memory, anchor, pos, depth=K, topk=3, num_nodes=500)
+    assert full.tokens.numel() == 3 + 9 + 27 + 81  # every node expanded: topk children per node
+    cands, logp = d.candidate_selector.edge_log_probs(unary[0], hidden[0], int(anchor))
+    assert [int(t) for t, p in zip(full.tokens, full.parents) if p < 0] == cands[logp.topk(3).indices].tolist()
+    kept = sorted(full.scores.tolist(), reverse=True)[:12]  # best-first: the 12-node tree = the 12 best nodes
+    assert sorted(tree.scores.tolist(), reverse=True) == pytest.approx(kept, abs=1e-6)
+
+
 # --- T = 0: token identity with plain greedy ------------------------------------------------------------
 def tree_drafter(model, kind):
     if kind == "multinoise-random":
@@ -111,6 +160,8 @@ def tree_drafter(model, kind):
         torch.manual_seed(1)
         return TopKTreeDrafter(DFlashDrafter.for_target(model, mask_token_id=V - 1, block_size=K + 1,
                                                         num_hidden_layers=1, target_layer_ids=list(TAPS)))
+    if kind == "selector-dflash2":
+        return SelectorTreeDrafter(random_dflash2(model))
     if kind == "hybrid-random":
         return LookupDrafter(random_flashmap(model, K, TAPS), num_lookup_tokens=5)
     kinds = {"multinoise-oracle": (MultiNoiseDrafter, dict(truth_draw=1)),
@@ -122,7 +173,7 @@ def tree_drafter(model, kind):
 
 
 KINDS = ["multinoise-random", "multinoise-oracle", "multinoise-wrong", "topk-random", "topk-dflash",
-         "topk-oracle-rank1", "topk-wrong", "hybrid-random"]
+         "topk-oracle-rank1", "topk-wrong", "hybrid-random", "selector-dflash2"]
 
 
 @pytest.mark.parametrize("prompt_len", [1, 17])
@@ -271,6 +322,19 @@ def test_sampling_matches_target_joint_distribution(kind):
 
     def run(seed):
         out = generate(target, drafter, prompt, 4, seed=seed, tree=spec, **filters)
+        return out.tokens, sum(out.stats.accepted)
+    assert_matches_joint(small, prompt, run, 800, filters)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_selector_tree_sampling_matches_target_joint_distribution(temperature):
+    """DFlash2 selector trees at T > 0 (T = 1 unfiltered): the first 3 tokens follow the target's exact law."""
+    small = tiny_qwen3(vocab_size=V_SMALL, num_layers=3, seed=3)
+    drafter = SelectorTreeDrafter(random_dflash2(small, k=3, top_k=4))
+    target, prompt, filters = Target(small), [1, 2, 1, 2, 3], dict(temperature=temperature, top_k=0, top_p=1.0)
+
+    def run(seed):
+        out = generate(target, drafter, prompt, 4, seed=seed, tree=TreeSpec(depth=3, topk=2, num_nodes=6), **filters)
         return out.tokens, sum(out.stats.accepted)
     assert_matches_joint(small, prompt, run, 800, filters)
 

@@ -270,3 +270,18 @@ def test_train_dflash2_command_on_tiny_random(tmp_path, monkeypatch):
     assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_rank"] == 4
     assert main(["generate", "--target", "tiny-random", "--drafter", str(out / "drafter"), "--prompt", "say one",
                  "--max-new-tokens", "8"]) == 0
+
+
+def test_bench_rows_of_a_dflash2_checkpoint(target, tmp_path):
+    """`flashmap bench --dflash <DFlash2 checkpoint> --shapes`: its chain, best-path chain and its top-k and
+    selector trees at 16 and 32 nodes."""
+    from flashmap_ext.bench.methods import build_methods
+    from flashmap_ext.draft_shapes.block_tree import SelectorTreeDrafter
+    drafter(target).save_pretrained(tmp_path / "d")
+    rows = build_methods(Target(target), torch.float32, None, str(tmp_path / "d"), None, peers=False, shapes=True)
+    names = [m.name for m in rows]
+    assert names[:3] == ["AR", "DFlash2", "DFlash2 best path"] and rows[2].drafter.path == "best"
+    for n in (16, 32):
+        row = rows[names.index(f"DFlash2 selector {n}")]
+        assert isinstance(row.drafter, SelectorTreeDrafter) and row.tree.num_nodes == n
+        assert f"DFlash2 top-k {n}" in names
