@@ -1,9 +1,10 @@
-"""`flashmap testbed`: FlashMap, DFlash and EAGLE-3 on a synthetic language with exact ceilings (DESIGN.md §13).
+"""`flashmap testbed`: FlashMap, DFlash, DFlash2 and EAGLE-3 on a synthetic language with exact ceilings
+(DESIGN.md §13).
 
   target  train the small Qwen3 target on the language (deterministic; a few CPU minutes) into --out
   run     the whole testbed in --out: the target (reused when --out/target exists), a training corpus, the
-          feature cache, the flow model, the distilled map, DFlash and EAGLE-3 trained with `flashmap
-          features` / `train` / `distill` at the same --steps, their held-out learning curves, then γ at
+          feature cache, the flow model, the distilled map, DFlash, DFlash2 and EAGLE-3 (or the subset
+          --drafters names) trained with `flashmap features` / `train` / `distill` at the same --steps, their held-out learning curves, then γ at
           T = 0 / 1 against the exact ceilings with paired bootstrap intervals, the shuffle test at 1 and 2
           steps, per-slot acceptance and FlashMap's draws per prompt → results.json, results.md, curves.png.
           Resumable: a finished stage (its output present) is skipped.
@@ -19,7 +20,7 @@ from pathlib import Path
 from flashmap_ext.commands.demo import positive_int
 
 MAX_K = 8  # the language's longest phrase and copy span: longer blocks have no structure to find
-ALL_DRAFTERS = ("flow", "map", "dflash", "eagle3")
+ALL_DRAFTERS = ("flow", "map", "dflash", "dflash2", "eagle3")
 
 
 def _drafters(text: str) -> tuple[str, ...]:
@@ -72,6 +73,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--curve-points", type=positive_int, default=10,
                    help="checkpoints per drafter on the held-out learning curve (all are kept)")
     r.set_defaults(func=run_all)
+
 
 
 def run_target(args) -> int:

@@ -43,8 +43,9 @@ def _drafters(runs: dict[str, Path], target, draws: int, probes: bool = True) ->
     """{row name: drafter} of the table for the runs present: the flow model's one Euler step (the control) and
     two steps (the target distillation's 0 → 1 jumps start from), the distilled map at 1 and 2 steps, both 1-step
     drafters from the noise mean z = 0, the mode-seeking 1-step drafters (best of `draws` noise draws by the
-    drafter's own probabilities; the map's per-slot marginal argmax over `draws` draws), DFlash and EAGLE-3;
-    without `probes` no z = 0 rows."""
+    drafter's own probabilities; the map's per-slot marginal argmax over `draws` draws), DFlash, DFlash2 (its
+    selector's greedy walk, and its best path through the block's top-k lattice) and EAGLE-3; without `probes`
+    no z = 0 rows."""
     out = {}
     for name, label in (("flow", "flow"), ("map", "FlashMap")):
         if name in runs:
@@ -55,9 +56,13 @@ def _drafters(runs: dict[str, Path], target, draws: int, probes: bool = True) ->
                 out[f"{label}-1 z=0"] = NoiseMeanDrafter(d, 1)
             if name == "map":
                 out[f"FlashMap-1 marginal argmax x{draws}"] = MarginalArgmaxDrafter(d, 1, draws)
-    for name, label in (("dflash", "DFlash"), ("eagle3", "EAGLE-3")):
+    for name, label in (("dflash", "DFlash"), ("dflash2", "DFlash2"), ("eagle3", "EAGLE-3")):
         if name in runs:
             out[label] = load_drafter(str(runs[name] / "drafter"), target, name, dtype=torch.float32)
+    if "dflash2" in runs:
+        out["DFlash2 best path"] = load_drafter(str(runs["dflash2"] / "drafter"), target, "dflash2",
+                                                dtype=torch.float32)
+        out["DFlash2 best path"].path = "best"
     return out
 
 
@@ -68,7 +73,9 @@ def _pairs(names, draws: int) -> list[tuple[str, str]]:
              ("FlashMap-1", "flow-1"), ("flow-2", "flow-1"), ("flow-1 z=0", "flow-1"), ("FlashMap-1 z=0", "FlashMap-1"),
              (f"FlashMap-1 {best}", "FlashMap-1"), (f"FlashMap-1 {marg}", "FlashMap-1"), (f"flow-1 {best}", "flow-1"),
              (f"FlashMap-1 {best}", "DFlash"), (f"flow-1 {best}", "DFlash"), (f"FlashMap-1 {best}", "flow-1"),
-             ("FlashMap-1", "independent_sampled"), ("FlashMap-1", "independent_argmax")]
+             ("FlashMap-1", "independent_sampled"), ("FlashMap-1", "independent_argmax"), ("DFlash2", "DFlash"),
+             ("DFlash2 best path", "DFlash2"), ("DFlash2", "independent_argmax"), ("DFlash", "independent_argmax"),
+             ("FlashMap-1", "DFlash2"), ("FlashMap-2", "DFlash2")]
     return [(a, b) for a, b in pairs if a in names and b in names]
 
 

@@ -1,5 +1,6 @@
-"""The stages of `flashmap testbed run` (DESIGN.md §13): target, corpus, features, four trainings with the
-project's own CLI, learning curves, the measurement and the report. A stage whose output exists is skipped."""
+"""The stages of `flashmap testbed run` (DESIGN.md §13): target, corpus, features, the drafters' trainings with
+the project's own CLI (flow, map, DFlash, DFlash2, EAGLE-3, or the subset --drafters names), learning curves, the
+measurement and the report. A stage whose output exists is skipped."""
 from __future__ import annotations
 
 import json
@@ -16,9 +17,11 @@ from flashmap_ext.synthetic.target import TargetRecipe, conversation, load_spec,
 TAPS = "1,2,3"
 CORPUS_SEED, HELDOUT_SEED, CURVE_SEED = 3, 2, 4
 # Equal parameter budgets (~210 k trainable each at the target's width 64, K = 8): flow 209,920 / map 219,200,
-# DFlash 209,504, EAGLE-3 211,200. At width 64 FlashMap's default cond_dim 256 would hold most of its weights.
+# DFlash 209,504, DFlash2 (DFlash's 3 layers + convolutions, group 16, + selector, rank 16) 226,400, EAGLE-3 211,200.
+# At width 64 FlashMap's default cond_dim 256 would hold most of its weights.
 FLOW_SHAPE = ("--layers", "2", "--width", "64", "--heads", "4", "--cond-dim", "32")
 DFLASH_SHAPE = ("--layers", "3")
+DFLASH2_SHAPE = (*DFLASH_SHAPE, "--conv-group-size", "16", "--selector-rank", "16", "--selector-top-k", "16")
 EAGLE3_SHAPE = ("--intermediate-size", "800")
 
 
@@ -30,7 +33,8 @@ def _stage_args(target: Path, feats: Path, run: Path, opts: dict, steps: int) ->
 
 
 def drafter_commands(out: Path, target: Path, opts: dict) -> dict[str, list[str]]:
-    """{run name: the `flashmap` argv that trains it} for flow, map, DFlash and EAGLE-3 (the map needs the flow)."""
+    """{run name: the `flashmap` argv that trains it} for flow, map, DFlash, DFlash2 and EAGLE-3 (the map needs
+    the flow)."""
     k, steps, feats = opts["block_size"], opts["steps"], out / "feats"
     vocab = Language(load_spec(target)).vocab_size
     taps = ["--tap-layers", TAPS]  # the student of `distill` keeps its teacher's
@@ -38,16 +42,18 @@ def drafter_commands(out: Path, target: Path, opts: dict) -> dict[str, list[str]
                      "--slot-decay", "auto"],
             "map": ["distill", "--teacher", str(out / "flow" / "drafter")],
             "dflash": ["train", "dflash", *taps, *DFLASH_SHAPE, "--block-size", str(k + 1), "--mask-token-id", str(vocab)],
+            "dflash2": ["train", "dflash2", *taps, *DFLASH2_SHAPE, "--block-size", str(k + 1),
+                        "--mask-token-id", str(vocab)],
             "eagle3": ["train", "eagle3", *taps, *EAGLE3_SHAPE, "--draft-tokens", str(k)]}
     return {name: [*argv, *_stage_args(target, feats, out / name, opts, steps // 2 if name == "map" else steps)]
             for name, argv in runs.items()}
 
 
 def train_drafters(out: Path, target: Path, opts: dict, flashmap: Callable) -> dict[str, Path]:
-    """Trains flow, DFlash, EAGLE-3 and the map (skipping finished runs); {name: run directory}."""
+    """Trains the drafters of opts["drafters"] (default all; skipping finished runs); {name: run directory}."""
     commands = drafter_commands(out, target, opts)
     chosen = opts.get("drafters") or tuple(commands)
-    for name in ("flow", "dflash", "eagle3", "map"):
+    for name in ("flow", "dflash", "dflash2", "eagle3", "map"):
         if name in chosen and not (out / name / "drafter" / "config.json").is_file():
             flashmap(*commands[name])
     return {name: out / name for name in commands if name in chosen}
