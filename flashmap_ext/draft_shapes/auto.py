@@ -6,7 +6,8 @@ tokens, a drafter chain or top-k-per-slot tree of b ≤ `tree_nodes` nodes (`tre
 b nodes under the per-rank acceptance; a chain when that is best), or the lookup chain and the drafter's
 chain/tree as two branches, maximising E[γ] / round seconds under the machine's `CostTable`. Trees need
 the drafter's per-slot log-probabilities (FlashMap, DFlash, or `draft_log_probs`); any other drafter
-drafts chains. Multi-noise trees are not among the choices: N drafter calls buy what one call's
+drafts chains. A DFlash2 drafter's trees follow its selector: a node's rank-r child is the r-th best
+candidate given the node's token (block_tree.SelectorRanks), and its chain is the selector's greedy path. Multi-noise trees are not among the choices: N drafter calls buy what one call's
 top-k ranks give (bench rows, BENCHMARKS.md).
 
 The acceptance profiles (lookup per slot, drafter per slot and rank) start every request from the prior:
@@ -26,7 +27,7 @@ from typing import Optional
 import torch
 
 from flashmap_ext.checks import check_int, check_real
-from flashmap_ext.draft_shapes.block_tree import block_top_k, has_block_log_probs, merge_chains
+from flashmap_ext.draft_shapes.block_tree import SelectorRanks, block_top_k, has_block_log_probs, merge_chains
 from flashmap_ext.draft_shapes.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
 from flashmap_ext.draft_shapes.lookup import LookupDrafter, LookupMemory
 from flashmap_ext.draft_shapes.tree_plan import RankProfile, chain_plan, plan_tokens
@@ -121,7 +122,9 @@ class AutoDrafter(LookupDrafter):
             while n < min(len(lookup_chain), len(committed)) and lookup_chain[n] == committed[n]:
                 n += 1
             self.lookup_profile.record(len(lookup_chain), n)
-        if ranked:
+        if isinstance(ranked, SelectorRanks):
+            self.drafter_profile.record(ranked.ranks(committed))
+        elif ranked:
             self.drafter_profile.record([ranked[d].index(tok) if tok in ranked[d] else None
                                          for d, tok in enumerate(committed[:len(ranked)])])
 
@@ -138,9 +141,12 @@ class AutoDrafter(LookupDrafter):
             shape = Shape(0, k, 1.0, 1.0, tuple(chain_plan(k)))
         return shape
 
-    def ranked_slots(self, memory: LookupMemory, anchor_token, position, seed, depth: int) -> list:
+    def ranked_slots(self, memory: LookupMemory, anchor_token, position, seed, depth: int):
         """[slot][rank] target ids of the drafter's block (−1: outside its vocabulary), `depth` slots:
-        the top `topk` per slot from its log-probabilities, or its chain (one rank) without them."""
+        the top `topk` per slot from its log-probabilities, or its chain (one rank) without them; for a
+        DFlash2 drafter its selector's ranks given each parent (SelectorRanks)."""
+        if self.ranked and hasattr(self.inner, "candidate_selector"):
+            return SelectorRanks(self.inner, memory.inner, anchor_token, position, depth, self.drafter_profile.topk)
         if not self.ranked:
             return [[tok] for tok in self.inner_chain(memory, anchor_token, depth, seed, position)]
         _, ids = block_top_k(self.inner, memory.inner, anchor_token, position, seed, self.drafter_profile.topk)
@@ -160,4 +166,5 @@ class AutoDrafter(LookupDrafter):
         slots = min(depth, self.inner.num_draft_tokens) if self.ranked else max((n.depth for n in plan), default=0)
         ranked = self.ranked_slots(memory, anchor_token, position, seed, slots) if plan else []
         self._pending, self._path = (lookup_chain, ranked), []
-        return merge_chains([lookup_chain] + plan_tokens(plan, ranked), num_nodes=num_nodes, depth=depth)
+        chains = ranked.plan_tokens(plan) if isinstance(ranked, SelectorRanks) else plan_tokens(plan, ranked)
+        return merge_chains([lookup_chain] + chains, num_nodes=num_nodes, depth=depth)

@@ -191,6 +191,51 @@ class TopKTreeDrafter(_BlockTreeBase):
         return topk_tree(logp, topk=topk, num_nodes=num_nodes, depth=min(depth, self.num_draft_tokens))
 
 
+class SelectorRanks:
+    """One DFlash2 block's candidates ranked by its selector given the token before them (the anchor at slot 0):
+    what `AutoDrafter` plans its trees on for a DFlash2 drafter, in place of one ranking per slot. `ranked(d,
+    prev)`: the `topk` best target ids at slot d (0-based) given target id `prev`; `plan_tokens(plan)`: a
+    `tree_plan` plan's nodes as token chains (a node's rank is among its parent's children); `ranks(committed)`:
+    the rank of each committed token among the children of the one before it (None outside the top-k)."""
+
+    def __init__(self, drafter, memory, anchor: torch.Tensor, position: torch.Tensor, depth: int, topk: int):
+        self.drafter, self.topk, self.anchor = drafter, topk, int(anchor[0])
+        self.hidden = drafter.block_hidden(memory, anchor, position)[0, :depth]
+        self.unary = drafter.vocab_logits(self.hidden)
+        self._cache: dict = {}
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    def ranked(self, d: int, prev: int) -> list:
+        if (d, prev) not in self._cache:
+            vocab = self.drafter.vocab
+            row = int(vocab.to_draft(torch.tensor([prev], device=self.unary.device))[0])
+            cands, logp = self.drafter.candidate_selector.edge_log_probs(self.unary[d], self.hidden[d], row)
+            best = logp.topk(min(self.topk, logp.numel())).indices
+            self._cache[d, prev] = vocab.to_target(cands[best]).tolist()
+        return self._cache[d, prev]
+
+    def plan_tokens(self, plan) -> list:
+        paths: list = []
+        for node in plan:
+            parent = paths[node.parent] if node.parent >= 0 else []
+            if parent is None or node.depth > len(self):
+                paths.append(None)
+                continue
+            row = self.ranked(node.depth - 1, parent[-1] if parent else self.anchor)
+            paths.append(parent + [row[node.rank]] if node.rank < len(row) else None)
+        return [p for p in paths if p is not None]
+
+    def ranks(self, committed: list) -> list:
+        prev, out = self.anchor, []
+        for d, tok in enumerate(committed[:len(self)]):
+            row = self.ranked(d, prev)
+            out.append(row.index(tok) if tok in row else None)
+            prev = tok
+        return out
+
+
 class SelectorTreeDrafter(_BlockTreeBase):
     """Best-first trees scored by a DFlash2 drafter's candidate selector (one block forward per round)."""
 

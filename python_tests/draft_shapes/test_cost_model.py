@@ -350,3 +350,30 @@ def test_auto_prices_each_round_at_its_context(model):
     short, long = (LookupMemory(auto.new_memory(1, "cpu").inner, list(range(n))) for n in (4, 400))
     assert auto.choose(short, 0, auto.num_draft_tokens).drafter > 0
     assert auto.choose(long, 0, auto.num_draft_tokens).drafter == 0
+
+
+def test_auto_plans_dflash2_trees_on_its_selector(model):
+    """--auto on a DFlash2 drafter: trees follow its selector (a node's rank-r child is the r-th best candidate
+    given the node's token, `SelectorRanks`), the output stays the greedy one, and a rank-0 chain is the
+    selector's greedy path."""
+    from test_block_trees import random_dflash2
+
+    from flashmap_ext.draft_shapes.block_tree import SelectorRanks
+    from flashmap_ext.draft_shapes.tree_plan import PlanNode
+    d = random_dflash2(model)
+    auto = AutoDrafter(d, table(0.0, draft=0.01), lookup_prior=0.0, explore_every=2)
+    prompt = prompt_of(17)
+    out = generate(model, auto, prompt, 24, tree=auto.tree_spec())
+    assert out.tokens == greedy_continuation(model, prompt, 24).tolist()
+    assert max(k for _, k in auto.choices) > d.num_draft_tokens  # trees were drafted
+    ids = torch.tensor([prompt])
+    t = Target(model)
+    memory = d.new_memory(1)
+    d.extend_memory(memory, ids[:, :16], t.forward(ids[:, :16], t.new_cache(), tap_layer_ids=d.target_layer_ids).taps)
+    anchor, pos = ids[0, 16:17], torch.tensor([16])
+    ranks = SelectorRanks(d, memory, anchor, pos, d.num_draft_tokens, 3)
+    chain = ranks.plan_tokens(chain_plan(d.num_draft_tokens))[-1]
+    assert chain == d.draft(memory, anchor, num_tokens=d.num_draft_tokens, position=pos)[0].tolist()
+    assert ranks.ranks(chain) == [0] * d.num_draft_tokens
+    second = ranks.plan_tokens([PlanNode(-1, 1, 0, 1.0), PlanNode(0, 2, 1, 1.0)])[-1]  # rank 1 under the best first token
+    assert second == [chain[0], ranks.ranked(1, chain[0])[1]] and ranks.ranks(second) == [0, 1]
