@@ -6,7 +6,7 @@
 #   recipes/train_real_drafters.sh                 # every stage, in order
 #   recipes/train_real_drafters.sh regen features  # only the named stages
 #
-# Stages: data regen features vocab flow distill dflash eagle3 export
+# Stages: data regen features vocab flow distill dflash eagle3 export (and dflash2, run only when named)
 # Knobs (env): N_REGEN, N_ORIG (training conversations), MAX_LEN, N_HELDOUT, MAX_NEW (tokens per regenerated answer),
 #   STEPS (flow = dflash steps), DISTILL_STEPS (default 2/5 of STEPS), DISTILL_LR, CLOCK, THREADS, RUN (work dir), DTYPE (target dtype; default
 #   bench.machine.auto_dtype: bf16 only with avx512_bf16/amx or a GPU, else fp32, 4-8x faster on AVX2),
@@ -192,6 +192,18 @@ stage_dflash() {
     $FM train dflash "${COMMON[@]}" --out "$RUN/dflash" $(resume_flag "$RUN/dflash") --steps "$STEPS" \
         --lr 1e-3 --warmup 0.05 --layers 2 --block-size 9 --intermediate-size 384 \
         --draft-vocab "$RUN/draft_vocab.json" --mask-token-id 151665 --tap-layers "$FM_TAPS"
+}
+
+# 7b. DFlash2 (not among the default stages: run `scripts/train_real_drafters.sh dflash2`): DFlash's recipe
+#     above (same features, taps, steps, batch, anchors, LR, 2 layers, block 9, intermediate 384, draft
+#     vocabulary) plus the dynamic convolutions (group 32) and the selector (rank 32, top-16): 10.72 M
+#     trainable parameters, +9.9 % on DFlash's 9.75 M; loss = DFlash's + the selector's (weight 1).
+stage_dflash2() {
+    [ -s "$RUN/dflash2/drafter/model.safetensors" ] && { echo "skip: dflash2 drafter exists"; return; }
+    $FM train dflash2 "${COMMON[@]}" --out "$RUN/dflash2" $(resume_flag "$RUN/dflash2") --steps "$STEPS" \
+        --lr 1e-3 --warmup 0.05 --layers 2 --block-size 9 --intermediate-size 384 \
+        --draft-vocab "$RUN/draft_vocab.json" --mask-token-id 151665 --tap-layers "$FM_TAPS" \
+        --conv-group-size 32 --selector-rank 32 --selector-top-k 16
 }
 
 # 8. EAGLE-3 baseline: same features (its own low/mid/high taps), steps, batch, anchors and draft vocabulary;

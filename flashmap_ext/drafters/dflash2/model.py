@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from flashmap_ext.drafters.common import checkpoint as ckpt
+from flashmap_ext.drafters.common.vocab import IGNORE
 from flashmap_ext.drafters.dflash.blocks import attention_rule
 from flashmap_ext.drafters.dflash.model import DFlashDrafter, DFlashLayer, DFlashMemory
 from flashmap_ext.drafters.dflash2 import speculators_format
@@ -81,7 +82,16 @@ class DFlash2Drafter(DFlashDrafter):
     def select(self, unary: torch.Tensor, hidden: torch.Tensor, anchor_tokens: torch.Tensor) -> torch.Tensor:
         """Draft rows [B, K] of `self.path` through unary [B, K, V_d], hidden [B, K, d] after anchors [B]."""
         walk = self.candidate_selector.greedy_path if self.path == "greedy" else self.candidate_selector.best_path
-        return walk(unary, hidden, self.vocab.to_draft(anchor_tokens))
+        return walk(unary, hidden, self.anchor_rows(anchor_tokens))
+
+    def anchor_rows(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
+        """[B] draft rows of the anchors (IGNORE outside the draft vocabulary): one comparison with the V_d
+        rows, cheaper per round than `DraftVocab.to_draft`'s sort."""
+        rows = self.vocab.target_ids
+        if rows is None:
+            return anchor_tokens
+        hit = rows.to(anchor_tokens.device)[None, :] == anchor_tokens[:, None]
+        return torch.where(hit.any(-1), hit.long().argmax(-1), IGNORE)
 
     # --- attention -------------------------------------------------------------------------------
     def _layer_masks(self, query_pos: torch.Tensor, key_pos: torch.Tensor, structure: torch.Tensor | None):

@@ -47,14 +47,23 @@ class CandidateSelector(nn.Module):
         return unary.topk(min(self.top_k, unary.shape[-1]), dim=-1).indices
 
     def greedy_path(self, unary: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-        """Rows [B, K] chosen slot by slot: unary [B, K, R], hidden [B, K, d], anchor [B] rows."""
+        """Rows [B, K] chosen slot by slot: unary [B, K, R], hidden [B, K, d], anchor [B] rows. Everything but
+        the predecessor is computed for all slots at once; the walk itself is K small steps."""
+        b, k_slots = unary.shape[:2]
+        if k_slots == 0:
+            return anchor.new_empty(b, 0)
+        cands = self.candidates(unary)                                            # [B, K, k]
+        base = unary.gather(-1, cands)
+        proj = self.hidden_projection(hidden)                                     # [B, K, r]
+        succ = self.successor_codebook[cands]                                     # [B, K, k, r]
         prev, out = anchor, []
-        for s in range(unary.shape[1]):
-            cands = self.candidates(unary[:, s])
-            scores = self.edge_scores(unary[:, s], hidden[:, s], prev, cands)
-            prev = cands.gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
+        for s in range(k_slots):
+            pred = self.predecessor_codebook[prev.clamp_min(0)] * (prev >= 0).unsqueeze(-1)
+            trans = ((pred * proj[:, s].to(pred.dtype)).unsqueeze(-2) * succ[:, s]).sum(-1)
+            scores = base[:, s] + trans.to(base.dtype)
+            prev = cands[:, s].gather(-1, scores.argmax(-1, keepdim=True)).squeeze(-1)
             out.append(prev)
-        return torch.stack(out, 1) if out else anchor.new_empty(anchor.shape[0], 0)
+        return torch.stack(out, 1)
 
     def best_path(self, unary: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         """Rows [B, K] of the path with the highest summed score through the top-k lattice (Viterbi)."""
