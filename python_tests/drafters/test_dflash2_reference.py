@@ -7,11 +7,11 @@ import json
 
 import pytest
 import torch
-from dflash2_reference import REFERENCE, build_reference, reference, reference_blocks, reference_chain
 from safetensors.torch import load_file
 
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+from support.dflash2_reference import REFERENCE, build_reference, reference, reference_blocks, reference_chain
 
 if reference() is None:
     pytest.skip(f"{REFERENCE} not installed (make test installs it with --no-deps)", allow_module_level=True)
