@@ -194,7 +194,7 @@ stage_dflash() {
         --draft-vocab "$RUN/draft_vocab.json" --mask-token-id 151665 --tap-layers "$FM_TAPS"
 }
 
-# 7b. DFlash2 (not among the default stages: run `scripts/train_real_drafters.sh dflash2`): DFlash's recipe
+# 7b. DFlash2 (not among the default stages: run `recipes/train_real_drafters.sh dflash2`): DFlash's recipe
 #     above (same features, taps, steps, batch, anchors, LR, 2 layers, block 9, intermediate 384, draft
 #     vocabulary) plus the dynamic convolutions (group 32) and the selector (rank 32, top-16): 10.72 M
 #     trainable parameters, +9.9 % on DFlash's 9.75 M; loss = DFlash's + the selector's (weight 1).
