@@ -28,6 +28,9 @@ def as_prompts(input_ids: Any) -> tuple[Any, bool]:
     """(one prompt, False) or (a list of prompts, True); TypeError / ValueError naming `input_ids`."""
     if isinstance(input_ids, (str, bytes)):
         raise TypeError(f"input_ids: text ({describe(input_ids)}), not token ids: {TOKENIZE_FIRST}")
+    if isinstance(input_ids, (list, tuple)) and not input_ids:
+        raise ValueError("input_ids: an empty list of prompts: pass one prompt (at least one token, e.g. BOS) "
+                         "or a list of them")
     if isinstance(input_ids, Mapping):
         return _from_mapping(input_ids)
     if _is_encoding(input_ids):

@@ -73,9 +73,9 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         TypeError: a `target` that is neither a Target nor an HF causal LM, a `drafter` that is neither
             None nor a block drafter (e.g. a checkpoint path or 'random': the CLI's names, not drafters),
             `input_ids` that are text or not integers, non-integer `max_new_tokens`, `seed`, `top_k`,
-            `stop_token_ids`.
-        ValueError: an empty prompt, an [B, S] tensor with B > 1 (pass a list, or the tokenizer's output),
-            ids outside the vocabulary, a prompt longer than the target's context (`input_ids`) or
+            `stop_token_ids`, an `on_tokens` that is not callable, a `timer` that is not a Timer.
+        ValueError: an empty prompt or an empty list of prompts, an [B, S] tensor with B > 1 (pass a list,
+            or the tokenizer's output), ids outside the vocabulary, a prompt longer than the target's context (`input_ids`) or
             prompt + max_new_tokens longer (`max_new_tokens`), a sampling parameter out of its range,
             stop ids outside the vocabulary, a per-prompt list of the wrong length, NaN/+inf target
             logits, a tree without a tree drafter (or with several prompts), or `cuda_graphs` with a tree
@@ -83,6 +83,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     """
     target = as_target(target)
     check_drafter(drafter, tree)
+    check_hooks(on_tokens, timer)
     warn_dtype_mismatch(target, drafter)
     input_ids, batched = as_prompts(input_ids)
     if cuda_graphs and (tree is not None or batched):
@@ -146,6 +147,15 @@ def check_drafter(drafter, tree: Optional[TreeSpec] = None) -> None:
         raise TypeError(f"drafter: expected None (plain decoding) or a block drafter (FlashMapDrafter, "
                         f"DFlashDrafter, Eagle3Drafter or any object with {', '.join(needed)}), "
                         f"got {_describe(drafter)}{hint}")
+
+
+def check_hooks(on_tokens, timer) -> None:
+    """TypeError naming `on_tokens` unless None or callable, `timer` unless None or Timer-like (mark, now)."""
+    if on_tokens is not None and not callable(on_tokens):
+        raise TypeError(f"on_tokens: expected None or a callable taking a list of new token ids, "
+                        f"got {_describe(on_tokens)}")
+    if timer is not None and not all(callable(getattr(timer, name, None)) for name in ("mark", "now")):
+        raise TypeError(f"timer: expected None or a Timer (fm.Timer(), Timer(sync=True)), got {_describe(timer)}")
 
 
 def drafter_dtype(drafter) -> Optional[torch.dtype]:
@@ -270,8 +280,9 @@ def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:
     if not isinstance(tree, TreeSpec):
         raise ValueError(f"tree must be a TreeSpec(depth, topk, num_nodes), got {tree!r}")
     if not hasattr(drafter, "draft_tree"):
-        raise ValueError(f"tree decoding needs a drafter with draft_tree (e.g. Eagle3Drafter), "
-                         f"got {type(drafter).__name__}")
+        raise ValueError(f"tree: tree decoding needs a drafter with draft_tree (Eagle3Drafter; a block drafter "
+                         f"wrapped in LookupDrafter, MultiNoiseDrafter or TopKTreeDrafter from "
+                         f"flashmap_ext.draft_shapes), got {type(drafter).__name__}")
     return functools.partial(tree_round, spec=tree)
 
 

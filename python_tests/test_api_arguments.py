@@ -110,8 +110,8 @@ def test_generate_names_a_wrong_target_or_drafter(model, target, drafter, messag
         generate(model if target == "model" else target, drafter, [[1, 2], [3]], 3)
 
 
-def test_generate_empty_prompt_list_still_says_empty(model):
-    with pytest.raises(ValueError, match="empty prompt"):
+def test_generate_empty_prompt_list_says_no_prompts(model):
+    with pytest.raises(ValueError, match="^input_ids: an empty list of prompts"):
         generate(model, None, [], 3)
 
 

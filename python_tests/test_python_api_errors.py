@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import flashmap_ext as fm
+from flashmap_ext.drafters.dflash2 import DFlash2Drafter
 from support.drafter_doubles import greedy_continuation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +115,32 @@ def test_generate_refuses_what_is_no_prompt(target, bad, kind, fix):
     with pytest.raises(kind) as err:
         fm.generate(target, None, bad, N)
     assert fix in one_line(err, "input_ids")
+
+
+@pytest.mark.parametrize("name, value, fix", [("timer", "yes", "a Timer"), ("on_tokens", 5, "a callable")])
+def test_generate_refuses_a_hook_that_cannot_be_called(target, name, value, fix):
+    with pytest.raises(TypeError) as err:
+        fm.generate(target, None, [1, 2, 3], N, **{name: value})
+    assert fix in one_line(err, name)
+
+
+def test_generate_says_an_empty_list_holds_no_prompts(target):
+    with pytest.raises(ValueError) as err:
+        fm.generate(target, None, [], N)
+    assert "an empty list of prompts" in one_line(err, "input_ids")
+
+
+def test_generate_names_the_tree_drafters_for_a_block_drafter(target, drafter):
+    with pytest.raises(ValueError) as err:
+        fm.generate(target, drafter, [1, 2, 3], N, tree=fm.TreeSpec(3, 2, 6))
+    assert all(name in one_line(err, "tree") for name in ("Eagle3Drafter", "LookupDrafter", "TopKTreeDrafter"))
+
+
+@pytest.mark.parametrize("cls", [fm.FlashMapDrafter, fm.DFlashDrafter, DFlash2Drafter, fm.Eagle3Drafter])
+def test_from_pretrained_refuses_swapped_arguments(target, cls):
+    with pytest.raises(TypeError) as err:
+        cls.from_pretrained(target, "checkpoints/flashmap-flow-qwen2.5-coder-0.5b")
+    assert "path must be a checkpoint folder" in one_line(err, f"{cls.__name__}.from_pretrained")
 
 
 def test_generate_refuses_a_stop_id_outside_the_vocabulary(target):

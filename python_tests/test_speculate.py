@@ -144,7 +144,7 @@ def test_zero_budget_returns_nothing(model):
 @pytest.mark.parametrize("prompt", [[], torch.empty(0, dtype=torch.int64),
                                     torch.empty(1, 0, dtype=torch.int64)])
 def test_empty_prompt_raises(model, prompt):
-    with pytest.raises(ValueError, match="empty prompt"):
+    with pytest.raises(ValueError, match="empty prompt|empty list of prompts"):
         generate(model, None, prompt, 4)
 
 

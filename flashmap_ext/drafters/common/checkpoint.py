@@ -148,9 +148,13 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], source: str
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def check_load_dtype(dtype, owner: str) -> None:
-    """`from_pretrained(dtype=...)`: None (as stored) or a floating torch.dtype the drafters run in;
-    TypeError naming the argument otherwise (before reading the checkpoint)."""
+def check_load_args(path, dtype, owner: str) -> None:
+    """`from_pretrained(path, ..., dtype=...)`: `path` a str or os.PathLike (a target passed first, with the
+    arguments swapped, is named as such); `dtype` None (as stored) or a floating torch.dtype the drafters
+    run in; TypeError naming the argument otherwise (before reading the checkpoint)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{owner}.from_pretrained: path must be a checkpoint folder (str or os.PathLike), got "
+                        f"{type(path).__name__} (the call is from_pretrained(path, target))")
     if dtype is not None and dtype not in DTYPES.values():
         raise TypeError(f"{owner}.from_pretrained: dtype must be None (as stored) or one of "
                         f"torch.float32, torch.bfloat16, torch.float16, got {dtype!r}")

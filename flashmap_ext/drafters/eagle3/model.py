@@ -315,7 +315,7 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         `embed_tokens.weight`, if present, is ignored (the target's embedding is used). Weights keep their
         stored dtype unless `dtype` is given. A `frozen_lm_head` checkpoint takes its head from `target`
         (ValueError without one). Unsupported options: NotImplementedError naming the field."""
-        ckpt.check_load_dtype(dtype, cls.__name__)
+        ckpt.check_load_args(path, dtype, cls.__name__)
         n_target = hf_causal_lm(target).config.num_hidden_layers if target is not None else None
         speculators = formats.is_speculators(ckpt.read_config(path, "eagle3"))
         parse = formats.config_from_speculators if speculators else Eagle3Config.from_hf_dict
