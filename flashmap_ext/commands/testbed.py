@@ -72,6 +72,10 @@ def add_parser(subparsers) -> None:
                    help=f"comma-separated subset of {','.join(ALL_DRAFTERS)} to train and measure (map needs flow)")
     r.add_argument("--curve-points", type=positive_int, default=10,
                    help="checkpoints per drafter on the held-out learning curve (all are kept)")
+    r.add_argument("--select", choices=["last", "best"], default="last",
+                   help="which checkpoint of each drafter is measured: its last (default) or the one of highest "
+                        "γ at T = 1 on the learning curve's validation set (disjoint from the measured held-out set)")
+    r.add_argument("--seed", type=int, default=0, help="training seed of every drafter (default 0)")
     r.set_defaults(func=run_all)
 
 

@@ -29,7 +29,7 @@ def _stage_args(target: Path, feats: Path, run: Path, opts: dict, steps: int) ->
     every = max(1, steps // opts["curve_points"])
     return ["--target", str(target), "--features", str(feats), "--out", str(run), "--preset", "cpu-tiny",
             "--steps", str(steps), "--save-every", str(every), "--keep-checkpoints", "0", "--device", "cpu",
-            "--no-progress", "--log-every", str(max(1, steps // 50))]
+            "--no-progress", "--log-every", str(max(1, steps // 50)), "--seed", str(opts.get("seed", 0))]
 
 
 def drafter_commands(out: Path, target: Path, opts: dict) -> dict[str, list[str]]:
@@ -83,13 +83,17 @@ def prepare(out: Path, opts: dict, flashmap: Callable) -> Path:
 def run_testbed(out: Path, opts: dict, flashmap: Callable) -> dict:
     """All stages; writes results.json, results.md and curves.png in `out` and returns the results."""
     from flashmap_ext.synthetic.measure import learning_curves, measure
+    from flashmap_ext.synthetic.select import select_checkpoints
     out.mkdir(parents=True, exist_ok=True)
     target = prepare(out, opts, flashmap)
     runs = train_drafters(out, target, opts, flashmap)
     torch.set_num_threads(1)
     curves = learning_curves(target, runs, opts, CURVE_SEED)
+    selected = {}
+    if opts.get("select", "last") == "best":
+        runs, selected = select_checkpoints(runs, curves)
     results = measure(target, runs, opts, HELDOUT_SEED)
-    results["curves"] = curves
+    results["curves"], results["selected"] = curves, selected
     results["target"] = json.loads((target / "testbed.json").read_text())
     results["options"] = {k: v for k, v in opts.items() if k not in ("func",) and not callable(v)}
     results["summary"] = report.summary(results)

@@ -55,6 +55,9 @@ def markdown(r: dict) -> str:
     for name, c in r["curves"].items():
         lines.append(f"| {name} | {', '.join(map(str, c['steps']))} | {', '.join(f'{g:.3f}' for g in c['gamma_t1'])}"
                      f" | {'yes' if c['flat'] else 'no'} |")
+    if r.get("selected"):
+        lines.append("\nmeasured at the checkpoint of best validation γ (T = 1, `--select best`): " + ", ".join(
+            f"{name} step {p['step']} of {p['last']}" for name, p in r["selected"].items()))
     lines.append("\ntrainable parameters: " + ", ".join(f"{k} {v:,}" for k, v in r["parameters"].items()))
     return "\n".join(lines) + "\n"
 
