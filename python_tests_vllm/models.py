@@ -78,3 +78,20 @@ def tiny_flashmap(target: torch.nn.Module, path: Path, draft_steps: int = 1, wit
 def prompts(seed: int = 3) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB - 1, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+
+
+def tiny_dflash2(target: torch.nn.Module, path: Path, seed: int = 5):
+    """Our DFlash2 drafter (2 layers, block 4: K = 3 drafts, convolutions of 2 taps over groups of 16
+    channels, selector rank 8 over the top 5), every weight random (the convolutions start as identities),
+    saved by `save_pretrained` (z-lab's layout) to `path`."""
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+    torch.manual_seed(seed)
+    drafter = DFlash2Drafter.for_target(target, mask_token_id=VOCAB - 1, num_hidden_layers=2, block_size=4,
+                                        target_layer_ids=(1, 2), initializer_range=0.2, conv_kernel_size=2,
+                                        conv_group_size=16, selector_rank=8, selector_top_k=5).eval()
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "conv" in name or "selector" in name:
+                p.copy_(torch.randn_like(p) * (0.3 if "conv" in name else 1.0))
+    drafter.save_pretrained(path)
+    return drafter

