@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "dit/attention_kernel.cuh"
+#include "dit/dit_launch.cuh"
 #include "dit/dit_switches.h"
 
 namespace flashmap::dit {
@@ -42,8 +43,8 @@ static void launch_head_dim(const AttentionParams& p, const AttentionPlan& plan,
   q.keys_per_split = plan.keys_per_split;
   q.length_splits = dit_switches().length_splits;
   q.parallel_merge = dit_switches().parallel_merge;
-  const dim3 grid(plan.splits, p.Hq, p.B * plan.q_tiles);
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(q);
+  const LaunchShape shape{dim3(plan.splits, p.Hq, p.B * plan.q_tiles), dim3(Traits::kThreads), Traits::kSmemBytes};
+  launch_dit_kernel(kernel, shape, stream, q);
 }
 
 void attention_launch(const AttentionParams& p, const AttentionPlan& plan, cudaStream_t stream) {
@@ -54,6 +55,8 @@ void attention_launch(const AttentionParams& p, const AttentionPlan& plan, cudaS
 
 __global__ void __launch_bounds__(tuning::kAppendThreads) kv_append_kernel(KvAppendParams p) {
   const int t = blockIdx.x, b = blockIdx.y;
+  grid_dependency_wait();  // start, count and values come from earlier kernels
+  grid_dependents_launch();
   const int row = p.start[b] + t;
   if (t >= p.count[b] || row < 0 || row >= p.Lmax) return;
   const bf16_bits* src = p.values + b * p.values_batch + t * p.values_row;
@@ -67,7 +70,7 @@ __global__ void __launch_bounds__(tuning::kAppendThreads) kv_append_kernel(KvApp
 
 void kv_append_launch(const KvAppendParams& p, cudaStream_t stream) {
   if (p.B == 0 || p.T == 0 || p.H == 0 || p.D == 0) return;
-  kv_append_kernel<<<dim3(p.T, p.B), tuning::kAppendThreads, 0, stream>>>(p);
+  launch_dit_kernel(kv_append_kernel, LaunchShape{dim3(p.T, p.B), dim3(tuning::kAppendThreads)}, stream, p);
 }
 
 }  // namespace flashmap::dit

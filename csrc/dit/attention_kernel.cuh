@@ -266,6 +266,7 @@ __global__ void __launch_bounds__(T::kThreads) attention_kernel(AttentionParams 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z / q_tiles, q0 = (blockIdx.z % q_tiles) * T::kQ;
   const int hk = h / (p.Hq / p.Hkv);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  grid_dependency_wait();  // q, k, v and kv_len all come from earlier kernels
   const int kv_len = p.kv_len ? min(max(p.kv_len[b], 0), p.Skv) : p.Skv;
   // FLASHMAP_DIT_LENGTH_SPLITS=1: splits past the row's keys neither run nor arrive (graph-safe: on the device).
   const int active = p.length_splits ? active_splits(kv_len, p.keys_per_split, p.splits) : p.splits;
@@ -311,6 +312,7 @@ __global__ void __launch_bounds__(T::kThreads) attention_kernel(AttentionParams 
     __syncthreads();  // the next iteration refills this stage
   }
   cute::cp_async_wait<0>();
+  grid_dependents_launch();
   __syncthreads();  // K/V smem is reused for the merge
   merge_warps<T>(p, st, reinterpret_cast<float*>(smem_raw), b, h, split, q0, active);
   if (active == 1) return;

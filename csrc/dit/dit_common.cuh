@@ -1,5 +1,6 @@
 // Small device helpers shared by the DiT kernels: bf16 vector packing, warp reductions, the epilogue
-// activations, and the argmax order used by torch.argmax (NaN is the maximum, lowest index wins ties).
+// activations, the argmax order used by torch.argmax (NaN is the maximum, lowest index wins ties), and the
+// two points of programmatic dependent launch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -77,6 +78,27 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
       i = oi;
     }
   }
+}
+
+// Programmatic dependent launch (FLASHMAP_DIT_PDL=1; the launch: dit_launch.cuh). A kernel launched with it
+// may start while the kernel before it in the stream still runs. Every DiT kernel therefore calls
+// grid_dependency_wait() in every thread before it reads anything an earlier kernel may write (activations,
+// the memory cache and its lengths, counters, workspaces) and before its first global write; only reads of
+// data no kernel of the step writes (the packed weights) may come before it. It returns once every
+// prerequisite grid has completed and its writes are visible. grid_dependents_launch() lets the next kernel
+// start its own weight loads; it says nothing about this grid's writes (the next kernel's wait covers them).
+// Both are no-ops in a grid launched without the attribute, and compiled out below sm_90 (the launch helper
+// launches such binaries without it).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 }  // namespace flashmap::dit

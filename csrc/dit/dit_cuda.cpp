@@ -22,6 +22,7 @@
 #include "dit/dit_ops.h"
 #include "dit/dit_params.h"
 #include "common/fixup_counters_glue.h"
+#include "dit/dit_switches.h"
 #include "dit/fixup_counters.h"
 
 namespace flashmap::dit {
@@ -51,9 +52,14 @@ void expect_unit_stride(const at::Tensor& t, const char* op, const char* name) {
 const bf16_bits* bf(const at::Tensor& t) { return static_cast<const bf16_bits*>(t.data_ptr()); }
 const bf16_bits* bf(const std::optional<at::Tensor>& t) { return t ? bf(*t) : nullptr; }
 bf16_bits* bf_mut(const at::Tensor& t) { return static_cast<bf16_bits*>(t.data_ptr()); }
-cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+// The current stream, which every op launches on; first refuses switches that cannot run together.
+cudaStream_t stream() {
+  static const char* conflict = switch_conflict();
+  TORCH_CHECK_VALUE(conflict == nullptr, conflict);
+  return c10::cuda::getCurrentCUDAStream().stream();
+}
 
-// FLASHMAP_DIT_NODE_WORKSPACES=1 (fixup_counters.h): a captured launch's workspace tensors stay allocated until
+// FLASHMAP_DIT_NODE_WORKSPACES=1 or FLASHMAP_DIT_PDL=1 (fixup_counters.h): a captured launch's workspace tensors stay allocated until
 // kHeld later captures have begun, so the caching allocator never hands them to a later node of the same graph
 // (two nodes that may overlap under programmatic dependent launch never share a workspace).
 void hold_for_capture(std::initializer_list<at::Tensor> tensors) {

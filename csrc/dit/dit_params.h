@@ -71,6 +71,7 @@ struct LinearParams {
   int splits;
   bool cluster_splitk;  // the splits of a tile are one cluster (LinearPlan::cluster): no partials/counters
   bool batched_fixup;   // the last-CTA fixup issues all split loads of an element at once
+  bool pdl;             // launched with programmatic dependent launch: weight stages before the grid wait
 };
 
 LinearPlan linear_plan(int M, int N, int K, bool argmax, int device);

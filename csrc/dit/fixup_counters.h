@@ -13,6 +13,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "dit/dit_switches.h"
+
 namespace flashmap::dit {
 
 // FLASHMAP_SHARED_COUNTERS=0: every captured launch takes its own zeroed counters (a memset node), for
@@ -22,14 +24,11 @@ inline bool shared_counters_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-// FLASHMAP_DIT_NODE_WORKSPACES=1 (off by default): every captured launch gets its own slice of the buffer
-// (and the glue keeps each captured launch's workspace until the capture ends), so no two nodes of a graph
-// share a counter or a workspace: the precondition for programmatic dependent launch, where a node may
-// start before its predecessor has finished.
-inline bool node_workspaces_enabled() {
-  const char* v = std::getenv("FLASHMAP_DIT_NODE_WORKSPACES");
-  return v && std::strcmp(v, "1") == 0;
-}
+// FLASHMAP_DIT_NODE_WORKSPACES=1 or FLASHMAP_DIT_PDL=1 (off by default): every captured launch gets its own
+// slice of the buffer (and the glue keeps each captured launch's workspace until the capture ends), so no two
+// nodes of a graph share a counter or a workspace: the precondition for programmatic dependent launch, where
+// a node may start before its predecessor has finished.
+inline bool node_workspaces_enabled() { return node_workspaces_requested(); }
 
 class CounterPool {
  public:

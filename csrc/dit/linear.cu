@@ -2,6 +2,7 @@
 // launch. Also hosts sm_count(), shared by the DiT launchers.
 #include <algorithm>
 
+#include "dit/dit_launch.cuh"
 #include "dit/dit_switches.h"
 #include "dit/linear_kernel.cuh"
 
@@ -33,22 +34,10 @@ static void launch_tile(const LinearParams& p, const LinearPlan& plan, cudaStrea
   q.splits = plan.splits;
   q.cluster_splitk = plan.cluster;
   q.batched_fixup = dit_switches().batched_fixup;
-  const dim3 grid(plan.tiles_n, plan.splits, plan.tiles_m);
-  if (!plan.cluster) {
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(q);
-    return;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Traits::kThreads);
-  config.dynamicSmemBytes = Traits::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = plan.splits, cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, q);  // an error is reported by the glue's launch check
+  q.pdl = dit_switches().pdl;
+  LaunchShape shape{dim3(plan.tiles_n, plan.splits, plan.tiles_m), dim3(Traits::kThreads), Traits::kSmemBytes};
+  shape.cluster_y = plan.cluster ? plan.splits : 0;
+  launch_dit_kernel(kernel, shape, stream, q);
 }
 
 void linear_launch(const LinearParams& p, const LinearPlan& plan, cudaStream_t stream) {

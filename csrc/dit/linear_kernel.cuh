@@ -140,12 +140,20 @@ __device__ __forceinline__ void linear_mainloop(const LinearParams& p, int n_blk
   Tensor rXv = s2r_thr_x.retile_D(rX);
 
   // Ring of kStages tiles: tile t lives in stage t % kStages; one cp.async group per tile (empty groups
-  // past the end keep the wait count uniform).
+  // past the end keep the wait count uniform). Under programmatic dependent launch the first stages'
+  // weights (no kernel of the step writes them) are in flight before the grid waits for its predecessor,
+  // which writes x; they join the first tile's group, so tile t still lands with group t.
   const int n_tiles = kt_end - kt_begin;
+  if (p.pdl) {
+    CUTE_UNROLL
+    for (int s = 0; s < T::kStages - 1; ++s)
+      if (s < n_tiles) load_rows<T>(gmem_copy, tWg, tWs, tWc, kt_begin + s, s, p.N);
+    grid_dependency_wait();
+  }
   CUTE_UNROLL
   for (int s = 0; s < T::kStages - 1; ++s) {
     if (s < n_tiles) {
-      load_rows<T>(gmem_copy, tWg, tWs, tWc, kt_begin + s, s, p.N);
+      if (!p.pdl) load_rows<T>(gmem_copy, tWg, tWs, tWc, kt_begin + s, s, p.N);
       load_rows<T>(gmem_copy, tXg, tXs, tXc, kt_begin + s, s, p.M);
     }
     cp_async_fence();
@@ -169,6 +177,7 @@ __device__ __forceinline__ void linear_mainloop(const LinearParams& p, int n_blk
     }
   }
   cp_async_wait<0>();
+  grid_dependents_launch();  // the next kernel may start its weight loads during this epilogue
   __syncthreads();  // the pipeline smem is now reused as the fp32 epilogue tile
 
   float* sC = reinterpret_cast<float*>(smem);

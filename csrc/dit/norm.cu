@@ -14,6 +14,7 @@
 // n[i] sin(a_i), a_i = pos * theta^(-2i/D). One warp per vector; lane l owns elements l, l + 32, ... of
 // each half, so a rotation pair stays in one lane. fp32 throughout, one rounding to bf16 at the store.
 #include "dit/dit_common.cuh"
+#include "dit/dit_launch.cuh"
 #include "dit/dit_params.h"
 #include "dit/dit_tuning.h"
 
@@ -22,6 +23,8 @@ namespace flashmap::dit {
 __global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) adaln_kernel(AdaLNParams p) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * tuning::kNormWarpsPerCta + threadIdx.x / 32;
+  grid_dependency_wait();  // x, shift and scale come from earlier kernels
+  grid_dependents_launch();
   if (row >= p.M) return;
   const int g = row / p.rows_per_cond;
   const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
@@ -61,6 +64,8 @@ __global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) adaln_kernel(Ad
 __global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) rms_norm_kernel(RmsNormParams p) {
   const int lane = threadIdx.x % 32;
   const int vec = blockIdx.x * tuning::kNormWarpsPerCta + threadIdx.x / 32;  // (row, head) pair
+  grid_dependency_wait();  // x and the positions come from earlier kernels
+  grid_dependents_launch();
   if (vec >= p.M * p.H) return;
   const int row = vec / p.H, head = vec % p.H;
   const bf16_bits* x = p.x + row * p.x_row + head * p.x_head;
@@ -92,13 +97,13 @@ void rms_norm_launch(const RmsNormParams& p, cudaStream_t stream) {
   const int vecs = p.M * p.H;
   if (vecs == 0) return;
   constexpr int kWarps = tuning::kNormWarpsPerCta;
-  rms_norm_kernel<<<(vecs + kWarps - 1) / kWarps, kWarps * 32, 0, stream>>>(p);
+  launch_dit_kernel(rms_norm_kernel, LaunchShape{dim3((vecs + kWarps - 1) / kWarps), dim3(kWarps * 32)}, stream, p);
 }
 
 void adaln_launch(const AdaLNParams& p, cudaStream_t stream) {
   if (p.M == 0) return;
   constexpr int kWarps = tuning::kNormWarpsPerCta;
-  adaln_kernel<<<(p.M + kWarps - 1) / kWarps, kWarps * 32, 0, stream>>>(p);
+  launch_dit_kernel(adaln_kernel, LaunchShape{dim3((p.M + kWarps - 1) / kWarps), dim3(kWarps * 32)}, stream, p);
 }
 
 }  // namespace flashmap::dit

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from support.cxx_helpers import build_driver
+from support.cxx_helpers import build_driver, cuda_include
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Commands, one per argument: `reserve:N:S` (an uncaptured call needing N counters on stream S),
@@ -93,14 +93,6 @@ int main(int argc, char** argv) {
   std::printf("end frees=%d cleared=%d\n", frees_of_live, errors_cleared);
 }
 """
-
-
-def cuda_include() -> pathlib.Path:
-    home = subprocess.run([str(ROOT / "scripts" / "cuda_home.sh")], capture_output=True, text=True)
-    inc = pathlib.Path(home.stdout.strip() or "/nonexistent") / "include"
-    if home.returncode or not (inc / "cuda_runtime_api.h").is_file():
-        pytest.skip("no CUDA toolkit headers (scripts/cuda_home.sh)")
-    return inc
 
 
 @pytest.fixture(scope="module")

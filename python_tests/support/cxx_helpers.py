@@ -21,3 +21,12 @@ def build_driver(tmp_path_factory, name: str, source: str, *flags: str) -> pathl
     exe = src.with_suffix("")
     subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(ROOT / "csrc"), *flags, str(src), "-o", str(exe)], check=True)
     return exe
+
+
+def cuda_include() -> pathlib.Path:
+    """The CUDA toolkit's include directory (scripts/cuda_home.sh); skips the test without one."""
+    home = subprocess.run([str(ROOT / "scripts" / "cuda_home.sh")], capture_output=True, text=True)
+    inc = pathlib.Path(home.stdout.strip() or "/nonexistent") / "include"
+    if home.returncode or not (inc / "cuda_runtime_api.h").is_file():
+        pytest.skip("no CUDA toolkit headers (scripts/cuda_home.sh)")
+    return inc
