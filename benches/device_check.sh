@@ -20,19 +20,21 @@
 # told what is left: its limit and the seconds to the end of the budget in its log header, its result line
 # and its environment (DEVICE_CHECK_STEP_S, DEVICE_CHECK_LEFT_S). The shares (the H200 build took 38 s):
 #   env (20)          nvidia-smi, nvcc --version, a torch import (5 s of it is the kill margin)
-#   build (115)       9 translation units. CPU time of each, compiled alone with the build's flags on one
+#   build (80)        9 translation units (38 s on the H200 host of 2026-12-04). CPU time of each, compiled alone with the build's flags on one
 #                     core of an Intel Xeon (/usr/bin/time user+sys): linear.cu 48.6 s, dit_cpu.cpp 14.3, dit_cuda.cpp 13.1,
 #                     verify_cuda.cpp 12.3, verify_cpu.cpp 11.9, attention.cu 9.6, verify_kernel.cu 9.1,
 #                     registration.cpp 7.8, norm.cu 3.8: 131 s in a row. With ninja (on PATH, else
 #                     the python's `ninja` module, else a wheel in .whl/ninja-*.whl) they compile in
-#                     parallel: ~50 s + link + setup.py's start; the share is ~twice that, for a slower host.
+#                     parallel: ~50 s + link + setup.py's start; the share leaves room for a slower host.
 #                     Without ninja the build is serial: its share becomes SERIAL_BUILD_S (300, 131 s x 2
 #                     + link) and the last steps shrink.
 #   dit_op_tests (55), dit_step_tests (60): torch import and CUDA context ~10 s each, the rest the tests (ms
 #                     each on a GPU; the fp64 oracles on the CPU dominate)
-#   dit_switch_tests (70): the same DiT tests with every new kernel path switched on, plus the switch
-#                     equality tests (3 child processes of ~10 s)
+#   dit_switch_tests (80): the same DiT tests with every new kernel path switched on, plus the switch
+#                     equality tests (4 child processes of ~10 s, each with 1000 replays of a small graphed step)
 #   bench_draft_fused (25), bench_draft_switched (25): pytest-benchmark, 30 rounds of ms calls per shape
+#   profile_step (25) the 8B drafter built on the GPU (~5 s), 5 eager steps and 5 graph replays under
+#                     torch.profiler (CUPTI start ~3 s), 50 timed replays
 #   split_sweep (45)  the L = 1024 1-step draft at FLASHMAP_LINEAR_MAX_SPLITS 2, 4, 8: 3 processes of ~15 s
 #   bench_gamma (55)  an 8B-shaped random target built on the GPU (~10 s), forwards, AR and 5 acceptance
 #                     lengths of ~160 tokens each (~20 s of decoding)
@@ -49,6 +51,7 @@
 #   dit_switch_tests      the DiT op and step tests under SWITCHES (all new kernel paths on) + test_dit_switches
 #   bench_draft_fused     draft step, fused kernels as they are (default switches)
 #   bench_draft_switched  the same with SWITCHES
+#   profile_step          per-kernel table of the L = 1024 1-step fused draft, eager and graphed (benches/profile_step.py)
 #   split_sweep           the L = 1024 1-step fused draft at 2, 4 and 8 split-K splits at most
 #   bench_gamma           the speedup-vs-γ curve on the graphed 8B-shaped target (benches/bench_gamma.py)
 #   bench_train           a short train flow run on the GPU (benches/bench_train.py)
@@ -59,7 +62,8 @@
 #   summary.json          rewritten after EVERY step: per step rc and seconds; per benchmark median µs and
 #                         extra_info; per failed test (or test with record_property values, e.g. near_ties)
 #   device_check.log      every step's output, a header per step
-#   artefacts.tar.gz      the raw per-step files (pytest-benchmark JSON, junit XML), re-packed after each step
+#   artefacts.tar.gz      the raw per-step files (pytest-benchmark JSON, junit XML, profile_step.md), re-packed
+#                         after each step
 # At the end a one-screen summary is printed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -76,16 +80,16 @@ PREFLIGHT=0
 #   verify_tests_v2 (90)    the verify tests again with the v2 kernel, plus test_verify_v2.py
 #   bench_verify_side (200) benches/bench_verify_side.py: v1, v2, the composition and FlashInfer (its nvcc
 #                           build ~60 s of it), B 1/8/64 x greedy/T=1/top-p, µs and % of copy bandwidth
-declare -A SHARE=([env]=20 [build]=115 [dit_op_tests]=55 [dit_step_tests]=60 [dit_switch_tests]=70
-  [bench_draft_fused]=25 [bench_draft_switched]=25 [split_sweep]=45 [bench_gamma]=55 [bench_train]=50
+declare -A SHARE=([env]=20 [build]=80 [dit_op_tests]=55 [dit_step_tests]=60 [dit_switch_tests]=80
+  [bench_draft_fused]=25 [bench_draft_switched]=25 [profile_step]=25 [split_sweep]=45 [bench_gamma]=55 [bench_train]=50
   [verify_tests]=60 [bench_verify]=30 [bench_draft_fused-eager]=25 [bench_draft_eager]=25 [bench_round]=55
   [dit_compile_tests]=45 [verify_tests_v2]=90 [bench_verify_side]=200)
-DEFAULT_STEPS=env,build,dit_op_tests,dit_step_tests,dit_switch_tests,bench_draft_fused,bench_draft_switched,split_sweep,bench_gamma,bench_train
+DEFAULT_STEPS=env,build,dit_op_tests,dit_step_tests,dit_switch_tests,bench_draft_fused,bench_draft_switched,profile_step,split_sweep,bench_gamma,bench_train
 ACTIVE_STEPS=${STEPS:-$DEFAULT_STEPS}
 # Every new DiT kernel path on (csrc/dit/dit_switches.h, fixup_counters.h, drafters/flashmap/fused.py); the
 # batched fixup is the cluster's alternative and is compared bitwise in test_dit_switches.py.
 SWITCHES=(FLASHMAP_DIT_CLUSTER_SPLITK=1 FLASHMAP_DIT_LENGTH_SPLITS=1 FLASHMAP_DIT_PARALLEL_MERGE=1
-          FLASHMAP_DIT_NODE_WORKSPACES=1 FLASHMAP_DIT_PRECOMPUTED_MODS=1)
+          FLASHMAP_DIT_NODE_WORKSPACES=1 FLASHMAP_DIT_PRECOMPUTED_MODS=1 FLASHMAP_DIT_PDL=1)
 SERIAL_BUILD_S=300  # the build's share without ninja (the estimate above)
 SCHEDULED=0         # sum of the shares of the steps so far
 PROBLEMS=()         # --preflight: what would fail there
@@ -244,6 +248,8 @@ FUSED="fused and not fused-eager"
 step bench_draft_fused "${BENCH[@]}" benches/bench_draft.py -k "$FUSED" --benchmark-json="${WORK:-}/bench_draft_fused.json"
 step bench_draft_switched env "${SWITCHES[@]}" "${BENCH[@]}" benches/bench_draft.py -k "$FUSED" \
   --benchmark-json="${WORK:-}/bench_draft_switched.json"
+# Where the step's time goes: the kernels of 5 eager fused steps and 5 graph replays (default switches).
+step profile_step "$PY" benches/profile_step.py --json "${WORK:-}/profile_step.json" --markdown "${WORK:-}/profile_step.md"
 # shellcheck disable=SC2016  # expanded by the inner bash
 # (the fused-graph L = 1,024 case exists on a GPU only: a CPU dry run has nothing to sweep)
 step split_sweep bash -c '"$1" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" || exit 0

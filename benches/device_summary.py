@@ -18,7 +18,8 @@ import xml.etree.ElementTree as ET
 # extra_info fields worth a place on the one-screen summary, in this order
 HEADLINE = ("us_per_call", "logits_GBps", "roofline_x", "gb_per_s", "forward_ms", "draft_ms", "verify_op_ms",
             "overhead", "overhead_nosync", "x_floor", "gamma", "tokens_per_s", "speedup", "break_even_gamma",
-            "speedup_at_paper_gamma", "roofline_at_paper_gamma", "steps_per_s", "first_loss", "last_loss")
+            "speedup_at_paper_gamma", "roofline_at_paper_gamma", "steps_per_s", "first_loss", "last_loss",
+            "kernel_us_per_step")
 
 
 def read_steps(work: str) -> list[dict]:

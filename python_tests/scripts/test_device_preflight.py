@@ -51,7 +51,7 @@ def preflight(clone: pathlib.Path, **env) -> tuple[int, list[str]]:
 def test_it_passes_after_make_cutlass_min(clone):
     add_cutlass_min(clone)
     rc, lines = preflight(clone)
-    assert rc == 0 and len(lines) == 1 and lines[0].startswith("device preflight ok: 10 steps"), lines
+    assert rc == 0 and len(lines) == 1 and lines[0].startswith("device preflight ok: 11 steps"), lines
 
 
 def test_it_fails_in_one_line_without_cutlass_min(clone):
