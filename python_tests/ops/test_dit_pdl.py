@@ -8,6 +8,7 @@ expected slices are checked as intervals here, not read back from the code under
 (same tokens with it on, graph replayed 1000 times) runs on a GPU: test_dit_switches.py."""
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -138,3 +139,39 @@ def test_without_pdl_every_node_shares_the_buffers_start(driver):
     under programmatic dependent launch."""
     got = slices(driver("step", 1, *qwen3_8b_step_nodes()))
     assert len(got) >= 30 and {off for _, off, _, _ in got} == {0}
+
+
+def kernel_bodies() -> dict:
+    """Every __global__ function of csrc/dit: its name and its body (to the matching brace)."""
+    out = {}
+    for path in sorted((ROOT / "csrc" / "dit").glob("*.cu*")):
+        text = path.read_text()
+        for m in re.finditer(r"__global__ void(?: __launch_bounds__\([^)]*\))? (\w+)\(", text):
+            start = text.index("{", m.end())
+            depth, i = 0, start
+            while True:
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if depth == 0:
+                    break
+                i += 1
+            out[m.group(1)] = text[start:i + 1]
+    return out
+
+
+def test_every_dit_kernel_waits_for_its_predecessor_and_launches_through_the_helper():
+    """The grid wait is in every kernel (the linear's in its main loop, before the first x load), and no DiT
+    launcher bypasses launch_dit_kernel: a new kernel without them would race under FLASHMAP_DIT_PDL=1."""
+    bodies = kernel_bodies()
+    assert {"linear_kernel", "attention_kernel", "adaln_kernel", "rms_norm_kernel", "kv_append_kernel"} <= set(bodies)
+    linear = (ROOT / "csrc" / "dit" / "linear_kernel.cuh").read_text()
+    loop = linear[linear.index("__device__ __forceinline__ void linear_mainloop("):]
+    loop = loop[:loop.index("\n}\n")]
+    assert loop.index("grid_dependency_wait();") < loop.index("load_rows<T>(gmem_copy, tXg")
+    for name, body in bodies.items():
+        waits = "grid_dependency_wait();" in body or (name == "linear_kernel" and "linear_mainloop<" in body)
+        assert waits, f"{name} never calls grid_dependency_wait()"
+        first_return = body.find("return;")
+        if "grid_dependency_wait();" in body and first_return >= 0:
+            assert body.index("grid_dependency_wait();") < first_return, f"{name} may exit before its wait"
+    for path in (ROOT / "csrc" / "dit").glob("*.cu"):
+        assert "<<<" not in path.read_text(), f"{path.name} launches without launch_dit_kernel"
