@@ -144,6 +144,7 @@ class State:
     tokens: list                  # committed new tokens
     tap_ids: tuple = ()           # the drafter's target_layer_ids (() without a drafter)
     stopped: bool = False
+    commit: object = None         # the device-side bookkeeping (round_commit.RoundCommit) with cuda_graphs
 
     def draft_budget(self, req: Request) -> int:
         """How many drafts may still be accepted: the bonus always comes on top."""
@@ -177,7 +178,8 @@ class Timer:
 
     `mark(phase, device)` is called as each round starts ("round") and as each phase ends: "draft", then
     (chain rounds) "forward" (target) and "verify" (op + the host read of its result), then "commit" (KV
-    rollback, drafter memory, stats, emit). rounds: per round {phase: ms}; starts: host time (s) of each
+    rollback, drafter memory, stats, emit). With cuda_graphs the round's host read comes last: "verify" is
+    the op alone and "commit" the device bookkeeping, the read, stats and emit. rounds: per round {phase: ms}; starts: host time (s) of each
     round's start. Without sync, times are host times (kernels may still run on a GPU).
     """
 

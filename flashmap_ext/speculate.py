@@ -26,6 +26,7 @@ from flashmap_ext import ops
 from flashmap_ext.batched import embeddable, generate_rows
 from flashmap_ext.inputs import as_ids, as_prompts
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
+from flashmap_ext.round_commit import RoundCommit
 from flashmap_ext.target import Target
 from flashmap_ext.target.static import StaticTarget, static_target_for
 from flashmap_ext.tree import TreeSpec, tree_round
@@ -96,7 +97,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         target = _static(target, drafter, prompt.shape[1] + max_new_tokens)
     req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
                   _stop_set(stop_token_ids, target.vocab_size), on_tokens, target.device)
-    round_fn = _round_function(drafter, tree)
+    round_fn = static_round if cuda_graphs else _round_function(drafter, tree)
     timer = timer or Timer()
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
     if max_new_tokens == 0:
@@ -104,6 +105,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     start = timer.now(target.device)
     with torch.inference_mode():
         state = prefill(target, drafter, prompt, req, stats, timer)
+        if cuda_graphs:
+            state.commit = RoundCommit(target, drafter, state.memory, target.capacity + _block_size(drafter))
         state.emit(state.anchor.tolist(), req)
         while not state.stopped:
             round_fn(target, drafter, state, req, stats, timer)
@@ -115,8 +118,12 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
 def _static(target: Target, drafter, capacity: int) -> StaticTarget:
     """The StaticTarget for a call needing `capacity` KV slots (a round's forward never writes past the
     prompt + max_new_tokens: its drafts are capped by the remaining budget), graphing T = 1 and k + 1."""
-    k = 0 if drafter is None else int(drafter.num_draft_tokens)
-    return static_target_for(target, capacity, sorted({1, k + 1}))
+    return static_target_for(target, capacity, sorted({1, _block_size(drafter)}))
+
+
+def _block_size(drafter) -> int:
+    """k + 1: the verify block of a full round (1 for the AR baseline)."""
+    return 1 + (0 if drafter is None else int(drafter.num_draft_tokens))
 
 
 def as_target(target) -> Target:
@@ -257,6 +264,37 @@ def chain_round(target: Target, drafter, state: State, req: Request, stats: Gene
     stats.verify_time_s += timer.now(dev) - t1
     returned = state.emit(tokens[:n_acc + 1], req)
     if returned < n_acc + 1:  # a stop token: the stats describe exactly the returned tokens
+        stats.cut_last_round(returned)
+    timer.mark("commit", dev)
+
+
+def static_round(target: StaticTarget, drafter, state: State, req: Request, stats: GenerateStats,
+                 timer: Timer) -> None:
+    """`chain_round` with cuda_graphs: the bookkeeping on the device (round_commit.py: KV rollback, the
+    memory's counted write, next anchor, readback; one CUDA graph per k), then the round's one host read
+    (the readback) and the host's share: lengths, stats, emit."""
+    dev = target.device
+    t0 = timer.mark("round", dev)
+    drafts = _draft(drafter, state, req)
+    t1 = timer.mark("draft", dev)
+    k = drafts.shape[1]
+    block = torch.cat([state.anchor[:, None], embeddable(drafts, target.vocab_size)], dim=1)
+    out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=state.tap_ids)
+    timer.mark("forward", dev)
+    res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
+    timer.mark("verify", dev)
+    readback = state.commit(state.cache, block, out.taps, res)
+    n_acc, status, *tokens = readback.tolist()  # the one host read of the round
+    if status & ops.STATUS_ERRORS:
+        raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
+                         f"{state.position}..{state.position + k} (verify status {status})")
+    state.commit.settle(k, n_acc)
+    state.anchor, state.position = state.commit.anchor, state.position + n_acc + 1
+    stats.add_round(k, n_acc)
+    stats.draft_time_s += t1 - t0
+    stats.verify_time_s += timer.now(dev) - t1
+    returned = state.emit(tokens[:n_acc + 1], req)
+    if returned < n_acc + 1:
         stats.cut_last_round(returned)
     timer.mark("commit", dev)
 

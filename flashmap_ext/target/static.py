@@ -116,6 +116,20 @@ class StaticTarget(Target):
             self._length.sub_(num_tokens)
             self._host_length -= num_tokens
 
+    def rollback_on_device(self, cache: StaticCache, num_tokens: torch.Tensor) -> None:
+        """Drops `num_tokens` positions given as a [1] int64 device tensor (a round's k − accepted): the
+        device length alone, no host read, so a CUDA graph can capture it. The host's copy keeps the longer
+        length (an upper bound: the capacity checks stay safe) until `settle_host_length` is told the value."""
+        self._check_cache(cache)
+        self._length.sub_(num_tokens)
+
+    def settle_host_length(self, cache: StaticCache, num_tokens: int) -> None:
+        """The host half of `rollback_on_device(cache, t)` once t's value is known on the host (int)."""
+        self._check_cache(cache)
+        if num_tokens < 0 or num_tokens > self._host_length:
+            raise ValueError(f"num_tokens must be in [0, {self._host_length}] (got {num_tokens})")
+        self._host_length -= num_tokens
+
     def keep_positions(self, cache, keep) -> None:
         raise TypeError("StaticTarget keeps a causal chain only: tree rounds (keep_positions) need Target")
 

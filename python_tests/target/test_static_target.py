@@ -1,14 +1,12 @@
 """StaticTarget (target/static.py) on tiny random Qwen3, Qwen2 and Llama models, on the CPU (the same code the
 CUDA graphs capture). References: HF transformers' own forward (logits, hidden states), a full recompute
 after a rollback, plain greedy decoding with a full recompute per token (drafter_doubles.greedy_continuation),
-and the target's host reads counted by a torch function mode (support/sync_counter.py)."""
-import importlib
-
+and the target's host reads counted by a torch function mode (support/sync_counter.py). The rounds that
+generate(..., cuda_graphs=True) runs on it (bookkeeping on the device, one host read): test_graphed_round.py."""
 import pytest
 import torch
 from test_target import ARCHS, IDS, full_forward, tiny_model
 
-from flashmap_ext import speculate
 from flashmap_ext.speculate import generate
 from flashmap_ext.target import Target
 from flashmap_ext.target.static import StaticTarget
@@ -91,27 +89,6 @@ def test_the_target_never_reads_the_device():
         target.forward(torch.tensor([IDS[5:]]), cache, num_logits=4, tap_layer_ids=(0, 2))
         target.rollback(cache, 2)
     assert sync.calls == []
-
-
-def test_a_round_reads_the_device_once(monkeypatch):
-    """Every chain round (FlashMap drafter, static target) reads the device exactly once: the accepted length
-    and tokens in chain_round. The argument checks that read CPU tensors only (verify's row values, the
-    drafter's anchor ids: skipped on CUDA, where the kernels flag bad values) are switched off as on CUDA."""
-    monkeypatch.setattr(importlib.import_module("flashmap_ext.ops.verify"), "_check_row_values", lambda *a: None)
-    monkeypatch.setattr(importlib.import_module("flashmap_ext.drafters.flashmap.draft_args"), "_readable",
-                        lambda t: False)
-    model = tiny_model("qwen3")
-    target, drafter = Target(model), random_flashmap(model, 4, (0, 1))
-    generate(target, drafter, IDS[:5], 12, cuda_graphs=True)  # one-time work (the drafter's memoised tables)
-    rounds, chain_round = [], speculate.chain_round
-
-    def counted(*args, **kwargs):
-        with SyncCounter() as sync:
-            chain_round(*args, **kwargs)
-        rounds.append(sync.sites)
-    monkeypatch.setattr(speculate, "chain_round", counted)
-    generate(target, drafter, IDS[:5], 12, cuda_graphs=True)
-    assert len(rounds) >= 3 and all(sites == ["speculate.py:chain_round"] for sites in rounds), rounds
 
 
 def test_errors_name_the_argument():

@@ -80,10 +80,15 @@ def truncated(current: list, lengths) -> list:
     """`lengths` ([B] ints: a list or an integer tensor, a CUDA one copied to the host) as a list of ints,
     checked against the `current` row lengths: ValueError naming `lengths` unless each lies in
     [0, current[b]]."""
-    new = torch.as_tensor(lengths).reshape(-1).cpu()
-    if new.is_floating_point() or new.dtype == torch.bool or new.numel() != len(current):
-        raise ValueError(f"lengths: expected [B={len(current)}] integers, got {list(new.shape)} {new.dtype}")
-    new = new.tolist()
+    if isinstance(lengths, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+        new = list(lengths)  # Python ints: no tensor round trip (the decoding loop's per-round call)
+        if len(new) != len(current):
+            raise ValueError(f"lengths: expected [B={len(current)}] integers, got {len(new)}")
+    else:
+        new = torch.as_tensor(lengths).reshape(-1).cpu()
+        if new.is_floating_point() or new.dtype == torch.bool or new.numel() != len(current):
+            raise ValueError(f"lengths: expected [B={len(current)}] integers, got {list(new.shape)} {new.dtype}")
+        new = new.tolist()
     if any(not 0 <= n <= c for n, c in zip(new, current)):
         raise ValueError(f"lengths: each row's new length must lie in [0, its length]; got {new} for rows of "
                          f"{list(current)} (truncate cuts, extend_memory appends)")

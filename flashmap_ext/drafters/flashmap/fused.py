@@ -3,6 +3,7 @@
 
     packed = pack_weights(drafter)                       # once, at load time (if fused_supported(drafter))
     fused_extend_memory(packed, memory, token_ids, taps)  # replaces drafter.extend_memory
+    fused_write_memory(packed, memory, token_ids, taps, start, count)  # its device half (device count)
     block = fused_draft_block(packed, memory, anchor_tokens, noise=z, steps=1)   # replaces draft_flashmap
     block = fused_draft_block(packed, memory, anchor_tokens, seed=s, position=p, graph=True)  # CUDA-graph replay
     graph = FusedDraftGraph(packed, memory, batch_size=B, steps=1)  # the graph itself (what graph=True caches)
@@ -120,34 +121,54 @@ def pack_weights(drafter: nn.Module, precompute: Optional[bool] = None) -> Packe
         precompute_mods(drafter, adaln_w, adaln_b) if precompute else None)
 
 
-def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Tensor, start: torch.Tensor) -> None:
-    """entries [B, T, w] at positions start[b] + t: every layer's K (QK-normed, rotated) and V, appended
-    in place. start [B] int32 on the memory's device."""
+def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Tensor, start: torch.Tensor,
+                   count: Optional[torch.Tensor] = None) -> None:
+    """entries [B, T, w] at positions start[b] + t for t < count[b] (default T): every layer's K (QK-normed,
+    rotated) and V, appended in place. start, count [B] int32 on the memory's device."""
     c = p.drafter.config
     B, T, _ = entries.shape
     kv = ops.linear(entries, p.mem_kv_w, p.mem_kv_b).view(B, T, c.n_layers, 2, c.heads, c.head_dim)
     pos = (start.long()[:, None] + torch.arange(T, device=start.device)).reshape(-1)
-    count = torch.full_like(start, T)
+    count = torch.full_like(start, T) if count is None else count
     for i, layer in enumerate(p.layers):
         k = ops.rms_norm(kv[:, :, i, 0], layer.cross_kn, pos.view(B, T), theta=c.rope_theta, eps=c.norm_eps)
         ops.kv_append_(memory.k[i].transpose(1, 2), k, start, count)
         ops.kv_append_(memory.v[i].transpose(1, 2), kv[:, :, i, 1], start, count)
 
 
-@torch.no_grad()
-def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: torch.Tensor,
-                        taps: torch.Tensor) -> None:
-    """FlashMapDrafter.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
+def _tap_entries(p: PackedFlashMap, taps: torch.Tensor) -> torch.Tensor:
+    """Memory entries [B, T, w] of the taps [B, T, n_taps·d_target]: tap norm, projection, entry norm."""
     c = p.drafter.config
-    B, T = token_ids.shape
-    memory.reserve(memory.length + T)
+    B, T = taps.shape[:2]
     taps = taps.to(p.tap_w.dtype)
     if p.tap_in_norm is not None:  # per-tap RMSNorm: [B, T, n_taps, d_target] rows, unit weight
         taps = ops.rms_norm(taps.reshape(B, T, -1, c.d_target), p.tap_in_norm, eps=c.norm_eps).view(B, T, -1)
     entries = ops.linear(taps, p.tap_w, p.tap_b)
-    entries = ops.rms_norm(entries.unsqueeze(-2), p.tap_norm, eps=c.norm_eps).squeeze(-2)
+    return ops.rms_norm(entries.unsqueeze(-2), p.tap_norm, eps=c.norm_eps).squeeze(-2)
+
+
+@torch.no_grad()
+def fused_extend_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: torch.Tensor,
+                        taps: torch.Tensor) -> None:
+    """FlashMapDrafter.extend_memory on the fused ops: token_ids [B, T], taps [B, T, n_taps·d_target]."""
+    memory.reserve(memory.length + token_ids.shape[1])
+    entries = _tap_entries(p, taps)
     _write_entries(p, memory, entries, memory.lengths_on(entries.device, torch.int32))  # per-row offsets
-    memory.grow(T)
+    memory.grow(token_ids.shape[1])
+
+
+@torch.no_grad()
+def fused_write_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: torch.Tensor, taps: torch.Tensor,
+                       start: torch.Tensor, count: torch.Tensor) -> None:
+    """The device half of `fused_extend_memory`, with device offsets and counts: row b's first count[b] of the
+    T positions (taps [B, T, n_taps·d_target]) written from entry start[b] on (start, count [B] int32 on the
+    memory's device; start[b] = row b's length). Reads nothing on the host and neither reserves nor counts:
+    the caller reserves start + T entries first and calls `memory.grow(count)` once it knows the count, so a
+    CUDA graph can capture it (the chain round's bookkeeping, commit.py)."""
+    if memory.length + token_ids.shape[1] > memory.capacity:
+        raise ValueError(f"memory: {memory.length} + {token_ids.shape[1]} entries exceed its capacity "
+                         f"{memory.capacity}: reserve them first")
+    _write_entries(p, memory, _tap_entries(p, taps), start, count)
 
 
 def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.Tensor, memory_kv,

@@ -321,6 +321,13 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         memory.write(starts, self._layer_kvs(entries, pos))
         memory.grow(token_ids.shape[1])
 
+    def memory_writer(self, device: torch.device):
+        """The counted memory write for CUDA-graphed bookkeeping (commit.py): `fn(memory, token_ids, taps,
+        start, count)` = fused.fused_write_memory over the packed weights (device offsets and counts, no host
+        read), or None where the fused kernels do not run (a CPU, a shape they refuse): extend_memory then."""
+        packed = self.fused_weights() if torch.device(device).type == "cuda" else None
+        return None if packed is None else functools.partial(fused.fused_write_memory, packed)
+
     def denoise(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, slot_inputs: torch.Tensor,
                 tau_s: torch.Tensor | float, tau_t: torch.Tensor | float) -> torch.Tensor:
         """One network evaluation at inference: logits [B, K, V_s] fp32 of δ_{s,t} for d-space slot
