@@ -33,6 +33,9 @@ from flashmap_ext.tree import TreeSpec, tree_round
 
 __all__ = ["generate", "GenerateOutput", "GenerateStats", "TreeSpec", "Timer"]
 
+#: what `cuda_graphs` runs (the refusal of a tree or a batch, here and on the CLI)
+CUDA_GRAPHS_SHAPES = "the static target runs chain rounds of one prompt (no tree, no batch)"
+
 
 def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, stop_token_ids: Sequence[int] = (), *,
@@ -88,7 +91,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     warn_dtype_mismatch(target, drafter)
     input_ids, batched = as_prompts(input_ids)
     if cuda_graphs and (tree is not None or batched):
-        raise ValueError("cuda_graphs: the static target runs chain rounds of one prompt (no tree, no batch)")
+        raise ValueError(f"cuda_graphs: {CUDA_GRAPHS_SHAPES}")
     if batched:
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)

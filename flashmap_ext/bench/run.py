@@ -47,6 +47,7 @@ class BenchConfig:
     auto: bool = False                  # the --auto row (cost model picks the shape per round)
     recalibrate: bool = False           # --auto: measure the cost table again (else the cached one)
     methods: tuple = ()                 # only these method names (AR always runs); () = all
+    cuda_graphs: bool = False           # generate(..., cuda_graphs=True): chain rows only (no tree, no batch)
     out: str = "runs/bench"
 
 
@@ -57,7 +58,7 @@ def decode(target, method: Method, ids: list[int], cfg: BenchConfig, stop) -> Re
         return Record(method.name, "", "", out.tokens, out.time_s, draft_time_s=None, verify_time_s=None,
                       prefill_time_s=None)
     out = generate(target, method.drafter, ids, cfg.max_new_tokens, temperature=cfg.temperature,
-                   seed=cfg.seed, stop_token_ids=stop, tree=method.tree)
+                   seed=cfg.seed, stop_token_ids=stop, tree=method.tree, cuda_graphs=cfg.cuda_graphs)
     s = out.stats
     return Record(method.name, "", "", out.tokens, s.total_time_s, drafted=list(s.drafted),
                   accepted=list(s.accepted), depths=list(s.depths), draft_time_s=s.draft_time_s,

@@ -6,6 +6,8 @@ from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
 from flashmap_ext.checks import check_output_path
 from flashmap_ext.commands import add_actions
+from flashmap_ext.commands.generate import add_cuda_graphs_argument, check_cuda_graphs
+from flashmap_ext.speculate import CUDA_GRAPHS_SHAPES
 from flashmap_ext.train.runner import seed_arg
 from flashmap_ext.tree import TreeSpec
 
@@ -46,6 +48,7 @@ def add_parser(subparsers) -> None:
                    help="measure this machine's costs for --auto again instead of using the cached table "
                         "(run it on a quiet machine)")
     add_threads_argument(p)
+    add_cuda_graphs_argument(p)
     p.add_argument("--batch-size", type=int, default=0,
                    help="0 (default): the per-prompt bench; B >= 1: the batch throughput run instead (bench/batch.py): AR, FlashMap-1/2 and DFlash "
                         "over batches of B prompts, tokens/s vs batched AR, written to OUT/batch-B.json and .md")
@@ -108,13 +111,17 @@ def run(args) -> int:
     from flashmap_ext.bench.run import run as run_bench
     tree = eagle3_tree(args.eagle3_tree, args.eagle3)  # argument errors before any model loads
     check_args(args)
+    check_cuda_graphs(args, "--batch-size", "--shapes", "--auto")
+    if args.cuda_graphs and tree is not None:
+        raise ValueError(f"--cuda-graphs: {CUDA_GRAPHS_SHAPES}: give --eagle3-tree none (the EAGLE-3 tree row)")
     set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
                       n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
                       shapes=args.shapes, auto=args.auto, recalibrate=args.recalibrate,
-                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()))
+                      methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      cuda_graphs=args.cuda_graphs)
     if args.batch_size:
         from flashmap_ext.bench.batch import markdown as batch_markdown
         from flashmap_ext.bench.batch import run_batch

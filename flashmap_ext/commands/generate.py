@@ -5,6 +5,7 @@ tokens/s.
     flashmap generate --target tiny-random --drafter random --prompt "Hello"   # no weights needed
     flashmap generate --target qwen2.5-coder-0.5b --prompt "Hello" --chat     # offline real target
     flashmap generate --target Qwen/Qwen3-8B --drafter ./eagle3 --tree 7,10,16 --prompt "Hello"
+    flashmap generate --target Qwen/Qwen3-8B --drafter ./ckpt --prompt "Hello" --cuda-graphs
 
 `--target tiny-random` is a tiny random Qwen3 over a byte vocabulary (ids 0-255 are UTF-8 bytes, 256 is
 EOS); `--target qwen2.5-coder-0.5b` is the offline real target of `flashmap bench` and `flashmap demo`
@@ -15,7 +16,9 @@ top-k or multi-noise trees with `--block-tree`, the prompt-lookup hybrid's two b
 (`--auto` picks chains, trees and branches itself). A drafter directory is
 dispatched on its config.json: `architectures` DFlashDraftModel → dflash, LlamaForCausalLMEagle3 →
 eagle3 (or `speculators_model_type` eagle3: vLLM's format), `model_type` flashmap_drafter → flashmap;
-`--drafter-type` checks that type, it cannot change it.
+`--drafter-type` checks that type, it cannot change it. `--cuda-graphs` runs the target as a `StaticTarget`
+(static KV; its forwards and each round's bookkeeping CUDA graphs on a GPU, the same code eagerly on a CPU):
+chain rounds only, so it refuses `--tree` and `--auto` (its rounds are tree rounds), as `generate` refuses a tree.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from flashmap_ext.assets.models import QWEN05_NAME
 from flashmap_ext.bench import machine
 from flashmap_ext.checkpoint_kind import KINDS
 from flashmap_ext.drafters.load import KEEP, check_drafter, load_drafter
-from flashmap_ext.speculate import generate
+from flashmap_ext.speculate import CUDA_GRAPHS_SHAPES, generate
 from flashmap_ext.target import TINY, Target, load_target, resolve_dtype
 from flashmap_ext.train.runner import seed_arg, window_arg
 from flashmap_ext.tree import TreeSpec
@@ -60,14 +63,33 @@ def add_parser(subparsers) -> None:
                    help="FlashMap/DFlash: read at most the last W context positions (default: the "
                         "checkpoint's; 'none': all of them)")
     add_shape_arguments(p)
+    add_cuda_graphs_argument(p)
     p.add_argument("--device", help="default: cuda if available, else cpu")
     p.set_defaults(func=run)
+
+
+def add_cuda_graphs_argument(p) -> None:
+    """--cuda-graphs (generate and bench): generate(..., cuda_graphs=True)."""
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="run the target as a StaticTarget: static KV, its 1-token and (k+1)-token forwards and "
+                        "the round's bookkeeping as CUDA graphs on a GPU (eagerly on a CPU); chain rounds only")
+
+
+def check_cuda_graphs(args, *flags: str) -> None:
+    """ValueError naming --cuda-graphs and the first of `flags` (option names) that is set: what makes a tree
+    or a batch, which a cuda_graphs call refuses (speculate.CUDA_GRAPHS_SHAPES)."""
+    if not getattr(args, "cuda_graphs", False):
+        return
+    for flag in flags:
+        if getattr(args, flag.removeprefix("--").replace("-", "_"), None):
+            raise ValueError(f"--cuda-graphs: {CUDA_GRAPHS_SHAPES}: drop {flag}")
 
 
 def run(args) -> int:
     kind = check_drafter(args.drafter, args.drafter_type) if args.drafter else None  # before any model loads
     check_shape_arguments(args, kind)
     check_drafter_options(args, kind)
+    check_cuda_graphs(args, "--tree", "--auto")
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
     target, tokenizer = load_target(args.target, dtype, args.device)
     window = KEEP if args.context_window is None else (args.context_window or None)
@@ -84,7 +106,7 @@ def run(args) -> int:
               file=sys.stderr)
     stream = TextStream(tokenizer)
     out = generate(target, drafter, ids, max(budget, 0), args.temperature, args.top_k, args.top_p, args.seed,
-                   stop_token_ids(tokenizer, target), tree=tree, on_tokens=stream)
+                   stop_token_ids(tokenizer, target), tree=tree, on_tokens=stream, cuda_graphs=args.cuda_graphs)
     stream.finish()
     print(out.stats.summary(), file=sys.stderr)
     return 0
