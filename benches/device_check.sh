@@ -47,7 +47,8 @@
 #   env, build            toolkit and GPU facts; setup.py build_ext --inplace (CUDA_HOME from
 #                         scripts/cuda_home.sh: a wrapper nvcc on PATH makes torch guess wrong)
 #   dit_op_tests          DiT ops -m cuda                          (CUDA_LAUNCH_BLOCKING=1: an illegal address
-#   dit_step_tests        fused draft step / graph / noise / precomputed modulations / static target -m cuda
+#   dit_step_tests        fused draft step / graph / noise / precomputed modulations / static target and
+#                         the graphed round's bookkeeping -m cuda
 #   dit_switch_tests      the DiT op and step tests under SWITCHES (all new kernel paths on) + test_dit_switches
 #   bench_draft_fused     draft step, fused kernels as they are (default switches)
 #   bench_draft_switched  the same with SWITCHES
@@ -229,7 +230,7 @@ fi
 step build "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build failed"
 
 # DiT drafter kernels vs the fp64 oracle under the error budget; then the fused step, graph replay, seeded
-# noise, the precomputed modulations and the static (graphed) target. Two steps, so that a timeout (pytest
+# noise, the precomputed modulations, the static (graphed) target and the round's bookkeeping graph. Two steps, so that a timeout (pytest
 # writes its junit XML only at the end) loses one half; the torch.compile test (inductor: the slowest to
 # start) is optional.
 NO_COMPILE="not torch_compile"
@@ -237,7 +238,8 @@ step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_d
   --junitxml="${WORK:-}/dit_op_tests.xml"
 step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/drafters/test_dit_fused.py \
   python_tests/drafters/test_draft_graph.py python_tests/test_drafter_noise.py python_tests/drafters/test_precomputed_mods.py \
-  python_tests/target/test_static_target.py --junitxml="${WORK:-}/dit_step_tests.xml"
+  python_tests/target/test_static_target.py python_tests/target/test_graphed_round.py \
+  --junitxml="${WORK:-}/dit_step_tests.xml"
 # The same kernels' tests with every new path on, and the paths against the default kernels bitwise.
 step dit_switch_tests env "${SWITCHES[@]}" "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
   python_tests/drafters/test_dit_fused.py python_tests/drafters/test_draft_graph.py python_tests/drafters/test_precomputed_mods.py \
