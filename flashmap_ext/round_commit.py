@@ -50,6 +50,10 @@ class RoundCommit:
         memory: the drafter's memory after prefill, or None.
         capacity: memory entries the call may write (prompt + max_new_tokens + k + 1): reserved up front in
             "counted" mode, so that the buffers a graph holds never move.
+
+    "counted" asks the drafter for `memory_writer(device)`: fn(memory, token_ids, taps, start, count) with
+    start, count [B] int32 device tensors, capturable, or None; its memory offers reserve(n), grow(n) and
+    lengths_on(device, dtype) (FlashMapDrafter / FlashMapMemory).
     """
 
     def __init__(self, target: StaticTarget, drafter, memory, capacity: int):

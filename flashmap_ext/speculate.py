@@ -12,6 +12,8 @@ plain sampler). One prompt runs here; a list of prompts runs as one batch in bat
 own call would (inputs.py says which forms of prompt `generate` takes). Randomness: the verifier's coins are keyed by
 (seed, absolute position), the drafter's noise by its own stream, so a call never depends on an earlier
 one. The only host sync in a round is reading the accepted length and the committed tokens, together.
+With `cuda_graphs` the rounds are `static_round`: the bookkeeping after verify runs on the device before that
+read (round_commit.py), as CUDA graphs on a GPU.
 """
 from __future__ import annotations
 
@@ -67,7 +69,9 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             phase so that the stats' times are exact on a GPU.
         cuda_graphs: run the target as a `StaticTarget` (target/static.py): static KV buffers, rollback a
             length update, and its 1-token and (k+1)-token forwards CUDA graphs on a GPU (the same code
-            eagerly elsewhere). Kept on a `Target` for later calls; chain rounds of one prompt only.
+            eagerly elsewhere); each round's bookkeeping (rollback, the drafter's memory, the next anchor)
+            on the device, one graph per k, before the round's one host read (round_commit.py). Kept on a
+            `Target` for later calls; chain rounds of one prompt only.
     Warns:
         UserWarning (one line) when the drafter's weights and the target differ in dtype; it runs as is.
     Returns:
@@ -109,7 +113,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     with torch.inference_mode():
         state = prefill(target, drafter, prompt, req, stats, timer)
         if cuda_graphs:
-            state.commit = RoundCommit(target, drafter, state.memory, target.capacity + _block_size(drafter))
+            entries = prompt.shape[1] + max_new_tokens + _block_size(drafter)  # the most a call's memory holds
+            state.commit = RoundCommit(target, drafter, state.memory, entries)
         state.emit(state.anchor.tolist(), req)
         while not state.stopped:
             round_fn(target, drafter, state, req, stats, timer)
