@@ -68,6 +68,21 @@ def test_graphed_rounds_are_plain_greedy(kind, monkeypatch):
         assert out.stats.accepted == [min(s, d) for s, d in zip([0, 4, 2, 1, 3] * 9, out.stats.drafted)]
 
 
+@pytest.mark.parametrize("kind", ["oracle", "scheduled"])
+def test_stop_tokens_and_sampling_equal_the_chain_rounds(kind):
+    """A stop token inside an accepted run ends the output with the same tokens and stats as chain_round; at
+    T > 0 the verifier's coins are keyed by (seed, position): the same drafts give the same tokens."""
+    model = tiny_model("qwen3")
+    ref = greedy_continuation(model, IDS[:6], 20).tolist()
+    for kwargs in (dict(stop_token_ids=[ref[9]]), dict(temperature=0.8, top_k=30, seed=3)):
+        graphed = generate(model, DRAFTERS[kind](model), IDS[:6], 20, cuda_graphs=True, **kwargs)
+        plain = generate(model, DRAFTERS[kind](model), IDS[:6], 20, **kwargs)
+        assert graphed.tokens == plain.tokens and graphed.stats.accepted == plain.stats.accepted
+    assert graphed.stats.rounds >= 2 and len(plain.tokens) == 20
+    stopped = generate(model, DRAFTERS[kind](model), IDS[:6], 20, cuda_graphs=True, stop_token_ids=[ref[9]])
+    assert stopped.tokens == ref[:ref.index(ref[9]) + 1]
+
+
 @pytest.mark.parametrize("kind", ["flashmap", "flashmap-counted", "dflash"])
 def test_the_memory_after_graphed_rounds_equals_the_chain_rounds(kind):
     """The memory a call leaves (entries of every committed position but the anchor) equals the one of the
