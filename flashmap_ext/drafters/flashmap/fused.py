@@ -164,7 +164,7 @@ def fused_write_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: tor
     T positions (taps [B, T, n_taps·d_target]) written from entry start[b] on (start, count [B] int32 on the
     memory's device; start[b] = row b's length). Reads nothing on the host and neither reserves nor counts:
     the caller reserves start + T entries first and calls `memory.grow(count)` once it knows the count, so a
-    CUDA graph can capture it (the chain round's bookkeeping, commit.py)."""
+    CUDA graph can capture it (the chain round's bookkeeping, round_commit.py)."""
     if memory.length + token_ids.shape[1] > memory.capacity:
         raise ValueError(f"memory: {memory.length} + {token_ids.shape[1]} entries exceed its capacity "
                          f"{memory.capacity}: reserve them first")

@@ -322,7 +322,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         memory.grow(token_ids.shape[1])
 
     def memory_writer(self, device: torch.device):
-        """The counted memory write for CUDA-graphed bookkeeping (commit.py): `fn(memory, token_ids, taps,
+        """The counted memory write for CUDA-graphed bookkeeping (round_commit.py): `fn(memory, token_ids, taps,
         start, count)` = fused.fused_write_memory over the packed weights (device offsets and counts, no host
         read), or None where the fused kernels do not run (a CPU, a shape they refuse): extend_memory then."""
         packed = self.fused_weights() if torch.device(device).type == "cuda" else None
