@@ -3,7 +3,7 @@
 The learning curves (`measure.learning_curves`) score every kept checkpoint of a run on a validation set drawn
 with its own seed, disjoint from the held-out set the table is measured on. `--select best` measures each run at
 its checkpoint of highest validation γ at T = 1 (the exact expectation: the smoother of the two temperatures on
-a small set; ties go to the earlier step) instead of at its last step, so that a run that falls late (the map's
+a small set; ties go to the later step, the one trained longer: a saturated curve selects the last) instead of at its last step, so that a run that falls late (the map's
 distillation can) is measured where it stood best, as a user would keep it. Every run is selected by the same
 rule, so the comparison stays at equal footing.
 """
@@ -17,11 +17,11 @@ CURVE_KEY = "gamma_t1"
 
 
 def best_step(curve: dict, key: str = CURVE_KEY) -> int:
-    """The step of the highest `curve[key]` (the earliest of equal ones)."""
+    """The step of the highest `curve[key]` (the latest of equal ones)."""
     steps, values = curve["steps"], curve[key]
     if not steps or len(steps) != len(values):
         raise ValueError(f"a curve needs as many steps as {key} values, at least one (got {len(steps)}, {len(values)})")
-    i = max(range(len(steps)), key=lambda j: (values[j], -steps[j]))
+    i = max(range(len(steps)), key=lambda j: (values[j], steps[j]))
     return int(steps[i])
 
 

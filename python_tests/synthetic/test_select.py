@@ -8,8 +8,9 @@ from safetensors.torch import load_file, save_file
 from flashmap_ext.synthetic.select import best_step, select_checkpoints
 
 
-def test_best_step_is_the_highest_and_the_earliest_of_ties():
-    assert best_step({"steps": [250, 500, 750, 1000], "gamma_t1": [2.1, 2.6, 2.6, 2.2]}) == 500
+def test_best_step_is_the_highest_and_the_latest_of_ties():
+    assert best_step({"steps": [250, 500, 750, 1000], "gamma_t1": [2.1, 2.6, 2.6, 2.2]}) == 750
+    assert best_step({"steps": [250, 500, 750], "gamma_t1": [2.6, 2.6, 2.6]}) == 750
     assert best_step({"steps": [250, 500], "gamma_t1": [2.1, 2.0]}) == 250
     assert best_step({"steps": [250, 500], "gamma_t0": [1.0, 3.0], "gamma_t1": [9.0, 1.0]}, "gamma_t0") == 500
     with pytest.raises(ValueError, match="as many steps"):
