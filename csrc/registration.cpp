@@ -31,6 +31,13 @@ TORCH_LIBRARY(flashmap, m) {
   m.def("dit_kv_append(Tensor(a!) cache, Tensor values, Tensor start, Tensor count) -> ()");
   m.def("dit_lm_head(Tensor x, Tensor weight, Tensor? bias=None, int valid_vocab=0, bool return_logits=False, "
         "float softcap=0.0) -> (Tensor tokens, Tensor logits)");  // [M] int64, [M, V] fp32 or [0]
+  // Fused forms (FLASHMAP_DIT_FUSED_NORMS; dit_ops.h): adaLN prologue and QK-norm/RoPE epilogue of a linear;
+  // the memory K/V projection with the key norm, RoPE and the cache append in its epilogue.
+  m.def("dit_norm_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation='none', Tensor? shift=None, "
+        "Tensor? scale=None, float adaln_eps=1e-06, Tensor? q_norm=None, Tensor? k_norm=None, int heads=0, "
+        "Tensor? positions=None, float theta=10000.0, float eps=1e-06) -> Tensor");  // [M, N]
+  m.def("dit_linear_kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor x, Tensor weight, Tensor? bias, "
+        "Tensor k_norm, Tensor start, Tensor count, float theta=10000.0, float eps=1e-06) -> ()");
 }
 
 // The extension is loaded as a Python module (`import flashmap_ext._C`) only to run the static

@@ -54,8 +54,8 @@ inline int parse_activation(const std::string& name) {
 }
 
 // dit_adaln: x [M, N], shift/scale [G, N], M % G == 0.
-inline void check_adaln(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
-  constexpr const char* op = "dit_adaln";
+inline void check_adaln(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale,
+                        const char* op = "dit_adaln") {
   TORCH_CHECK_TYPE(c10::isFloatingType(x.scalar_type()), op, ": x must be a floating tensor");
   expect_dim(x, 2, op, "x", "[M, N]");
   expect_dim(shift, 2, op, "shift", "[G, N]");

@@ -33,4 +33,22 @@ std::tuple<at::Tensor, at::Tensor> lm_head_cpu(const at::Tensor& x, const at::Te
                                                const std::optional<at::Tensor>& bias, int64_t valid_vocab,
                                                bool return_logits, double softcap);
 
+
+// Fused ops (FLASHMAP_DIT_FUSED_NORMS; rules: dit_fused_args.h). CPU twins: dit_fused_cpu.cpp.
+// x [M, K] -> y = act(adaln(x, shift, scale) W^T + b) [M, N] (no adaLN without shift/scale), then per row
+// the `heads` query heads (columns [0, heads*D)) RMS-normed with q_norm [D] and, with k_norm, the next
+// `heads` key heads with k_norm; RoPE at positions [M] on the normed heads. Every rounding point of the
+// unfused chain kept: the adaLN output and y are rounded to x's dtype before the next stage reads them.
+at::Tensor norm_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           c10::string_view activation, const std::optional<at::Tensor>& shift,
+                           const std::optional<at::Tensor>& scale, double adaln_eps,
+                           const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                           int64_t heads, const std::optional<at::Tensor>& positions, double theta, double eps);
+// The memory entries x [B, T, K] through the K/V projection of every layer (weight [n_layers*2*H*D, K]:
+// per layer H key heads then H value heads), keys RMS-normed with k_norm[layer] and rotated at position
+// start[b] + t, both appended at cache row start[b] + t for t < count[b] (rows outside [0, L) dropped).
+void linear_kv_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& x,
+                          const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& k_norm,
+                          const at::Tensor& start, const at::Tensor& count, double theta, double eps);
+
 }  // namespace flashmap::dit

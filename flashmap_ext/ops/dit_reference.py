@@ -124,3 +124,41 @@ def lm_head(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
         logits = softcap * torch.tanh(logits / softcap)
     valid = weight.shape[0] if valid_vocab <= 0 else valid_vocab
     return logits[:, :valid].argmax(-1), (logits if return_logits else None)
+
+
+# ---------------------------------------------------------------- the fused ops: the references above chained
+def norm_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, activation: str = "none",
+                shift: Optional[torch.Tensor] = None, scale: Optional[torch.Tensor] = None, adaln_eps: float = 1e-6,
+                q_norm: Optional[torch.Tensor] = None, k_norm: Optional[torch.Tensor] = None, heads: int = 0,
+                positions: Optional[torch.Tensor] = None, theta: float = 10000.0, eps: float = 1e-6, *,
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """dit_norm_linear as adaln -> linear -> rms_norm of the leading `heads` (q, then k) head groups."""
+    h = x if shift is None else adaln(x, shift, scale, adaln_eps, dtype=dtype)
+    y = linear(h, weight, bias, activation, dtype=dtype)
+    parts, col = [], 0
+    for w in (q_norm, k_norm):
+        if w is None:
+            continue
+        D = w.shape[0]
+        part = y[:, col:col + heads * D].reshape(y.shape[0], heads, D)
+        parts.append(rms_norm(part, w, positions, theta, eps, dtype=dtype).reshape(y.shape[0], heads * D))
+        col += heads * D
+    return torch.cat(parts + [y[:, col:]], dim=1)
+
+
+def linear_kv_append(k_cache: torch.Tensor, v_cache: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                     bias: Optional[torch.Tensor], k_norm: torch.Tensor, start: torch.Tensor, count: torch.Tensor,
+                     theta: float = 10000.0, eps: float = 1e-6, *,
+                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """dit_linear_kv_append as linear -> rms_norm (+ RoPE at start[b] + t) -> kv_append per layer; returns new
+    (k_cache, v_cache) in `dtype` (the functional form of the in-place op)."""
+    B, T, _ = x.shape
+    layers, _, _, H, D = k_cache.shape
+    y = linear(x.reshape(B * T, -1), weight, bias, dtype=dtype).view(B, T, layers, 2, H, D)
+    pos = (start.long()[:, None] + torch.arange(T, device=x.device)).reshape(-1)
+    ks, vs = [], []
+    for layer in range(layers):
+        k = rms_norm(y[:, :, layer, 0].reshape(B * T, H, D), k_norm[layer], pos, theta, eps, dtype=dtype)
+        ks.append(kv_append(k_cache[layer].to(dtype), k.view(B, T, H, D), start, count))
+        vs.append(kv_append(v_cache[layer].to(dtype), y[:, :, layer, 1], start, count))
+    return torch.stack(ks), torch.stack(vs)

@@ -25,6 +25,7 @@ from flashmap_ext.drafters.common.window import window_start
 from flashmap_ext.drafters.flashmap.flow import flow_map_jump
 from flashmap_ext.drafters.flashmap.memory import DraftBlock, FlashMapMemory, per_row
 from flashmap_ext.ops import dit as ops
+from flashmap_ext.ops import dit_fused as fops
 
 
 @dataclass
@@ -54,6 +55,10 @@ class PackedFlashMap:
     # (τs, τt) -> [1, n_layers·9 + 2, w]: the adaLN modulations of the step's constant times, computed once
     # (FLASHMAP_DIT_PRECOMPUTED_MODS=1 or pack_weights(precompute=True)); None = computed every evaluation
     mods: Optional[dict] = None
+    # FLASHMAP_DIT_FUSED_NORMS=1 (or pack_weights(fused_norms=True)): the norms run inside the linears
+    # (ops.dit_fused); mem_kn [n_layers, head_dim] stacks the memory-key norms for the fused cache append
+    fused_norms: bool = False
+    mem_kn: Optional[torch.Tensor] = None
 
 
 def fused_supported(drafter: nn.Module) -> bool:
@@ -70,6 +75,11 @@ def fused_supported(drafter: nn.Module) -> bool:
 
 #: the (τs, τt) pairs of the draft step's evaluations: one step (0 → 1), two steps (0 → ½, ½ → 1)
 STEP_TIMES = ((0.0, 1.0), (0.0, 0.5), (0.5, 1.0))
+
+
+def fused_norms_enabled() -> bool:
+    """FLASHMAP_DIT_FUSED_NORMS=1: pack_weights selects the fused norm ops (off by default)."""
+    return os.environ.get("FLASHMAP_DIT_FUSED_NORMS", "0") == "1"
 
 
 def precomputed_mods_enabled() -> bool:
@@ -90,11 +100,13 @@ def precompute_mods(drafter: nn.Module, adaln_w: torch.Tensor, adaln_b: torch.Te
     return out
 
 
-def pack_weights(drafter: nn.Module, precompute: Optional[bool] = None) -> PackedFlashMap:
+def pack_weights(drafter: nn.Module, precompute: Optional[bool] = None,
+                 fused_norms: Optional[bool] = None) -> PackedFlashMap:
     """The drafter's weights (and the target's LM head rows) in the fused layout. Single weights are
     shared with the module (no copy); the concatenated ones (all adaLN modulations, all memory K/V
     projections) are copies, so pack again after the weights change (training). precompute: the step's
-    adaLN modulations per (τs, τt) too (`precompute_mods`; default: FLASHMAP_DIT_PRECOMPUTED_MODS=1)."""
+    adaLN modulations per (τs, τt) too (`precompute_mods`; default: FLASHMAP_DIT_PRECOMPUTED_MODS=1).
+    fused_norms: run the norms inside the linears (ops.dit_fused; default: FLASHMAP_DIT_FUSED_NORMS=1)."""
     pk = lambda *ts: ts[0].detach().contiguous() if len(ts) == 1 else torch.cat([t.detach() for t in ts])
     layers = [PackedLayer(
         pk(b.self_attn.qkv.weight), pk(b.self_attn.qkv.bias), pk(b.self_attn.q_norm.weight),
@@ -107,6 +119,7 @@ def pack_weights(drafter: nn.Module, precompute: Optional[bool] = None) -> Packe
     adaln_w = pk(*[b.adaLN.weight for b in blocks], fin.adaLN.weight)
     adaln_b = pk(*[b.adaLN.bias for b in blocks], fin.adaLN.bias)
     precompute = precomputed_mods_enabled() if precompute is None else precompute
+    fused_norms = fused_norms_enabled() if fused_norms is None else fused_norms
     return PackedFlashMap(
         drafter, layers, adaln_w, adaln_b,
         pk(*[w for b in blocks for w in (b.cross_attn.k_proj.weight, b.cross_attn.v_proj.weight)]),
@@ -118,7 +131,8 @@ def pack_weights(drafter: nn.Module, precompute: Optional[bool] = None) -> Packe
         pk(fin.out.weight), pk(fin.out.bias),
         tables.head_weight.detach().to(drafter.dtype).contiguous(),
         None if head_b is None else head_b.detach().to(drafter.dtype).contiguous(),
-        precompute_mods(drafter, adaln_w, adaln_b) if precompute else None)
+        precompute_mods(drafter, adaln_w, adaln_b) if precompute else None, fused_norms,
+        torch.stack([b.cross_attn.k_norm.weight.detach() for b in blocks]) if fused_norms else None)
 
 
 def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Tensor, start: torch.Tensor,
@@ -127,9 +141,13 @@ def _write_entries(p: PackedFlashMap, memory: FlashMapMemory, entries: torch.Ten
     rotated) and V, appended in place. start, count [B] int32 on the memory's device."""
     c = p.drafter.config
     B, T, _ = entries.shape
+    count = torch.full_like(start, T) if count is None else count
+    if p.fused_norms:
+        fops.linear_kv_append_(memory.k.transpose(2, 3), memory.v.transpose(2, 3), entries, p.mem_kv_w, p.mem_kv_b,
+                               p.mem_kn, start, count, theta=c.rope_theta, eps=c.norm_eps)
+        return
     kv = ops.linear(entries, p.mem_kv_w, p.mem_kv_b).view(B, T, c.n_layers, 2, c.heads, c.head_dim)
     pos = (start.long()[:, None] + torch.arange(T, device=start.device)).reshape(-1)
-    count = torch.full_like(start, T) if count is None else count
     for i, layer in enumerate(p.layers):
         k = ops.rms_norm(kv[:, :, i, 0], layer.cross_kn, pos.view(B, T), theta=c.rope_theta, eps=c.norm_eps)
         ops.kv_append_(memory.k[i].transpose(1, 2), k, start, count)
@@ -171,22 +189,52 @@ def fused_write_memory(p: PackedFlashMap, memory: FlashMapMemory, token_ids: tor
     _write_entries(p, memory, _tap_entries(p, taps), start, count)
 
 
+def _self_qkv(p: PackedFlashMap, layer: PackedLayer, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor):
+    """The self-attention's q, k (QK-normed) and v [B, K, h, hd] of x [B, K, w]."""
+    c = p.drafter.config
+    B, K, _ = x.shape
+    if p.fused_norms:
+        qkv = fops.norm_linear(x, layer.qkv_w, layer.qkv_b, shift=shift, scale=scale, adaln_eps=c.norm_eps,
+                               q_norm=layer.self_qn, k_norm=layer.self_kn, heads=c.heads, eps=c.norm_eps)
+        return qkv.view(B, K, 3, c.heads, c.head_dim).unbind(2)
+    qkv = ops.linear(ops.adaln(x, shift, scale, c.norm_eps), layer.qkv_w, layer.qkv_b).view(B, K, 3, c.heads, c.head_dim)
+    q = ops.rms_norm(qkv[:, :, 0], layer.self_qn, eps=c.norm_eps)
+    k = ops.rms_norm(qkv[:, :, 1], layer.self_kn, eps=c.norm_eps)
+    return q, k, qkv[:, :, 2]
+
+
+def _cross_q(p: PackedFlashMap, layer: PackedLayer, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+             q_pos: torch.Tensor) -> torch.Tensor:
+    """The cross-attention's queries [B, K, h, hd]: QK-normed and rotated at q_pos [B, K]."""
+    c = p.drafter.config
+    B, K, _ = x.shape
+    if p.fused_norms:
+        return fops.norm_linear(x, layer.q_w, layer.q_b, shift=shift, scale=scale, adaln_eps=c.norm_eps,
+                                q_norm=layer.cross_qn, heads=c.heads, positions=q_pos, theta=c.rope_theta,
+                                eps=c.norm_eps).view(B, K, c.heads, c.head_dim)
+    q = ops.linear(ops.adaln(x, shift, scale, c.norm_eps), layer.q_w, layer.q_b).view(B, K, c.heads, c.head_dim)
+    return ops.rms_norm(q, layer.cross_qn, q_pos, theta=c.rope_theta, eps=c.norm_eps)
+
+
+def _modulated_linear(p: PackedFlashMap, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor, activation: str = "none") -> torch.Tensor:
+    """act(adaln(x, shift, scale) @ weightᵀ + bias): the MLP's first linear and the final layer."""
+    eps = p.drafter.config.norm_eps
+    if p.fused_norms:
+        return fops.norm_linear(x, weight, bias, activation=activation, shift=shift, scale=scale, adaln_eps=eps)
+    return ops.linear(ops.adaln(x, shift, scale, eps), weight, bias, activation=activation)
+
+
 def _block(p: PackedFlashMap, layer: PackedLayer, mods: torch.Tensor, x: torch.Tensor, memory_kv,
            q_pos: torch.Tensor, kv_len: torch.Tensor) -> torch.Tensor:
     """One DiT block (DiTBlock.forward at A = 1). x [B, K, w], mods [B or 1, 9, w], memory_kv (k, v) [B, cap, h, hd]."""
-    c = p.drafter.config
     B, K, w = x.shape
     sh1, sc1, g1, sh2, sc2, g2, sh3, sc3, g3 = mods.unbind(1)
-    qkv = ops.linear(ops.adaln(x, sh1, sc1, c.norm_eps), layer.qkv_w, layer.qkv_b).view(B, K, 3, c.heads, c.head_dim)
-    q = ops.rms_norm(qkv[:, :, 0], layer.self_qn, eps=c.norm_eps)
-    k = ops.rms_norm(qkv[:, :, 1], layer.self_kn, eps=c.norm_eps)
-    o = ops.attention(q, k, qkv[:, :, 2]).reshape(B, K, w)
+    o = ops.attention(*_self_qkv(p, layer, x, sh1, sc1)).reshape(B, K, w)
     x = ops.linear(o, layer.self_out_w, layer.self_out_b, gate=g1, residual=x)
-    q = ops.linear(ops.adaln(x, sh2, sc2, c.norm_eps), layer.q_w, layer.q_b).view(B, K, c.heads, c.head_dim)
-    q = ops.rms_norm(q, layer.cross_qn, q_pos, theta=c.rope_theta, eps=c.norm_eps)
-    o = ops.attention(q, *memory_kv, kv_len).reshape(B, K, w)
+    o = ops.attention(_cross_q(p, layer, x, sh2, sc2, q_pos), *memory_kv, kv_len).reshape(B, K, w)
     x = ops.linear(o, layer.cross_out_w, layer.cross_out_b, gate=g2, residual=x)
-    h = ops.linear(ops.adaln(x, sh3, sc3, c.norm_eps), layer.fc1_w, layer.fc1_b, activation="gelu_tanh")
+    h = _modulated_linear(p, x, sh3, sc3, layer.fc1_w, layer.fc1_b, activation="gelu_tanh")
     return ops.linear(h, layer.fc2_w, layer.fc2_b, gate=g3, residual=x)
 
 
@@ -214,8 +262,7 @@ def fused_denoise(p: PackedFlashMap, memory: FlashMapMemory, lengths: torch.Tens
     for i, layer in enumerate(p.layers):
         kv = (memory.k[i, :, :, start:].transpose(1, 2), memory.v[i, :, :, start:].transpose(1, 2))
         x = _block(p, layer, mods[:, 9 * i:9 * i + 9], x, kv, q_pos, kv_len)
-    h = ops.adaln(x, mods[:, -2], mods[:, -1], c.norm_eps)
-    h = ops.linear(h, p.final_w, p.final_b)
+    h = _modulated_linear(p, x, mods[:, -2], mods[:, -1], p.final_w, p.final_b)
     return ops.lm_head(h, p.head_w, p.head_b, return_logits=return_logits, softcap=c.softcap)
 
 
