@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dit/dit_args.h"
+#include "dit/dit_fused_args.h"
 #include "dit/dit_ops.h"
 #include "dit/dit_params.h"
 #include "common/fixup_counters_glue.h"
@@ -250,6 +251,106 @@ void kv_append_cuda(const at::Tensor& cache, const at::Tensor& values, const at:
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// ---- Fused norms (FLASHMAP_DIT_FUSED_NORMS): the plain linear's params plus LinearParams::fuse.
+LinearParams plain_linear_params(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                 int act, const LinearWorkspace& ws) {
+  LinearParams p{};
+  p.x = bf(x), p.w = bf(weight), p.bias = bf(bias);
+  p.x_stride = x.stride(0), p.w_stride = weight.stride(0);
+  p.M = int(x.size(0)), p.N = int(weight.size(0)), p.K = int(x.size(1)), p.rows_per_gate = 1;
+  p.act = static_cast<Activation>(act);
+  p.partials = ws.partials.data_ptr<float>(), p.counters = ws.counters.ptr;
+  return p;
+}
+
+void expect_fused_operands(std::initializer_list<std::pair<const std::optional<at::Tensor>*, const char*>> ts,
+                           const char* op) {
+  for (auto [t, name] : ts) {
+    if (!*t) continue;
+    expect_cuda_bf16(**t, op, name);
+    expect_unit_stride(**t, op, name);
+  }
+}
+
+// The tile holds whole heads: D divides the 128-column tile and N (so no tile cuts a head).
+void expect_tile_heads(int64_t D, int64_t N, const char* op) {
+  TORCH_CHECK_VALUE(D >= 2 && 128 % D == 0 && N % D == 0, op, ": on CUDA the head dim D must divide 128 and N = ",
+                    N, ", got D = ", D);
+}
+
+at::Tensor norm_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            c10::string_view activation, const std::optional<at::Tensor>& shift,
+                            const std::optional<at::Tensor>& scale, double adaln_eps,
+                            const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                            int64_t heads, const std::optional<at::Tensor>& positions, double theta, double eps) {
+  constexpr const char* op = "dit_norm_linear";
+  check_norm_linear(x, weight, bias, shift, scale, q_norm, k_norm, heads, positions);
+  const int act = parse_activation(std::string(activation));
+  expect_gemm_operands(x, weight, op);
+  expect_fused_operands({{&bias, "bias"}, {&q_norm, "q_norm"}, {&k_norm, "k_norm"}}, op);
+  for (auto [t, name] : {std::pair{&shift, "shift"}, {&scale, "scale"}}) {
+    if (!*t) continue;
+    expect_cuda_bf16(**t, op, name);
+    expect_vector_rows(**t, op, name);
+  }
+  if (q_norm) expect_tile_heads(q_norm->size(0), weight.size(0), op);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int M = int(x.size(0)), N = int(weight.size(0)), K = int(x.size(1));
+  at::Tensor out = at::empty({M, N}, x.options());
+  const LinearPlan plan = linear_plan(M, N, K, /*argmax=*/false, x.get_device());
+  LinearWorkspace ws = linear_workspace(x, plan, /*argmax=*/false);
+  LinearParams p = plain_linear_params(x, weight, bias, act, ws);
+  p.out = bf_mut(out);
+  const at::Tensor pos = positions ? positions->contiguous() : at::Tensor();
+  LinearFusion& f = p.fuse;
+  if (shift) {
+    p.adaln_prologue = true;
+    f.shift = bf(*shift), f.scale = bf(*scale), f.shift_stride = shift->stride(0), f.scale_stride = scale->stride(0);
+    f.rows_per_cond = int(M / std::max<int64_t>(shift->size(0), 1)), f.adaln_eps = float(adaln_eps);
+  }
+  if (q_norm) {
+    p.epilogue = LinearEpilogue::kHeadNorm;
+    f.head_dim = int(q_norm->size(0)), f.heads = int(heads), f.theta = float(theta), f.eps = float(eps);
+    f.q_norm = bf(*q_norm), f.k_norm = bf(k_norm), f.positions = positions ? pos.data_ptr<int64_t>() : nullptr;
+  }
+  linear_launch(p, plan, stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  hold_for_capture({ws.partials, ws.counters.fresh});
+  return out;
+}
+
+void linear_kv_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& x,
+                           const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& k_norm,
+                           const at::Tensor& start, const at::Tensor& count, double theta, double eps) {
+  constexpr const char* op = "dit_linear_kv_append";
+  check_linear_kv_append(k_cache, v_cache, x, weight, bias, k_norm, start, count);
+  const at::Tensor rows = x.flatten(0, 1);  // [B * T, K]
+  expect_gemm_operands(rows, weight, op);
+  expect_cuda_bf16(k_cache, op, "k_cache");
+  expect_unit_stride(k_cache, op, "k_cache");
+  TORCH_CHECK_VALUE(v_cache.strides() == k_cache.strides(), op, ": on CUDA v_cache needs the strides of k_cache ",
+                    dims_str(k_cache.strides()), ", got ", dims_str(v_cache.strides()));
+  const std::optional<at::Tensor> kn = k_norm.contiguous();
+  expect_fused_operands({{&bias, "bias"}, {&kn, "k_norm"}}, op);
+  expect_tile_heads(k_cache.size(4), weight.size(0), op);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int M = int(rows.size(0)), N = int(weight.size(0)), K = int(rows.size(1));
+  const LinearPlan plan = linear_plan(M, N, K, /*argmax=*/false, x.get_device());
+  LinearWorkspace ws = linear_workspace(rows, plan, /*argmax=*/false);
+  LinearParams p = plain_linear_params(rows, weight, bias, 0, ws);
+  const at::Tensor st = start.contiguous(), ct = count.contiguous();
+  LinearFusion& f = p.fuse;
+  p.epilogue = LinearEpilogue::kKvAppend;
+  f.head_dim = int(k_cache.size(4)), f.heads = int(k_cache.size(3)), f.theta = float(theta), f.eps = float(eps);
+  f.k_cache = bf_mut(k_cache), f.v_cache = bf_mut(v_cache), f.kv_norm = bf(*kn);
+  f.start = st.data_ptr<int>(), f.count = ct.data_ptr<int>();
+  f.cache_layer = k_cache.stride(0), f.cache_batch = k_cache.stride(1), f.cache_row = k_cache.stride(2);
+  f.cache_head = k_cache.stride(3), f.T = int(x.size(1)), f.L = int(k_cache.size(2));
+  linear_launch(p, plan, stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  hold_for_capture({ws.partials, ws.counters.fresh});
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashmap, CUDA, m) {
@@ -259,6 +360,8 @@ TORCH_LIBRARY_IMPL(flashmap, CUDA, m) {
   m.impl("dit_attention", &attention_cuda);
   m.impl("dit_kv_append", &kv_append_cuda);
   m.impl("dit_lm_head", &lm_head_cuda);
+  m.impl("dit_norm_linear", &norm_linear_cuda);
+  m.impl("dit_linear_kv_append", &linear_kv_append_cuda);
 }
 
 }  // namespace flashmap::dit

@@ -46,6 +46,38 @@ void rms_norm_launch(const RmsNormParams& p, cudaStream_t stream);
 // ---- Linear: out = residual + gate * act(x @ W^T + bias), or the LM-head argmax. ---------------------
 enum class Activation : int { kNone = 0, kGeluTanh = 1, kSilu = 2 };
 
+// The fused norms of a linear (FLASHMAP_DIT_FUSED_NORMS; linear_fused.cuh). The launcher picks the kernel
+// instantiation from LinearParams::adaln_prologue and ::epilogue; all-zero = the plain linear.
+enum class LinearEpilogue : int {
+  kStore = 0,     // out = residual + gate * act(y + bias)
+  kHeadNorm = 1,  // out = act(y + bias), then per row the leading `heads` query heads (norm q_norm) and the
+                  // next `heads` key heads (k_norm, if set) RMS-normed, RoPE at positions[m] if set
+  kKvAppend = 2,  // row m = (b, t): per layer, H key heads (norm kv_norm[layer], RoPE at start[b] + t) and H
+                  // value heads written to k_cache / v_cache row start[b] + t if t < count[b] and in [0, L)
+};
+
+struct LinearFusion {
+  // adaLN prologue: x rows LayerNorm-ed (no affine) and modulated, row m by shift/scale row m / rows_per_cond.
+  const bf16_bits* shift;
+  const bf16_bits* scale;
+  int64_t shift_stride, scale_stride;
+  int rows_per_cond;
+  float adaln_eps;
+  // Head epilogues: head_dim divides the 128-column tile, so a tile holds whole heads.
+  int head_dim, heads;
+  float theta, eps;
+  const bf16_bits* q_norm;    // [head_dim] (kHeadNorm)
+  const bf16_bits* k_norm;    // [head_dim] or nullptr (kHeadNorm)
+  const int64_t* positions;   // [M] or nullptr (kHeadNorm)
+  bf16_bits* k_cache;         // [n_layers, B, L, H, D] (kKvAppend; v_cache has the same strides)
+  bf16_bits* v_cache;
+  const bf16_bits* kv_norm;   // [n_layers, head_dim] contiguous
+  const int* start;           // [B]
+  const int* count;           // [B]
+  int64_t cache_layer, cache_batch, cache_row, cache_head;
+  int T, L;                   // new rows per batch row (M = B * T), cache rows
+};
+
 struct LinearParams {
   const bf16_bits* x;         // [M, K], row stride x_stride (multiple of 8, 16-byte aligned base)
   const bf16_bits* w;         // [N, K], row stride w_stride (nn.Linear layout = K-major, as packed)
@@ -72,6 +104,10 @@ struct LinearParams {
   bool cluster_splitk;  // the splits of a tile are one cluster (LinearPlan::cluster): no partials/counters
   bool batched_fixup;   // the last-CTA fixup issues all split loads of an element at once
   bool pdl;             // launched with programmatic dependent launch: weight stages before the grid wait
+  // Fused norms (FLASHMAP_DIT_FUSED_NORMS): the adaLN prologue and a head epilogue; off when zero.
+  bool adaln_prologue;
+  LinearEpilogue epilogue;
+  LinearFusion fuse;
 };
 
 LinearPlan linear_plan(int M, int N, int K, bool argmax, int device);

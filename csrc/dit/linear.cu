@@ -25,10 +25,21 @@ LinearPlan linear_plan(int M, int N, int K, bool argmax, int device) {
   return linear_plan_for(M, N, K, argmax, M > 0 && N > 0 ? sm_count(device) : 0, caps);
 }
 
+// The instantiation for the fused norms a launch asks for (FLASHMAP_DIT_FUSED_NORMS; linear_fused.cuh).
+template <class Traits>
+static auto linear_kernel_for(const LinearParams& p) {
+  using E = LinearEpilogue;
+  if (p.adaln_prologue)
+    return p.epilogue == E::kHeadNorm ? linear_kernel<Traits, true, E::kHeadNorm> : linear_kernel<Traits, true>;
+  if (p.epilogue == E::kHeadNorm) return linear_kernel<Traits, false, E::kHeadNorm>;
+  if (p.epilogue == E::kKvAppend) return linear_kernel<Traits, false, E::kKvAppend>;
+  return linear_kernel<Traits>;
+}
+
 template <int kTileM>
 static void launch_tile(const LinearParams& p, const LinearPlan& plan, cudaStream_t stream) {
   using Traits = LinearTraits<kTileM>;
-  auto kernel = linear_kernel<Traits>;
+  auto kernel = linear_kernel_for<Traits>(p);
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   LinearParams q = p;  // the split count and the reduction always come from the plan
   q.splits = plan.splits;

@@ -15,6 +15,8 @@
 // global read/write of bias, gate, residual, out and logits is coalesced along n.
 // With FLASHMAP_DIT_CLUSTER_SPLITK=1 the splits of a tile form one thread-block cluster instead and reduce
 // through distributed shared memory (cluster_splitk_epilogue; at most kMaxClusterSplits splits).
+// With FLASHMAP_DIT_FUSED_NORMS the launcher picks an instantiation with the adaLN prologue and/or a head
+// epilogue (QK-norm/RoPE, or the memory-cache append): linear_fused.cuh.
 // Argmax mode keeps splits = 1: each CTA reduces its 128 columns per token to one (value, index) pair,
 // and the last CTA of the token tile reduces those over all column tiles. No K x V logits are written
 // unless asked for.
@@ -30,6 +32,7 @@
 #include "dit/dit_common.cuh"
 #include "dit/dit_params.h"
 #include "dit/dit_tuning.h"
+#include "dit/linear_fused.cuh"
 #include "dit/split_reduce.h"
 
 namespace flashmap::dit {
@@ -92,8 +95,8 @@ __device__ __forceinline__ void load_rows(const typename Traits::GmemCopy& tiled
 }
 
 // Mainloop: accumulates x[m_tile] . w[n_tile]^T over K-tiles [kt_begin, kt_end) and leaves the fp32 tile
-// in smem as sC[m * kLdC + n] (m < kTileM, n < kTileN).
-template <class Traits>
+// in smem as sC[m * kLdC + n] (m < kTileM, n < kTileN). kAdaLN: x tiles pass through the adaLN prologue.
+template <class Traits, bool kAdaLN = false>
 __device__ __forceinline__ void linear_mainloop(const LinearParams& p, int n_blk, int m_blk, int kt_begin,
                                                 int kt_end, char* smem) {
   using namespace cute;
@@ -158,9 +161,16 @@ __device__ __forceinline__ void linear_mainloop(const LinearParams& p, int n_blk
     }
     cp_async_fence();
   }
+  [[maybe_unused]] RowMoments* adaln_stats = nullptr;
+  if constexpr (kAdaLN) {  // the row statistics while the first stages load
+    __shared__ RowMoments stats[T::kTileM];
+    adaln_stats = stats;
+    adaln_prologue_stats<T>(p, m_blk * T::kTileM, min(T::kTileM, p.M - m_blk * T::kTileM), stats);
+  }
   CUTE_NO_UNROLL
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<T::kStages - 2>();  // tile t has landed ...
+    if constexpr (kAdaLN) adaln_prologue_modulate(p, tXs, tXc, kt_begin + t, t % T::kStages, m_blk * T::kTileM, adaln_stats);
     __syncthreads();                  // ... for every thread, and tile t-1's stage is free again
     const int next = t + T::kStages - 1;
     if (next < n_tiles) {
@@ -289,7 +299,7 @@ __device__ __forceinline__ void argmax_epilogue(const LinearParams& p, float* sC
   }
 }
 
-template <class Traits>
+template <class Traits, bool kAdaLN = false, LinearEpilogue kEpi = LinearEpilogue::kStore>
 __global__ void __launch_bounds__(Traits::kThreads) linear_kernel(LinearParams p) {
   extern __shared__ __align__(128) char smem[];
   using T = Traits;
@@ -297,13 +307,14 @@ __global__ void __launch_bounds__(Traits::kThreads) linear_kernel(LinearParams p
   const int k_tiles = p.K / T::kTileK;
   const int kt_begin = static_cast<int>(static_cast<int64_t>(split) * k_tiles / p.splits);
   const int kt_end = static_cast<int>(static_cast<int64_t>(split + 1) * k_tiles / p.splits);
-  linear_mainloop<T>(p, n_blk, m_blk, kt_begin, kt_end, smem);
+  linear_mainloop<T, kAdaLN>(p, n_blk, m_blk, kt_begin, kt_end, smem);
 
   float* sC = reinterpret_cast<float*>(smem);
   const int n0 = n_blk * T::kTileN, m0 = m_blk * T::kTileM;
   const int nn = min(T::kTileN, p.N - n0), mm = min(T::kTileM, p.M - m0);
   if (p.splits > 1 && p.cluster_splitk) {
-    cluster_splitk_epilogue<T>(p, sC, n0, m0, nn, mm);
+    if constexpr (kEpi != LinearEpilogue::kStore) cluster_head_epilogue<T, kEpi>(p, sC, n0, m0, nn, mm);
+    else cluster_splitk_epilogue<T>(p, sC, n0, m0, nn, mm);
     return;
   }
   if (p.splits > 1) {
@@ -326,7 +337,8 @@ __global__ void __launch_bounds__(Traits::kThreads) linear_kernel(LinearParams p
     }
     __syncthreads();
   }
-  if (p.argmax) argmax_epilogue<T>(p, sC, n_blk, m_blk, n0, m0, nn, mm);
+  if constexpr (kEpi != LinearEpilogue::kStore) head_epilogue<T, kEpi>(p, sC, n0, m0, nn, 0, mm);
+  else if (p.argmax) argmax_epilogue<T>(p, sC, n_blk, m_blk, n0, m0, nn, mm);
   else linear_epilogue<T>(p, sC, n0, m0, nn, mm);
 }
 

@@ -4,6 +4,7 @@
 // adaln_kernel: adaLN modulate fused into LayerNorm, out = LN(x) * (1 + scale) + shift, LN without affine
 // parameters. One warp per row; three passes over the row in 16-byte vectors (8 bf16): sum -> mean,
 // sum of squared deviations -> variance (two-pass, so no cancellation), then normalise, modulate and store.
+// The statistics and the modulation are norm_rows.cuh's, shared with the linear's fused adaLN prologue.
 // The row (<= a few KB) stays in L1 between passes. Statistics in fp32, output rounded once to bf16.
 // Invariants: N % 8 == 0 and every row start 16-byte aligned (the glue checks); shift/scale row g serves
 // rows [g * rows_per_cond, (g + 1) * rows_per_cond) (one conditioning vector per batch row, K slots each).
@@ -17,6 +18,7 @@
 #include "dit/dit_launch.cuh"
 #include "dit/dit_params.h"
 #include "dit/dit_tuning.h"
+#include "dit/norm_rows.cuh"
 
 namespace flashmap::dit {
 
@@ -31,32 +33,14 @@ __global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) adaln_kernel(Ad
   const uint4* shift = reinterpret_cast<const uint4*>(p.shift + g * p.shift_stride);
   const uint4* scale = reinterpret_cast<const uint4*>(p.scale + g * p.scale_stride);
   uint4* out = reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(row) * p.N);
-  const int nvec = p.N / 8;
-  float f[8];
-
-  float sum = 0.f;
-  for (int i = lane; i < nvec; i += 32) {
-    unpack8(x[i], f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sum += f[j];
-  }
-  const float mean = warp_sum(sum) / p.N;
-
-  float sq = 0.f;
-  for (int i = lane; i < nvec; i += 32) {
-    unpack8(x[i], f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) sq += (f[j] - mean) * (f[j] - mean);
-  }
-  const float rstd = rsqrtf(warp_sum(sq) / p.N + p.eps);
-
-  for (int i = lane; i < nvec; i += 32) {
-    float sh[8], sc[8];
+  const RowMoments s = adaln_row_moments(p.x + row * p.x_stride, p.N, p.eps, lane);
+  for (int i = lane; i < p.N / 8; i += 32) {
+    float f[8], sh[8], sc[8];
     unpack8(x[i], f);
     unpack8(shift[i], sh);
     unpack8(scale[i], sc);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = (f[j] - mean) * rstd * (1.f + sc[j]) + sh[j];
+    for (int j = 0; j < 8; ++j) f[j] = adaln_modulate(f[j], s, sc[j], sh[j]);
     out[i] = pack8(f);
   }
 }
@@ -70,27 +54,9 @@ __global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) rms_norm_kernel
   const int row = vec / p.H, head = vec % p.H;
   const bf16_bits* x = p.x + row * p.x_row + head * p.x_head;
   bf16_bits* out = p.out + static_cast<int64_t>(vec) * p.D;
-  float sq = 0.f;
-  for (int i = lane; i < p.D; i += 32) {
-    const float v = bf16_bits_to_float(x[i]);
-    sq += v * v;
-  }
-  const float rstd = rsqrtf(warp_sum(sq) / p.D + p.eps);
-  auto normed = [&](int i) { return bf16_bits_to_float(x[i]) * rstd * bf16_bits_to_float(p.weight[i]); };
-  if (p.positions == nullptr) {
-    for (int i = lane; i < p.D; i += 32) out[i] = float_to_bf16_bits(normed(i));
-    return;
-  }
-  const int half = p.D / 2;
-  const float pos = static_cast<float>(p.positions[row]);
-  for (int i = lane; i < half; i += 32) {
-    const float inv_freq = powf(p.theta, -static_cast<float>(2 * i) / p.D);
-    float sn, cs;
-    sincosf(pos * inv_freq, &sn, &cs);
-    const float a = normed(i), b = normed(i + half);
-    out[i] = float_to_bf16_bits(a * cs - b * sn);
-    out[i + half] = float_to_bf16_bits(b * cs + a * sn);
-  }
+  const bool rope = p.positions != nullptr;
+  rms_rope_vector([&](int i) { return bf16_bits_to_float(x[i]); }, [&](int i, bf16_bits v) { out[i] = v; },
+                  p.weight, p.D, p.eps, rope, rope ? static_cast<float>(p.positions[row]) : 0.f, p.theta, lane);
 }
 
 void rms_norm_launch(const RmsNormParams& p, cudaStream_t stream) {

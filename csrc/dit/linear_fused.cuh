@@ -1,0 +1,151 @@
+// The fused norms of the small-M linear (FLASHMAP_DIT_FUSED_NORMS; kernel: linear_kernel.cuh). References:
+// flashmap_ext/ops/dit_reference.py::norm_linear and ::linear_kv_append (the unfused references chained).
+//
+// adaLN prologue (template flag kAdaLN of the mainloop): while the first pipeline stages load, each CTA computes
+// the LayerNorm statistics of its own token rows (one warp per row over the whole K from L2, as adaln_kernel),
+// then every x tile that lands in smem is modulated in place by the threads that copied it, before the barrier
+// that hands the stage to the MMA: (x - mean) * rstd * (1 + scale) + shift, rounded to bf16 as adaln_kernel
+// stores it. The weight stream and its cp.async pipeline are unchanged.
+// Head epilogues (LinearEpilogue): y = act(acc + bias) is rounded to bf16 in the fp32 tile (as the unfused
+// linear stores it), then one warp per (row, head) vector of the tile (head_dim divides the 128-column tile)
+// runs norm_rows.cuh's RMSNorm/RoPE (or copies the vector) to its destination: the output (kHeadNorm) or a
+// memory cache row (kKvAppend). Every reduction and rounding is the unfused kernels', so the results are too.
+// With cluster split-K the ranks split the tile by rows (a head vector needs its whole row), summing in
+// split order as the element-sliced epilogue does.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cute/tensor.hpp>
+
+#include "dit/dit_common.cuh"
+#include "dit/dit_params.h"
+#include "dit/norm_rows.cuh"
+#include "dit/split_reduce.h"
+
+namespace flashmap::dit {
+
+// Row statistics of token rows [m0, m0 + mm) into stats[m - m0]; a barrier makes them visible to the CTA.
+template <class Traits>
+__device__ __forceinline__ void adaln_prologue_stats(const LinearParams& p, int m0, int mm, RowMoments* stats) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int m = warp; m < mm; m += Traits::kWarps) {
+    const RowMoments s = adaln_row_moments(p.x + (m0 + m) * p.x_stride, p.K, p.fuse.adaln_eps, lane);
+    if (lane == 0) stats[m] = s;
+  }
+  __syncthreads();
+}
+
+// Modulates this thread's share of x tile `kt` in smem stage `stage` (the elements it copied: tXs/tXc are the
+// mainloop's copy partitions of the x tile and of its coordinates). Rows past M stay zero.
+template <class TS, class TC>
+__device__ __forceinline__ void adaln_prologue_modulate(const LinearParams& p, TS& tXs, const TC& tXc, int kt,
+                                                        int stage, int m0, const RowMoments* stats) {
+  using namespace cute;
+  using Element = typename TS::value_type;
+  const LinearFusion& f = p.fuse;
+  CUTE_UNROLL
+  for (int i = 0; i < size<1>(tXs); ++i) {
+    const int row = get<0>(tXc(0, i, 0, kt));
+    if (row >= p.M) continue;
+    const RowMoments s = stats[row - m0];
+    const bf16_bits* shift = f.shift + static_cast<int64_t>(row / f.rows_per_cond) * f.shift_stride;
+    const bf16_bits* scale = f.scale + static_cast<int64_t>(row / f.rows_per_cond) * f.scale_stride;
+    CUTE_UNROLL
+    for (int j = 0; j < size<2>(tXs); ++j) {
+      CUTE_UNROLL
+      for (int e = 0; e < size<0>(tXs); ++e) {
+        const int k = get<1>(tXc(e, i, j, kt));
+        Element& v = tXs(e, i, j, stage);
+        const float y = adaln_modulate(bf16_bits_to_float(v.raw()), s, bf16_bits_to_float(scale[k]),
+                                       bf16_bits_to_float(shift[k]));
+        v = Element::bitcast(float_to_bf16_bits(y));
+      }
+    }
+  }
+}
+
+// Where head vector `gh` (global head index = column / head_dim) of row gm goes, and how.
+struct HeadRoute {
+  bf16_bits* dest;        // nullptr: the vector is dropped (a cache row outside the append)
+  const bf16_bits* norm;  // nullptr: copied as is
+  bool rope;
+  float pos;
+};
+
+template <LinearEpilogue kEpi>
+__device__ __forceinline__ HeadRoute head_route(const LinearParams& p, int gm, int gh) {
+  const LinearFusion& f = p.fuse;
+  const int D = f.head_dim;
+  if constexpr (kEpi == LinearEpilogue::kHeadNorm) {
+    const int group = gh / f.heads;  // 0 query heads, 1 key heads, then the rest (values)
+    const bf16_bits* norm = group == 0 ? f.q_norm : group == 1 ? f.k_norm : nullptr;
+    const bool rope = norm != nullptr && f.positions != nullptr;
+    return {p.out + static_cast<int64_t>(gm) * p.N + static_cast<int64_t>(gh) * D, norm, rope,
+            rope ? static_cast<float>(f.positions[gm]) : 0.f};
+  } else {
+    const int b = gm / f.T, t = gm % f.T, H = f.heads;
+    const int row = f.start[b] + t;
+    if (t >= f.count[b] || row < 0 || row >= f.L) return {nullptr, nullptr, false, 0.f};
+    const int layer = gh / (2 * H), is_v = (gh / H) % 2, head = gh % H;
+    bf16_bits* base = is_v ? f.v_cache : f.k_cache;
+    return {base + layer * f.cache_layer + b * f.cache_batch + row * f.cache_row + head * f.cache_head,
+            is_v ? nullptr : f.kv_norm + static_cast<int64_t>(layer) * D, !is_v, static_cast<float>(row)};
+  }
+}
+
+// The head epilogue over rows [r0, r1) of the fp32 tile (row stride Traits::kLdC). Every thread of the CTA calls it.
+template <class Traits, LinearEpilogue kEpi>
+__device__ __forceinline__ void head_epilogue(const LinearParams& p, float* tile, int n0, int m0, int nn, int r0,
+                                              int r1) {
+  using T = Traits;
+  for (int idx = r0 * T::kTileN + threadIdx.x; idx < r1 * T::kTileN; idx += T::kThreads) {
+    const int m = idx / T::kTileN, n = idx % T::kTileN;
+    if (n >= nn) continue;
+    float y = tile[m * T::kLdC + n];
+    if (p.bias) y += bf16_bits_to_float(p.bias[n0 + n]);
+    if (p.act == Activation::kGeluTanh) y = gelu_tanh(y);
+    else if (p.act == Activation::kSilu) y = silu(y);
+    tile[m * T::kLdC + n] = bf16_bits_to_float(float_to_bf16_bits(y));  // the unfused linear's output rounding
+  }
+  __syncthreads();
+  const int D = p.fuse.head_dim, per_row = nn / D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int v = warp; v < (r1 - r0) * per_row; v += T::kWarps) {
+    const int m = r0 + v / per_row, c0 = (v % per_row) * D;
+    const HeadRoute r = head_route<kEpi>(p, m0 + m, (n0 + c0) / D);
+    if (r.dest == nullptr) continue;
+    const float* src = tile + m * T::kLdC + c0;
+    bf16_bits* dest = r.dest;
+    if (r.norm == nullptr) {
+      for (int i = lane; i < D; i += 32) dest[i] = float_to_bf16_bits(src[i]);
+      continue;
+    }
+    rms_rope_vector([&](int i) { return src[i]; }, [&](int i, bf16_bits x) { dest[i] = x; }, r.norm, D,
+                    p.fuse.eps, r.rope, r.pos, p.fuse.theta, lane);
+  }
+}
+
+// Cluster split-K with a head epilogue: rank r sums, in split order, the rows of its row slice from every rank's
+// tile into a second smem tile (after its own), then runs the head epilogue on them.
+template <class Traits, LinearEpilogue kEpi>
+__device__ __forceinline__ void cluster_head_epilogue(const LinearParams& p, float* sC, int n0, int m0, int nn,
+                                                      int mm) {
+  namespace cg = cooperative_groups;
+  using T = Traits;
+  static_assert(2 * T::kSmemEpilogue <= T::kSmemBytes, "the summed rows need a second fp32 tile in smem");
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const Slice rows = rank_slice(static_cast<int>(cluster.block_rank()), p.splits, mm);
+  float* sum = sC + T::kTileM * T::kLdC;
+  for (int idx = rows.begin * T::kTileN + threadIdx.x; idx < rows.end * T::kTileN; idx += T::kThreads) {
+    const int off = (idx / T::kTileN) * T::kLdC + idx % T::kTileN;
+    if (idx % T::kTileN >= nn) continue;
+    sum[off] = sum_in_split_order_batched<kMaxClusterSplits>(
+        [&](int sp) { return *cluster.map_shared_rank(sC + off, sp); }, p.splits);
+  }
+  __syncthreads();
+  head_epilogue<T, kEpi>(p, sum, n0, m0, nn, rows.begin, rows.end);
+  cluster.sync();  // every rank's tile stays alive until all ranks have read it
+}
+
+}  // namespace flashmap::dit
