@@ -90,7 +90,8 @@ ACTIVE_STEPS=${STEPS:-$DEFAULT_STEPS}
 # Every new DiT kernel path on (csrc/dit/dit_switches.h, fixup_counters.h, drafters/flashmap/fused.py); the
 # batched fixup is the cluster's alternative and is compared bitwise in test_dit_switches.py.
 SWITCHES=(FLASHMAP_DIT_CLUSTER_SPLITK=1 FLASHMAP_DIT_LENGTH_SPLITS=1 FLASHMAP_DIT_PARALLEL_MERGE=1
-          FLASHMAP_DIT_NODE_WORKSPACES=1 FLASHMAP_DIT_PRECOMPUTED_MODS=1 FLASHMAP_DIT_PDL=1)
+          FLASHMAP_DIT_NODE_WORKSPACES=1 FLASHMAP_DIT_PRECOMPUTED_MODS=1 FLASHMAP_DIT_PDL=1
+          FLASHMAP_DIT_FUSED_NORMS=1)
 SERIAL_BUILD_S=300  # the build's share without ninja (the estimate above)
 SCHEDULED=0         # sum of the shares of the steps so far
 PROBLEMS=()         # --preflight: what would fail there
@@ -235,11 +236,11 @@ step build "$PY" setup.py -q build_ext --inplace || SKIP_REST="the build failed"
 # start) is optional.
 NO_COMPILE="not torch_compile"
 step dit_op_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
-  --junitxml="${WORK:-}/dit_op_tests.xml"
+  python_tests/ops/test_dit_fused_ops.py --junitxml="${WORK:-}/dit_op_tests.xml"
 step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/drafters/test_dit_fused.py \
   python_tests/drafters/test_draft_graph.py python_tests/test_drafter_noise.py python_tests/drafters/test_precomputed_mods.py \
-  python_tests/target/test_static_target.py python_tests/target/test_graphed_round.py \
-  --junitxml="${WORK:-}/dit_step_tests.xml"
+  python_tests/drafters/test_fused_norms.py python_tests/target/test_static_target.py \
+  python_tests/target/test_graphed_round.py --junitxml="${WORK:-}/dit_step_tests.xml"
 # The same kernels' tests with every new path on, and the paths against the default kernels bitwise.
 step dit_switch_tests env "${SWITCHES[@]}" "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
   python_tests/drafters/test_dit_fused.py python_tests/drafters/test_draft_graph.py python_tests/drafters/test_precomputed_mods.py \

@@ -12,6 +12,8 @@
 //                                   start while its predecessor finishes; turns FLASHMAP_DIT_NODE_WORKSPACES
 //                                   on (fixup_counters.h) and refuses FLASHMAP_DIT_NODE_WORKSPACES=0
 //   FLASHMAP_LINEAR_MAX_SPLITS=n, FLASHMAP_LINEAR_CTAS_PER_SM=n   the split-K plan's caps (the split sweep)
+// Read in Python (drafters/flashmap/fused.py, at pack time): FLASHMAP_DIT_PRECOMPUTED_MODS=1 and
+// FLASHMAP_DIT_FUSED_NORMS=1 (the step calls the fused norm ops: linear_fused.cuh's kernel instantiations).
 #pragma once
 
 #include <cstdlib>
