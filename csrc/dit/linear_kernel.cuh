@@ -170,7 +170,8 @@ __device__ __forceinline__ void linear_mainloop(const LinearParams& p, int n_blk
   CUTE_NO_UNROLL
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<T::kStages - 2>();  // tile t has landed ...
-    if constexpr (kAdaLN) adaln_prologue_modulate(p, tXs, tXc, kt_begin + t, t % T::kStages, m_blk * T::kTileM, adaln_stats);
+    if constexpr (kAdaLN)
+      adaln_prologue_modulate(p, tXs, tXc, kt_begin + t, t % T::kStages, m_blk * T::kTileM, adaln_stats);
     __syncthreads();                  // ... for every thread, and tile t-1's stage is free again
     const int next = t + T::kStages - 1;
     if (next < n_tiles) {

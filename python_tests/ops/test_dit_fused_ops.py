@@ -148,10 +148,13 @@ def test_norm_linear_errors_name_the_argument(call, error, words):
 
 
 @pytest.mark.parametrize("change,error,words", [
-    (dict(k_norm=randn(2, 8)), ValueError, "k_norm"), (dict(v_cache=randn(2, 2, 9, 2, 16)), ValueError, "v_cache"),
-    (dict(weight=randn(128, 32)), ValueError, "weight"), (dict(weight=randn(96, 64), bias=None), ValueError, "n_layers"), (dict(x=randn(3, 4, 64)), ValueError, "x"),
-    (dict(start=torch.zeros(2, dtype=torch.int64)), TypeError, "start"), (dict(count=lens([1], "cpu")), ValueError,
-                                                                          "count")])
+    (dict(k_norm=randn(2, 8)), ValueError, "k_norm"),
+    (dict(v_cache=randn(2, 2, 9, 2, 16)), ValueError, "v_cache"),
+    (dict(weight=randn(128, 32)), ValueError, "weight"),
+    (dict(weight=randn(96, 64), bias=None), ValueError, "n_layers"),
+    (dict(x=randn(3, 4, 64)), ValueError, "x"),
+    (dict(start=torch.zeros(2, dtype=torch.int64)), TypeError, "start"),
+    (dict(count=lens([1], "cpu")), ValueError, "count")])
 def test_linear_kv_append_errors_name_the_argument(change, error, words):
     a = {**kv_append_args(2, 2, 4, 8, 2, 16, 64, "cpu", torch.float32), "start": lens([0, 1], "cpu"),
          "count": lens([4, 4], "cpu"), **change}
