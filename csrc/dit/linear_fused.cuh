@@ -19,6 +19,7 @@
 
 #include "dit/dit_common.cuh"
 #include "dit/dit_params.h"
+#include "dit/head_map.h"
 #include "dit/norm_rows.cuh"
 #include "dit/split_reduce.h"
 
@@ -64,32 +65,25 @@ __device__ __forceinline__ void adaln_prologue_modulate(const LinearParams& p, T
   }
 }
 
-// Where head vector `gh` (global head index = column / head_dim) of row gm goes, and how.
-struct HeadRoute {
-  bf16_bits* dest;        // nullptr: the vector is dropped (a cache row outside the append)
-  const bf16_bits* norm;  // nullptr: copied as is
-  bool rope;
-  float pos;
-};
-
+// The destination of head vector gh of row gm (head_map.h), and its norm weight (nullptr: copied as is).
 template <LinearEpilogue kEpi>
-__device__ __forceinline__ HeadRoute head_route(const LinearParams& p, int gm, int gh) {
+__device__ __forceinline__ HeadDest head_dest(const LinearParams& p, int gm, int gh, bf16_bits** dest,
+                                              const bf16_bits** norm) {
   const LinearFusion& f = p.fuse;
-  const int D = f.head_dim;
   if constexpr (kEpi == LinearEpilogue::kHeadNorm) {
-    const int group = gh / f.heads;  // 0 query heads, 1 key heads, then the rest (values)
-    const bf16_bits* norm = group == 0 ? f.q_norm : group == 1 ? f.k_norm : nullptr;
-    const bool rope = norm != nullptr && f.positions != nullptr;
-    return {p.out + static_cast<int64_t>(gm) * p.N + static_cast<int64_t>(gh) * D, norm, rope,
-            rope ? static_cast<float>(f.positions[gm]) : 0.f};
+    const bool rope = f.positions != nullptr;
+    const HeadDest d = head_norm_dest(gm, gh, p.N, f.head_dim, f.heads, f.k_norm != nullptr, rope,
+                                      rope ? f.positions[gm] : 0);
+    *dest = d.offset < 0 ? nullptr : p.out + d.offset;
+    *norm = d.norm < 0 ? nullptr : d.norm == 0 ? f.q_norm : f.k_norm;
+    return d;
   } else {
-    const int b = gm / f.T, t = gm % f.T, H = f.heads;
-    const int row = f.start[b] + t;
-    if (t >= f.count[b] || row < 0 || row >= f.L) return {nullptr, nullptr, false, 0.f};
-    const int layer = gh / (2 * H), is_v = (gh / H) % 2, head = gh % H;
-    bf16_bits* base = is_v ? f.v_cache : f.k_cache;
-    return {base + layer * f.cache_layer + b * f.cache_batch + row * f.cache_row + head * f.cache_head,
-            is_v ? nullptr : f.kv_norm + static_cast<int64_t>(layer) * D, !is_v, static_cast<float>(row)};
+    const CacheGeometry g{f.T, f.L, f.heads, f.cache_layer, f.cache_batch, f.cache_row, f.cache_head};
+    const int b = gm / f.T;
+    const HeadDest d = kv_append_dest(gm, gh, g, f.start[b], f.count[b]);
+    *dest = d.offset < 0 ? nullptr : (d.cache ? f.v_cache : f.k_cache) + d.offset;
+    *norm = d.norm < 0 ? nullptr : f.kv_norm + static_cast<int64_t>(d.norm) * f.head_dim;
+    return d;
   }
 }
 
@@ -111,17 +105,18 @@ __device__ __forceinline__ void head_epilogue(const LinearParams& p, float* tile
   const int D = p.fuse.head_dim, per_row = nn / D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int v = warp; v < (r1 - r0) * per_row; v += T::kWarps) {
-    const int m = r0 + v / per_row, c0 = (v % per_row) * D;
-    const HeadRoute r = head_route<kEpi>(p, m0 + m, (n0 + c0) / D);
-    if (r.dest == nullptr) continue;
-    const float* src = tile + m * T::kLdC + c0;
-    bf16_bits* dest = r.dest;
-    if (r.norm == nullptr) {
+    const TileHead h = tile_head(v, per_row, r0, n0, D);
+    bf16_bits* dest;
+    const bf16_bits* norm;
+    const HeadDest d = head_dest<kEpi>(p, m0 + h.m, h.gh, &dest, &norm);
+    if (d.offset < 0) continue;
+    const float* src = tile + h.m * T::kLdC + h.c0;
+    if (norm == nullptr) {
       for (int i = lane; i < D; i += 32) dest[i] = float_to_bf16_bits(src[i]);
       continue;
     }
-    rms_rope_vector([&](int i) { return src[i]; }, [&](int i, bf16_bits x) { dest[i] = x; }, r.norm, D,
-                    p.fuse.eps, r.rope, r.pos, p.fuse.theta, lane);
+    rms_rope_vector([&](int i) { return src[i]; }, [&](int i, bf16_bits x) { dest[i] = x; }, norm, D, p.fuse.eps,
+                    d.rope, static_cast<float>(d.position), p.fuse.theta, lane);
   }
 }
 
