@@ -37,29 +37,30 @@ __device__ __forceinline__ void adaln_prologue_stats(const LinearParams& p, int 
 }
 
 // Modulates this thread's share of x tile `kt` in smem stage `stage` (the elements it copied: tXs/tXc are the
-// mainloop's copy partitions of the x tile and of its coordinates). Rows past M stay zero.
+// mainloop's copy partitions of the x tile and of its coordinates; one copy atom is 8 consecutive k of one
+// row, so shift and scale come in as one 16-byte vector each). Rows past M stay zero.
 template <class TS, class TC>
 __device__ __forceinline__ void adaln_prologue_modulate(const LinearParams& p, TS& tXs, const TC& tXc, int kt,
                                                         int stage, int m0, const RowMoments* stats) {
   using namespace cute;
   using Element = typename TS::value_type;
+  static_assert(decltype(size<0>(tXs))::value == 8, "one copy atom = 8 bf16 (16 bytes) of one row");
   const LinearFusion& f = p.fuse;
   CUTE_UNROLL
   for (int i = 0; i < size<1>(tXs); ++i) {
-    const int row = get<0>(tXc(0, i, 0, kt));
-    if (row >= p.M) continue;
-    const RowMoments s = stats[row - m0];
-    const bf16_bits* shift = f.shift + static_cast<int64_t>(row / f.rows_per_cond) * f.shift_stride;
-    const bf16_bits* scale = f.scale + static_cast<int64_t>(row / f.rows_per_cond) * f.scale_stride;
     CUTE_UNROLL
     for (int j = 0; j < size<2>(tXs); ++j) {
+      const int row = get<0>(tXc(0, i, j, kt)), k0 = get<1>(tXc(0, i, j, kt));
+      if (row >= p.M) continue;
+      const RowMoments s = stats[row - m0];
+      const int64_t g = row / f.rows_per_cond;
+      float sh[8], sc[8];
+      unpack8(*reinterpret_cast<const uint4*>(f.shift + g * f.shift_stride + k0), sh);
+      unpack8(*reinterpret_cast<const uint4*>(f.scale + g * f.scale_stride + k0), sc);
       CUTE_UNROLL
-      for (int e = 0; e < size<0>(tXs); ++e) {
-        const int k = get<1>(tXc(e, i, j, kt));
+      for (int e = 0; e < 8; ++e) {
         Element& v = tXs(e, i, j, stage);
-        const float y = adaln_modulate(bf16_bits_to_float(v.raw()), s, bf16_bits_to_float(scale[k]),
-                                       bf16_bits_to_float(shift[k]));
-        v = Element::bitcast(float_to_bf16_bits(y));
+        v = Element::bitcast(float_to_bf16_bits(adaln_modulate(bf16_bits_to_float(v.raw()), s, sc[e], sh[e])));
       }
     }
   }
