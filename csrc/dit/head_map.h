@@ -45,9 +45,12 @@ struct CacheGeometry {
   int64_t layer, batch, row, head;          // element strides of the [n_layers, B, L, H, D] caches
 };
 
+// The cache row (and RoPE position) of entry row gm = (b, t): start[b] + t; start_b = start[gm / T].
+FLASHMAP_HD int kv_append_row(int gm, int T, int start_b) { return start_b + gm % T; }
+
 // start_b / count_b: start[b] and count[b] of the row's batch row b = gm / T.
 FLASHMAP_HD HeadDest kv_append_dest(int gm, int gh, const CacheGeometry& g, int start_b, int count_b) {
-  const int b = gm / g.T, t = gm % g.T, row = start_b + t;
+  const int b = gm / g.T, t = gm % g.T, row = kv_append_row(gm, g.T, start_b);
   if (t >= count_b || row < 0 || row >= g.L) return {-1, -1, 0, false, 0};
   const int layer = gh / (2 * g.H), is_v = (gh / g.H) % 2, head = gh % g.H;
   const int64_t offset = layer * g.layer + b * g.batch + row * g.row + head * g.head;

@@ -88,10 +88,31 @@ __device__ __forceinline__ HeadDest head_dest(const LinearParams& p, int gm, int
   }
 }
 
-// The head epilogue over rows [r0, r1) of the fp32 tile (row stride Traits::kLdC). Every thread of the CTA calls it.
+// Whether the epilogue rotates, and the RoPE position of row gm (the same integer the unfused ops rotate at).
+template <LinearEpilogue kEpi>
+__device__ __forceinline__ bool epilogue_ropes(const LinearParams& p) {
+  return kEpi == LinearEpilogue::kKvAppend || p.fuse.positions != nullptr;
+}
+template <LinearEpilogue kEpi>
+__device__ __forceinline__ float rope_position(const LinearParams& p, int gm) {
+  const LinearFusion& f = p.fuse;
+  if constexpr (kEpi == LinearEpilogue::kHeadNorm) return static_cast<float>(f.positions[gm]);
+  else return static_cast<float>(kv_append_row(gm, f.T, f.start[gm / f.T]));
+}
+
+// Room for the RoPE table of up to `rows` rows (cos/sin of every pair of a head, per row) after `tiles` fp32 tiles.
+template <class Traits>
+constexpr bool rope_table_fits(int tiles, int rows) {
+  return tiles * Traits::kSmemEpilogue + rows * (Traits::kTileN / 2) * int(sizeof(float2)) <= Traits::kSmemBytes;
+}
+
+// The head epilogue over rows [r0, r1) of the fp32 tile (row stride Traits::kLdC); rope_table: smem for
+// (r1 - r0) x head_dim / 2 float2 (the angles of a row are the same for all its heads, so they are computed
+// once per row and pair, with the unfused kernel's formula, outside the per-vector loop). Every thread of the
+// CTA calls it.
 template <class Traits, LinearEpilogue kEpi>
-__device__ __forceinline__ void head_epilogue(const LinearParams& p, float* tile, int n0, int m0, int nn, int r0,
-                                              int r1) {
+__device__ __forceinline__ void head_epilogue(const LinearParams& p, float* tile, float2* rope_table, int n0, int m0,
+                                              int nn, int r0, int r1) {
   using T = Traits;
   for (int idx = r0 * T::kTileN + threadIdx.x; idx < r1 * T::kTileN; idx += T::kThreads) {
     const int m = idx / T::kTileN, n = idx % T::kTileN;
@@ -102,8 +123,12 @@ __device__ __forceinline__ void head_epilogue(const LinearParams& p, float* tile
     else if (p.act == Activation::kSilu) y = silu(y);
     tile[m * T::kLdC + n] = bf16_bits_to_float(float_to_bf16_bits(y));  // the unfused linear's output rounding
   }
+  const int D = p.fuse.head_dim, per_row = nn / D, half = D / 2;
+  if (epilogue_ropes<kEpi>(p)) {
+    for (int idx = threadIdx.x; idx < (r1 - r0) * half; idx += T::kThreads)
+      rope_table[idx] = rope_cos_sin(rope_position<kEpi>(p, m0 + r0 + idx / half), idx % half, D, p.fuse.theta);
+  }
   __syncthreads();
-  const int D = p.fuse.head_dim, per_row = nn / D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int v = warp; v < (r1 - r0) * per_row; v += T::kWarps) {
     const TileHead h = tile_head(v, per_row, r0, n0, D);
@@ -116,8 +141,9 @@ __device__ __forceinline__ void head_epilogue(const LinearParams& p, float* tile
       for (int i = lane; i < D; i += 32) dest[i] = float_to_bf16_bits(src[i]);
       continue;
     }
+    const float2* rot = rope_table + (h.m - r0) * half;
     rms_rope_vector([&](int i) { return src[i]; }, [&](int i, bf16_bits x) { dest[i] = x; }, norm, D, p.fuse.eps,
-                    d.rope, static_cast<float>(d.position), p.fuse.theta, lane);
+                    d.rope, [&](int i) { return rot[i]; }, lane);
   }
 }
 
@@ -128,7 +154,7 @@ __device__ __forceinline__ void cluster_head_epilogue(const LinearParams& p, flo
                                                       int mm) {
   namespace cg = cooperative_groups;
   using T = Traits;
-  static_assert(2 * T::kSmemEpilogue <= T::kSmemBytes, "the summed rows need a second fp32 tile in smem");
+  static_assert(rope_table_fits<T>(2, T::kTileM / 2), "the summed rows (a second fp32 tile) and their RoPE table");
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const Slice rows = rank_slice(static_cast<int>(cluster.block_rank()), p.splits, mm);
@@ -140,7 +166,8 @@ __device__ __forceinline__ void cluster_head_epilogue(const LinearParams& p, flo
         [&](int sp) { return *cluster.map_shared_rank(sC + off, sp); }, p.splits);
   }
   __syncthreads();
-  head_epilogue<T, kEpi>(p, sum, n0, m0, nn, rows.begin, rows.end);
+  head_epilogue<T, kEpi>(p, sum, reinterpret_cast<float2*>(sum + T::kTileM * T::kLdC), n0, m0, nn, rows.begin,
+                         rows.end);
   cluster.sync();  // every rank's tile stays alive until all ranks have read it
 }
 

@@ -338,8 +338,10 @@ __global__ void __launch_bounds__(Traits::kThreads) linear_kernel(LinearParams p
     }
     __syncthreads();
   }
-  if constexpr (kEpi != LinearEpilogue::kStore) head_epilogue<T, kEpi>(p, sC, n0, m0, nn, 0, mm);
-  else if (p.argmax) argmax_epilogue<T>(p, sC, n_blk, m_blk, n0, m0, nn, mm);
+  if constexpr (kEpi != LinearEpilogue::kStore) {
+    static_assert(rope_table_fits<T>(1, T::kTileM), "the fp32 tile and its RoPE table");
+    head_epilogue<T, kEpi>(p, sC, reinterpret_cast<float2*>(sC + T::kTileM * T::kLdC), n0, m0, nn, 0, mm);
+  } else if (p.argmax) argmax_epilogue<T>(p, sC, n_blk, m_blk, n0, m0, nn, mm);
   else linear_epilogue<T>(p, sC, n0, m0, nn, mm);
 }
 

@@ -55,8 +55,9 @@ __global__ void __launch_bounds__(tuning::kNormWarpsPerCta * 32) rms_norm_kernel
   const bf16_bits* x = p.x + row * p.x_row + head * p.x_head;
   bf16_bits* out = p.out + static_cast<int64_t>(vec) * p.D;
   const bool rope = p.positions != nullptr;
+  const float pos = rope ? static_cast<float>(p.positions[row]) : 0.f;
   rms_rope_vector([&](int i) { return bf16_bits_to_float(x[i]); }, [&](int i, bf16_bits v) { out[i] = v; },
-                  p.weight, p.D, p.eps, rope, rope ? static_cast<float>(p.positions[row]) : 0.f, p.theta, lane);
+                  p.weight, p.D, p.eps, rope, [&](int i) { return rope_cos_sin(pos, i, p.D, p.theta); }, lane);
 }
 
 void rms_norm_launch(const RmsNormParams& p, cudaStream_t stream) {

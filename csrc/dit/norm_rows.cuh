@@ -5,7 +5,7 @@
 //                      lane-strided sums, then warp_sum; mean, then the sum of squared deviations).
 //   adaln_modulate:    (x - mean) * rstd * (1 + scale) + shift, in fp32.
 //   rms_rope_vector:   one warp's RMSNorm of a D-vector (lane l owns elements l, l + 32, ...) times weight,
-//                      then optionally rotate-half RoPE at `pos`; one rounding to bf16 per output.
+//                      then optionally rotate-half RoPE (rope_cos_sin); one rounding to bf16 per output.
 #pragma once
 
 #include "dit/dit_common.cuh"
@@ -41,11 +41,20 @@ __device__ __forceinline__ float adaln_modulate(float x, RowMoments s, float sca
   return (x - s.mean) * s.rstd * (1.f + scale) + shift;
 }
 
-// load(i) -> float (a bf16 value), store(i, bf16 bits); weight [D] bf16. The rotation pairs (i, i + D/2)
+// cos and sin of RoPE pair i (angle pos * theta^(-2i/D)).
+__device__ __forceinline__ float2 rope_cos_sin(float pos, int i, int D, float theta) {
+  const float inv_freq = powf(theta, -static_cast<float>(2 * i) / D);
+  float sn, cs;
+  sincosf(pos * inv_freq, &sn, &cs);
+  return {cs, sn};
+}
+
+// load(i) -> float (a bf16 value), store(i, bf16 bits), cos_sin(i) -> rope_cos_sin of pair i (computed in
+// place, or read from a table the caller filled with it); weight [D] bf16. The rotation pairs (i, i + D/2)
 // stay in one lane (D even when rope).
-template <class Load, class Store>
+template <class Load, class Store, class CosSin>
 __device__ __forceinline__ void rms_rope_vector(const Load& load, const Store& store, const uint16_t* weight, int D,
-                                                float eps, bool rope, float pos, float theta, int lane) {
+                                                float eps, bool rope, const CosSin& cos_sin, int lane) {
   float sq = 0.f;
   for (int i = lane; i < D; i += 32) {
     const float v = load(i);
@@ -59,12 +68,10 @@ __device__ __forceinline__ void rms_rope_vector(const Load& load, const Store& s
   }
   const int half = D / 2;
   for (int i = lane; i < half; i += 32) {
-    const float inv_freq = powf(theta, -static_cast<float>(2 * i) / D);
-    float sn, cs;
-    sincosf(pos * inv_freq, &sn, &cs);
+    const float2 cs = cos_sin(i);
     const float a = normed(i), b = normed(i + half);
-    store(i, float_to_bf16_bits(a * cs - b * sn));
-    store(i + half, float_to_bf16_bits(b * cs + a * sn));
+    store(i, float_to_bf16_bits(a * cs.x - b * cs.y));
+    store(i + half, float_to_bf16_bits(b * cs.x + a * cs.y));
   }
 }
 
