@@ -25,7 +25,8 @@ LinearPlan linear_plan(int M, int N, int K, bool argmax, int device) {
   return linear_plan_for(M, N, K, argmax, M > 0 && N > 0 ? sm_count(device) : 0, caps);
 }
 
-// The instantiation for the fused norms a launch asks for (FLASHMAP_DIT_FUSED_NORMS; linear_fused.cuh).
+// The instantiation for the fused norms a launch asks for (FLASHMAP_DIT_FUSED_NORMS; linear_fused.cuh). The
+// glue never combines the adaLN prologue with the cache append (dit_linear_kv_append has no adaLN).
 template <class Traits>
 static auto linear_kernel_for(const LinearParams& p) {
   using E = LinearEpilogue;
