@@ -47,7 +47,7 @@
 #   env, build            toolkit and GPU facts; setup.py build_ext --inplace (CUDA_HOME from
 #                         scripts/cuda_home.sh: a wrapper nvcc on PATH makes torch guess wrong)
 #   dit_op_tests          DiT ops -m cuda                          (CUDA_LAUNCH_BLOCKING=1: an illegal address
-#   dit_step_tests        fused draft step / graph / noise / precomputed modulations / static target and
+#   dit_step_tests        fused draft step / graph / noise / precomputed modulations / fused norms / static target and
 #                         the graphed round's bookkeeping -m cuda
 #   dit_switch_tests      the DiT op and step tests under SWITCHES (all new kernel paths on) + test_dit_switches
 #   bench_draft_fused     draft step, fused kernels as they are (default switches)
