@@ -244,7 +244,8 @@ step dit_step_tests "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/drafters
 # The same kernels' tests with every new path on, and the paths against the default kernels bitwise.
 step dit_switch_tests env "${SWITCHES[@]}" "${TESTS[@]}" -m cuda -k "$NO_COMPILE" python_tests/ops/test_dit_ops.py \
   python_tests/drafters/test_dit_fused.py python_tests/drafters/test_draft_graph.py python_tests/drafters/test_precomputed_mods.py \
-  python_tests/ops/test_dit_switches.py --junitxml="${WORK:-}/dit_switch_tests.xml"
+  python_tests/ops/test_dit_fused_ops.py python_tests/drafters/test_fused_norms.py python_tests/ops/test_dit_switches.py \
+  --junitxml="${WORK:-}/dit_switch_tests.xml"
 
 # Draft step, Qwen3-8B drafter shape: the kernels as they are, then with the switches; one process each.
 FUSED="fused and not fused-eager"
