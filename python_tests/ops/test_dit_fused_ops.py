@@ -171,7 +171,7 @@ def cuda_cases(*cases):
 @pytest.mark.parametrize("adaln,norms,groups,rope,activation", VARIANTS)
 @pytest.mark.parametrize("device,M,K,heads,D,G", [("cpu", 5, 64, 2, 32, 5)] + cuda_cases(
     (16, 2048, 16, 128, 1), (48, 896, 14, 64, 3), (17, 1024, 8, 128, 17), (64, 4096, 32, 128, 4),
-    (100, 2048, 16, 128, 1)))
+    (100, 2048, 16, 128, 1), (3, 2048, 16, 128, 3)))  # 3 rows: fewer than a cluster's ranks
 def test_norm_linear_within_budget_and_equal_to_the_unfused_ops(device, M, K, heads, D, G, adaln, norms, groups,
                                                                  rope, activation):
     a = norm_linear_args(M, K, heads, D, G, groups, device, torch.bfloat16)
