@@ -75,7 +75,13 @@ def interrupt_hint(args, started: float) -> str:
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2; Ctrl-C prints
     one line and exits 130; FLASHMAP_DEBUG=1 shows the full traceback instead."""
-    args = parse(build_parser(), argv)
+    try:
+        args = parse(build_parser(), argv)  # imports every command module (torch): seconds a Ctrl-C may hit
+    except KeyboardInterrupt:
+        if os.environ.get("FLASHMAP_DEBUG") == "1":
+            raise
+        print("flashmap: interrupted while starting; nothing was run", file=sys.stderr)
+        return 130
     started = time.time()
     try:
         from flashmap_ext.target.load import check_not_a_drafter

@@ -376,5 +376,6 @@ def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor
         raise ValueError(f"max_new_tokens: {max_new_tokens} new tokens after a {S}-token prompt exceed the target's "
                          f"context of {target.max_positions} positions (at most {target.max_positions - S} here)")
     if int(ids.min()) < 0 or int(ids.max()) >= target.embed_tokens.num_embeddings:
-        raise ValueError(f"input_ids must lie in [0, {target.embed_tokens.num_embeddings})")
+        bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+        raise ValueError(f"input_ids must lie in [0, {target.embed_tokens.num_embeddings}), got {bad}")
     return ids

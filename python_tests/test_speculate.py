@@ -159,8 +159,10 @@ def test_prompt_longer_than_context_raises(model, prompt_len, budget):
 def test_bad_inputs_raise(model):
     with pytest.raises(ValueError, match=r"input_ids: a tensor of shape \[2, 2\] holds 2 prompts"):
         generate(model, None, torch.tensor([[1, 2], [3, 4]]), 4)  # a list of prompts is a batch
-    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 111\)"):
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 111\), got 111"):
         generate(model, None, [1, 111], 4)
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 111\), got -3"):
+        generate(model, None, [-3, 5], 4)
     with pytest.raises(ValueError, match="temperature"):
         generate(model, None, [1, 2], 4, temperature=-1.0)
 

@@ -15,10 +15,11 @@ from pathlib import Path
 from flashmap_ext.data.prompts import DOMAINS
 from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize, vocab_coverage
 
+# FlashMap's two checkpoints named apart: flow-n = the flow model at n Euler steps, map-n = the distilled map
 DEFAULT_DRAFTERS = [
-    "FlashMap-1=checkpoints/flashmap-map-qwen2.5-coder-0.5b:1",
-    "FlashMap-2=checkpoints/flashmap-map-qwen2.5-coder-0.5b:2",
-    "FlashMap-flow-1=checkpoints/flashmap-flow-qwen2.5-coder-0.5b:1",
+    "flow-1=checkpoints/flashmap-flow-qwen2.5-coder-0.5b:1",
+    "map-1=checkpoints/flashmap-map-qwen2.5-coder-0.5b:1",
+    "map-2=checkpoints/flashmap-map-qwen2.5-coder-0.5b:2",
     "DFlash=checkpoints/dflash-qwen2.5-coder-0.5b",
     "EAGLE-3=checkpoints/eagle3-qwen2.5-coder-0.5b",
 ]
@@ -192,7 +193,7 @@ def add_arguments(p) -> None:
     p.add_argument("--heldout", default="data/qwen2.5-coder-0.5b-instruct/heldout",
                    help="held-out corpus folder or jsonl(.gz) (self-answered, never trained on)")
     p.add_argument("--per-domain", type=int, default=8, help="held-out sequences per domain (math, code, chat)")
-    p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS] (repeatable); default: the committed four")
+    p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS] (repeatable); default: the committed four (FlashMap as flow-1, map-1, map-2; DFlash; EAGLE-3)")
     p.add_argument("--slots", type=int, default=8, help="K: slots scored (at most each drafter's draft tokens)")
     p.add_argument("--stride", type=int, default=1, help="score every N-th answer position as an anchor")
     p.add_argument("--max-length", type=int, default=512, help="crop sequences to N tokens")

@@ -426,6 +426,21 @@ def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
     assert err == "flashmap generate: interrupted\n" and out.endswith("\n"), (out, err)
 
 
+def test_ctrl_c_while_the_commands_load_prints_one_line(monkeypatch, capsys):
+    def loading():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_parser", loading)
+    code = cli.main(["generate", "--target", "tiny-random", "--prompt", "x"])
+    err = capsys.readouterr().err
+    assert code == 130 and err == "flashmap: interrupted while starting; nothing was run\n", (code, err)
+
+
+def test_an_empty_prompt_is_named_before_anything_loads(capsys):
+    code = cli.main(["generate", "--target", "/nonexistent/target", "--prompt", ""])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("flashmap generate: error: --prompt: empty"), (code, err)
+
+
 def test_options_are_never_abbreviated(capsys):
     """`demo --n 4` parsed as `--no-auto 4`'s abbreviation (argparse allow_abbrev);
     a prefix of an option is now an unknown argument, reported by the subcommand."""

@@ -47,7 +47,8 @@ def draft_flashmap(drafter: nn.Module, memory: FlashMapMemory, anchor_tokens: to
     B = anchor_tokens.shape[0]
     if noise is None:
         if seed is None or position is None:
-            raise ValueError("seed, position: required when noise is None")
+            missing = ", ".join(n for n, v in (("seed", seed), ("position", position)) if v is None)
+            raise ValueError(f"{missing}: required when noise is None (the noise is drawn from seed and position)")
         noise = drafter.sample_noise(*(per_row(x, B, anchor_tokens.device, n) for x, n in ((seed, "seed"),
                                                                                           (position, "position"))))
     z = noise.float()

@@ -315,7 +315,8 @@ def fused_draft_block(p: PackedFlashMap, memory: FlashMapMemory, anchor_tokens: 
     B, device = anchor_tokens.shape[0], anchor_tokens.device
     if noise is None:
         if seed is None or position is None:
-            raise ValueError("seed, position: required when noise is None")
+            missing = ", ".join(n for n, v in (("seed", seed), ("position", position)) if v is None)
+            raise ValueError(f"{missing}: required when noise is None (the noise is drawn from seed and position)")
         seed, position = per_row(seed, B, device, "seed"), per_row(position, B, device, "position")
     memory.reserve(memory.length + 1)
     start = window_start(memory.length, d.config.context_window)
