@@ -247,9 +247,9 @@ def prefill(target: Target, drafter, prompt: torch.Tensor, req: Request, stats: 
     return State(cache, memory, first, position + 1, [], tap_ids)
 
 
-def chain_round(target: Target, drafter, state: State, req: Request, stats: GenerateStats, timer: Timer) -> None:
-    """One round: draft k tokens → target forward on [anchor, drafts] → `verify` → keep anchor + accepted
-    (roll back the rest) → the bonus is the next anchor → emit accepted + bonus."""
+def _draft_verify(target, drafter, state: State, req: Request, timer: Timer):
+    """The round's common front: draft k tokens, the target's forward on [anchor, drafts], `verify`.
+    Returns (draft seconds, t1, k, block, forward output, verify result)."""
     dev = target.device
     t0 = timer.mark("round", dev)
     drafts = _draft(drafter, state, req)
@@ -259,21 +259,35 @@ def chain_round(target: Target, drafter, state: State, req: Request, stats: Gene
     out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=state.tap_ids)
     timer.mark("forward", dev)
     res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
-    n_acc, status, *tokens = torch.cat([res.num_accepted.long(), res.status.long(), res.tokens[0]]).tolist()
-    timer.mark("verify", dev)
-    if status & ops.STATUS_ERRORS:  # the one host sync of the round is the line above
+    return t1 - t0, t1, k, block, out, res
+
+
+def _finish_round(target, state: State, req: Request, stats: GenerateStats, timer: Timer, draft_s: float,
+                  t1: float, k: int, n_acc: int, status: int, tokens: list[int]) -> None:
+    """The round's common end on the host: a verify error raised, the stats, the emitted tokens."""
+    if status & ops.STATUS_ERRORS:
         raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
                          f"{state.position}..{state.position + k} (verify status {status})")
-    target.rollback(state.cache, k - n_acc)
-    kept_taps = None if out.taps is None else out.taps[:, :n_acc + 1]
-    state.advance(drafter, block[:, :n_acc + 1], kept_taps, res.tokens[:, n_acc])
     stats.add_round(k, n_acc)
-    stats.draft_time_s += t1 - t0
-    stats.verify_time_s += timer.now(dev) - t1
+    stats.draft_time_s += draft_s
+    stats.verify_time_s += timer.now(target.device) - t1
     returned = state.emit(tokens[:n_acc + 1], req)
     if returned < n_acc + 1:  # a stop token: the stats describe exactly the returned tokens
         stats.cut_last_round(returned)
-    timer.mark("commit", dev)
+    timer.mark("commit", target.device)
+
+
+def chain_round(target: Target, drafter, state: State, req: Request, stats: GenerateStats, timer: Timer) -> None:
+    """One round: draft k tokens → target forward on [anchor, drafts] → `verify` → keep anchor + accepted
+    (roll back the rest) → the bonus is the next anchor → emit accepted + bonus."""
+    draft_s, t1, k, block, out, res = _draft_verify(target, drafter, state, req, timer)
+    n_acc, status, *tokens = torch.cat([res.num_accepted.long(), res.status.long(), res.tokens[0]]).tolist()
+    timer.mark("verify", target.device)  # the line above is the one host sync of the round
+    if not status & ops.STATUS_ERRORS:
+        target.rollback(state.cache, k - n_acc)
+        kept_taps = None if out.taps is None else out.taps[:, :n_acc + 1]
+        state.advance(drafter, block[:, :n_acc + 1], kept_taps, res.tokens[:, n_acc])
+    _finish_round(target, state, req, stats, timer, draft_s, t1, k, n_acc, status, tokens)
 
 
 def static_round(target: StaticTarget, drafter, state: State, req: Request, stats: GenerateStats,
@@ -281,30 +295,14 @@ def static_round(target: StaticTarget, drafter, state: State, req: Request, stat
     """`chain_round` with cuda_graphs: the bookkeeping on the device (round_commit.py: KV rollback, the
     memory's counted write, next anchor, readback; one CUDA graph per k), then the round's one host read
     (the readback) and the host's share: lengths, stats, emit."""
-    dev = target.device
-    t0 = timer.mark("round", dev)
-    drafts = _draft(drafter, state, req)
-    t1 = timer.mark("draft", dev)
-    k = drafts.shape[1]
-    block = torch.cat([state.anchor[:, None], embeddable(drafts, target.vocab_size)], dim=1)
-    out = target.forward(block, state.cache, num_logits=k + 1, tap_layer_ids=state.tap_ids)
-    timer.mark("forward", dev)
-    res = ops.verify(out.logits, drafts, **req.sampling(state.position), check=False)
-    timer.mark("verify", dev)
+    draft_s, t1, k, block, out, res = _draft_verify(target, drafter, state, req, timer)
+    timer.mark("verify", target.device)
     readback = state.commit(state.cache, block, out.taps, res)
     n_acc, status, *tokens = readback.tolist()  # the one host read of the round
-    if status & ops.STATUS_ERRORS:
-        raise ValueError(f"target logits hold NaN/+inf or no finite value at positions "
-                         f"{state.position}..{state.position + k} (verify status {status})")
-    state.commit.settle(k, n_acc)
-    state.anchor, state.position = state.commit.anchor, state.position + n_acc + 1
-    stats.add_round(k, n_acc)
-    stats.draft_time_s += t1 - t0
-    stats.verify_time_s += timer.now(dev) - t1
-    returned = state.emit(tokens[:n_acc + 1], req)
-    if returned < n_acc + 1:
-        stats.cut_last_round(returned)
-    timer.mark("commit", dev)
+    if not status & ops.STATUS_ERRORS:
+        state.commit.settle(k, n_acc)
+        state.anchor, state.position = state.commit.anchor, state.position + n_acc + 1
+    _finish_round(target, state, req, stats, timer, draft_s, t1, k, n_acc, status, tokens)
 
 
 def _draft(drafter, state: State, req: Request) -> torch.Tensor:
