@@ -43,6 +43,12 @@ def parts(folder: str | Path) -> list[Path]:
     return sorted(p for p in folder.glob("part-*.jsonl.gz") if PART.search(p.name)) if folder.is_dir() else []
 
 
+def _lines(text: str) -> list[str]:
+    """The non-blank JSON lines of a jsonl text, split at "\\n" only: `str.splitlines` also splits at
+    U+2028, U+0085, \\x1c… that a record's strings may hold raw (json.dumps with ensure_ascii=False)."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
 def read_records(path: str | Path) -> Iterator[dict]:
     """The records of one corpus folder or one .jsonl.gz / .jsonl file; a torn gzip tail is ignored."""
     path = Path(path)
@@ -50,12 +56,11 @@ def read_records(path: str | Path) -> Iterator[dict]:
     for f in files:
         if f.suffix == ".gz":
             payloads = _good_prefix(f)[1]
-            lines = b"".join(payloads).decode("utf-8").splitlines()
+            text = b"".join(payloads).decode("utf-8")
         else:
-            lines = f.read_text(encoding="utf-8").splitlines()
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
+            text = f.read_text(encoding="utf-8")
+        for line in _lines(text):
+            yield json.loads(line)
 
 
 class ShardWriter:
@@ -79,7 +84,7 @@ class ShardWriter:
             good, payloads = _good_prefix(p)
             if good != p.stat().st_size:
                 os.truncate(p, good)
-            lines = [line for line in b"".join(payloads).decode("utf-8").splitlines() if line.strip()]
+            lines = _lines(b"".join(payloads).decode("utf-8"))
             self.done.update(json.loads(line)["id"] for line in lines)
             self._count = len(lines)
         self._index = int(PART.search(existing[-1].name).group(1)) if existing else 0
@@ -135,5 +140,5 @@ def copy_complete(src: str | Path, dst: str | Path) -> int:
         out = dst / part.name
         if not out.exists() or out.read_bytes() != data:
             out.write_bytes(data)
-        n += sum(1 for line in b"".join(payloads).splitlines() if line.strip())
+        n += len(_lines(b"".join(payloads).decode("utf-8")))
     return n

@@ -75,3 +75,18 @@ def test_training_reader_reads_a_corpus_folder(tmp_path):
             w.add({"id": f"r{i}", "messages": []})
     assert [r["id"] for r in read_jsonl(str(tmp_path))] == ["r0", "r1", "r2"]
     assert [r["id"] for r in read_jsonl(str(parts(tmp_path)[1]))] == ["r2"]
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85", "\x1c", "\x0b", "\x0c", "\r"])
+def test_a_record_holding_a_unicode_line_separator_reads_back_whole(tmp_path, sep):
+    """Answers may hold U+2028 and friends raw (json.dumps with ensure_ascii=False); only "\\n" ends a record."""
+    records = [{"id": "a", "text": f"one{sep}two"}, {"id": "b", "text": "three"}]
+    with ShardWriter(tmp_path, records_per_part=5, flush_every=1) as w:
+        for r in records:
+            w.add(r)
+    assert list(read_records(tmp_path)) == records
+    assert list(read_records(tmp_path / "part-00000.jsonl.gz")) == records
+    resumed = ShardWriter(tmp_path, records_per_part=5, flush_every=1)
+    assert resumed.done == {"a", "b"}
+    resumed.close()
+    assert copy_complete(tmp_path, tmp_path / "copy") == 2
