@@ -59,8 +59,12 @@ def read_records(path: str | Path) -> Iterator[dict]:
             text = b"".join(payloads).decode("utf-8")
         else:
             text = f.read_text(encoding="utf-8")
-        for line in _lines(text):
-            yield json.loads(line)
+        for n, line in enumerate(_lines(text)):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{f}: record {n} is not JSON ({err})") from None
+            yield record
 
 
 class ShardWriter:

@@ -90,3 +90,9 @@ def test_a_record_holding_a_unicode_line_separator_reads_back_whole(tmp_path, se
     assert resumed.done == {"a", "b"}
     resumed.close()
     assert copy_complete(tmp_path, tmp_path / "copy") == 2
+
+
+def test_a_broken_record_is_named_by_file_and_number(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"id": "a"}\n{"id": "b\n')
+    with pytest.raises(ValueError, match=r"c\.jsonl: record 1 is not JSON"):
+        list(read_records(tmp_path / "c.jsonl"))
