@@ -36,7 +36,7 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
     specs = [parse_drafter(s) for s in args.drafter]
     if len(specs) < 2:
         raise ValueError("--drafter: give two or more (the first is compared with each later one)")
-    names = [n for n, _, _ in specs]
+    names = [n for n, *_ in specs]
     pairs = []
     for pair in args.pair or []:
         if len(pair.split(",")) != 2 or not set(pair.split(",")) <= set(names):
@@ -47,16 +47,11 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
 
 def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
-    from flashmap_ext.bench.methods import StepsDrafter
-    from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.evaluate.heldout import add_taps, slot_hits
-    from flashmap_ext.evaluate.run import load_heldout
+    from flashmap_ext.evaluate.run import load_heldout, spec_drafter
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
-    drafters = {}
-    for name, path, steps in specs:
-        d = load_drafter(path, target)
-        drafters[name] = StepsDrafter(d, steps) if steps else d
+    drafters = {name: spec_drafter(target, path, steps, draws) for name, path, steps, draws in specs}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
     add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     counts = {}

@@ -1,13 +1,15 @@
 """`flashmap eval`: teacher-forced held-out accuracy per slot and implied γ for several drafters.
 
     flashmap eval [--target qwen2.5-coder-0.5b] [--heldout data/qwen2.5-coder-0.5b-instruct/heldout]
-                  [--per-domain 8] [--drafter NAME=DIR[:STEPS] ...] [--out runs/eval]
+                  [--per-domain 8] [--drafter NAME=DIR[:STEPS[xDRAWS]] ...] [--out runs/eval]
 
-Drafters default to the four committed checkpoints (FlashMap distilled map with 1 and 2 steps, the
-FlashMap flow model with 1 step, DFlash, EAGLE-3 chain). Writes eval.json, eval.md and eval.png to --out.
+Drafters default to the four committed checkpoints (FlashMap's flow model with 1 step as flow-1, its
+distilled map with 1 and 2 steps as map-1 / map-2, DFlash, EAGLE-3 chain); xDRAWS drafts FlashMap as the best of
+DRAWS noise draws (`generate --draws`). Writes eval.json, eval.md and eval.png to --out.
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -57,13 +59,32 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
     return out
 
 
-def parse_drafter(spec: str) -> tuple[str, str, int | None]:
-    """'NAME=DIR[:STEPS]' → (name, dir, steps or None). Raises ValueError naming the expected form."""
+def parse_drafter(spec: str) -> tuple[str, str, int | None, int]:
+    """'NAME=DIR[:STEPS[xDRAWS]]' → (name, dir, steps or None, draws). DRAWS > 1: FlashMap's mode-seeking
+    draft (the best of DRAWS noise draws by the drafter's own probabilities, `generate --draws`). Raises
+    ValueError naming the expected form."""
     name, sep, rest = spec.partition("=")
     if not sep or not name or not rest:
-        raise ValueError(f"--drafter {spec!r}: expected NAME=DIR or NAME=DIR:STEPS")
-    path, _, steps = rest.rpartition(":") if rest.rsplit(":", 1)[-1].isdigit() else (rest, "", "")
-    return name, path, int(steps) if steps else None
+        raise ValueError(f"--drafter {spec!r}: expected NAME=DIR, NAME=DIR:STEPS or NAME=DIR:STEPSxDRAWS")
+    path, _, tail = rest.rpartition(":")
+    m = re.fullmatch(r"(\d+)(?:x(\d+))?", tail) if path else None
+    if m is None:
+        return name, rest, None, 1
+    return name, path, int(m[1]), int(m[2] or 1)
+
+
+def spec_drafter(target, path: str, steps: int | None, draws: int):
+    """The drafter a parsed --drafter spec names, drafting at `steps` (FlashMap) and, with draws > 1, the best
+    of `draws` noise draws."""
+    from flashmap_ext.bench.methods import BestOfDrafter, StepsDrafter
+    from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
+    from flashmap_ext.drafters.load import load_drafter
+    d = load_drafter(path, target)
+    if steps is not None and not isinstance(d, FlashMapDrafter):
+        raise ValueError(f"--drafter {path}:{steps}: STEPS (and DRAWS) apply to FlashMap drafters only")
+    if draws > 1:
+        return BestOfDrafter(d, steps, draws)
+    return StepsDrafter(d, steps) if steps is not None else d
 
 
 def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, stride: int = 1,
@@ -90,18 +111,13 @@ def run(args) -> int:
     import torch
 
     from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
-    from flashmap_ext.bench.methods import StepsDrafter
-    from flashmap_ext.drafters.load import load_drafter
     from flashmap_ext.evaluate.report import write_reports
     from flashmap_ext.target import load_target
     specs = check_args(args)  # argument errors before any model loads
     set_threads(args.threads)
     dtype = args.dtype or auto_dtype()
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
-    drafters = {}
-    for name, path, steps in specs:
-        d = load_drafter(path, target)
-        drafters[name] = StepsDrafter(d, steps) if steps is not None else d
+    drafters = {name: spec_drafter(target, path, steps, draws) for name, path, steps, draws in specs}
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
     if args.state_probe:
         return run_state_probe(args, target, drafters, seqs, dtype)
@@ -115,7 +131,8 @@ def run(args) -> int:
                               "answer_tokens": sum(sum(s.loss_mask) for s in seqs if s.domain == d)}
                           for d in DOMAINS},
               "target_greedy_agreement": sum(agree) / max(1, len(agree)),
-              "drafters": {n: {"spec": f"{p}" + (f":{st}" if st else "")} for n, p, st in specs},
+              "drafters": {n: {"spec": f"{p}" + (f":{st}" if st else "") + (f"x{dr}" if dr > 1 else "")}
+                           for n, p, st, dr in specs},
               "results": results}
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
@@ -127,7 +144,7 @@ def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], d
     import json
 
     from flashmap_ext.bench.machine import describe
-    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
     from flashmap_ext.evaluate import state_probe
     inner = {n: getattr(d, "inner", d) for n, d in drafters.items()}
     flashmap = {n: d for n, d in inner.items() if isinstance(d, FlashMapDrafter)}
@@ -164,7 +181,7 @@ def probe_taus(text: str) -> list[float]:
     return taus
 
 
-def check_args(args) -> list[tuple[str, str, int | None]]:
+def check_args(args) -> list[tuple[str, str, int | None, int]]:
     """The parsed --drafter specs, after checking every argument without loading a model: ValueError
     (one line, naming the option) for counts out of range, a missing --heldout path, a bad or repeated NAME=DIR:STEPS
     or a drafter checkpoint whose config.json is missing or invalid (CheckpointError)."""
@@ -178,12 +195,14 @@ def check_args(args) -> list[tuple[str, str, int | None]]:
         raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
                          f".jsonl(.gz); recipes/grow_corpus.sh or flashmap data generate --split heldout writes one)")
     specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
-    for i, (name, path, steps) in enumerate(specs):
-        if name in (n for n, _, _ in specs[:i]):
+    for i, (name, path, steps, draws) in enumerate(specs):
+        if name in (n for n, *_ in specs[:i]):
             raise ValueError(f"--drafter {(args.drafter or DEFAULT_DRAFTERS)[i]}: NAME {name} is already used "
                              "(each drafter needs its own name: it is the report's column)")
         if steps is not None and steps not in (1, 2):
             raise ValueError(f"--drafter {name}={path}:{steps}: STEPS must be 1 or 2")
+        if draws < 1:
+            raise ValueError(f"--drafter {name}={path}:{steps}x{draws}: DRAWS must be >= 1")
         check_drafter(path)
     return specs
 
@@ -193,7 +212,7 @@ def add_arguments(p) -> None:
     p.add_argument("--heldout", default="data/qwen2.5-coder-0.5b-instruct/heldout",
                    help="held-out corpus folder or jsonl(.gz) (self-answered, never trained on)")
     p.add_argument("--per-domain", type=int, default=8, help="held-out sequences per domain (math, code, chat)")
-    p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS] (repeatable); default: the committed four (FlashMap as flow-1, map-1, map-2; DFlash; EAGLE-3)")
+    p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS[xDRAWS]] (repeatable; xDRAWS: FlashMap's best of DRAWS noise draws); default: the committed four (FlashMap as flow-1, map-1, map-2; DFlash; EAGLE-3)")
     p.add_argument("--slots", type=int, default=8, help="K: slots scored (at most each drafter's draft tokens)")
     p.add_argument("--stride", type=int, default=1, help="score every N-th answer position as an anchor")
     p.add_argument("--max-length", type=int, default=512, help="crop sequences to N tokens")

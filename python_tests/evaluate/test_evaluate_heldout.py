@@ -125,8 +125,10 @@ def test_evaluate_and_reports_with_a_real_random_drafter(setup, tmp_path):
 
 
 def test_parse_drafter():
-    assert parse_drafter("A=ckpt/x:2") == ("A", "ckpt/x", 2)
-    assert parse_drafter("B=ckpt/y") == ("B", "ckpt/y", None)
+    assert parse_drafter("A=ckpt/x:2") == ("A", "ckpt/x", 2, 1)
+    assert parse_drafter("B=ckpt/y") == ("B", "ckpt/y", None, 1)
+    assert parse_drafter("C=ckpt/z:1x4") == ("C", "ckpt/z", 1, 4)
+    assert parse_drafter("D=c:/w:1") == ("D", "c:/w", 1, 1)
     with pytest.raises(ValueError, match="NAME=DIR"):
         parse_drafter("ckpt/y")
 
@@ -161,3 +163,24 @@ def test_noise_mean_drafter_drafts_the_block_of_z_zero_whatever_the_seed(setup):
                            mean_block)
     draws = [StepsDrafter(d, 1).draft(memory, anchor, num_tokens=4, seed=s, position=5) for s in range(4)]
     assert any(not torch.equal(x, mean_block) for x in draws)
+
+
+def test_a_drafts_spec_evaluates_the_best_of_n_noise_draws(setup, tmp_path):
+    """NAME=DIR:1x3 loads FlashMap's mode-seeking drafter (the best of 3 noise draws, `draft_best_of`, tested
+    in python_tests/drafters/test_flashmap_mode.py) and it runs through `evaluate` on the same anchors as the
+    plain single draw DIR:1."""
+    from flashmap_ext.bench.methods import BestOfDrafter, StepsDrafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.evaluate.run import spec_drafter
+    target, seqs = setup
+    torch.manual_seed(1)
+    d = FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4)
+    d.reset_parameters(zero_init=False)
+    d.save_pretrained(tmp_path / "fm")
+    best = spec_drafter(target, str(tmp_path / "fm"), *parse_drafter(f"b={tmp_path / 'fm'}:1x3")[2:])
+    single = spec_drafter(target, str(tmp_path / "fm"), *parse_drafter(f"s={tmp_path / 'fm'}:1")[2:])
+    assert isinstance(best, BestOfDrafter) and (best.steps, best.draws) == (1, 3)
+    assert type(single) is StepsDrafter and single.steps == 1
+    results = evaluate(target, {"best": best, "single": single}, seqs, 4, batch_size=2)
+    assert results["best"]["all"]["anchors"] == results["single"]["all"]["anchors"]
+    assert 1.0 <= results["best"]["all"]["gamma"] <= 5.0

@@ -110,7 +110,7 @@ def test_demo_loads_the_flashmap_checkpoint_with_the_best_committed_heldout_gamm
     by_spec = {d["spec"]: name for name, d in report["drafters"].items()}  # the report's own names
     gamma = {}
     for spec in DEFAULT_DRAFTERS:
-        _, path, steps = parse_drafter(spec)
+        _, path, steps, _ = parse_drafter(spec)
         if "flashmap-" in str(path) and steps == 1:
             hist = report["results"][by_spec[spec.split("=", 1)[1]]]["all"]["run_histogram"]
             gamma[path] = 1 + sum(r * p for r, p in enumerate(hist))
