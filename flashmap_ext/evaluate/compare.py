@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--drafter", action="append", required=True, help="NAME=DIR[:STEPS], two or more")
+    p.add_argument("--drafter", action="append", required=True, help="NAME=DIR[:STEPS[xDRAWS]], two or more")
     p.add_argument("--target", default="qwen2.5-coder-0.5b")
     p.add_argument("--heldout", default="data/qwen2.5-coder-0.5b-instruct/heldout")
     p.add_argument("--per-domain", type=int, default=8)
