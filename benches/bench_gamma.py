@@ -23,7 +23,6 @@ Without a GPU (or with --tiny) a small target and drafter run on the CPU: a smok
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -214,11 +213,7 @@ def summary(rows: list[dict], floors: dict, draft_floor_ms: float | None) -> dic
 def main(argv=None) -> int:
     from flashmap_ext.speculate import Timer, generate
     from flashmap_ext.target.static import StaticTarget
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="write the results here (pytest-benchmark layout)")
-    ap.add_argument("--tiny", action="store_true", help="small target and drafter (default without a GPU)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap = bench_round.script_parser(__doc__, "small target and drafter (default without a GPU)")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens per run (default 160; tiny: 112)")
     ap.add_argument("--prompt-len", type=int, default=None, help="context before decoding (default 1024; tiny: 32)")
     ap.add_argument("--warmup", type=int, default=2, help="rounds of each run left out of its rate")

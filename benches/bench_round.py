@@ -139,12 +139,18 @@ def print_table(results: list[dict]) -> None:
           " round = unsynced round time")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def script_parser(doc: str, tiny_help: str) -> argparse.ArgumentParser:
+    """The options every end-to-end bench script takes: --json, --tiny, --device."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="write the results here (pytest-benchmark layout)")
-    ap.add_argument("--tiny", action="store_true", help="small target and drafter (default without a GPU)")
+    ap.add_argument("--tiny", action="store_true", help=tiny_help)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = script_parser(__doc__, "small target and drafter (default without a GPU)")
     ap.add_argument("--rounds", type=int, default=20, help="rounds counted per variant (median)")
     ap.add_argument("--warmup", type=int, default=5, help="rounds run before counting, per variant")
     ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 1024; tiny: 64)")

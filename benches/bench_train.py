@@ -15,7 +15,6 @@ losses (means of 3). The JSON has pytest-benchmark's layout (median = seconds pe
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -79,11 +78,7 @@ def rates(out: Path, warmup: int) -> dict:
 def main(argv=None) -> int:
     from flashmap_ext.drafters.flashmap.config import default_tap_layers
     from flashmap_ext.train.features import cache_features
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", type=Path, help="write the results here (pytest-benchmark layout)")
-    ap.add_argument("--tiny", action="store_true", help="small target, preset cpu-tiny (default without a GPU)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap = bench_round.script_parser(__doc__, "small target, preset cpu-tiny (default without a GPU)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default 20; tiny: 8)")
     ap.add_argument("--sequences", type=int, default=None, help="training sequences (default 16; tiny: 8)")
     ap.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default 1024; tiny: 64)")

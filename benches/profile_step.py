@@ -1,4 +1,4 @@
-"""Per-kernel profile of the fused FlashMap draft step: where the step's device time goes, kernel by kernel.
+"""Per-kernel profile of the fused FlashMap draft step: where the step's GPU time goes, kernel by kernel.
 
 Shape: bench_draft's Qwen3-8B drafter (6 layers, width 2048, 16 heads, K 16, d 4096, V 151,936; random bf16
 weights), batch 1, 1 step, L = 1,024 memory entries. torch.profiler with CUDA activities records --steps eager

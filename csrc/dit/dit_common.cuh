@@ -87,7 +87,7 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 // data no kernel of the step writes (the packed weights) may come before it. It returns once every
 // prerequisite grid has completed and its writes are visible. grid_dependents_launch() lets the next kernel
 // start its own weight loads; it says nothing about this grid's writes (the next kernel's wait covers them).
-// Both are no-ops in a grid launched without the attribute, and compiled out below sm_90 (the launch helper
+// Both are no-ops in a grid launched without the attribute, and compiled out below sm_90 (the launch function
 // launches such binaries without it).
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

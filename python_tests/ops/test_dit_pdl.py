@@ -158,7 +158,7 @@ def kernel_bodies() -> dict:
     return out
 
 
-def test_every_dit_kernel_waits_for_its_predecessor_and_launches_through_the_helper():
+def test_every_dit_kernel_waits_for_its_predecessor_and_launches_through_launch_dit_kernel():
     """The grid wait is in every kernel (the linear's in its main loop, before the first x load), and no DiT
     launcher bypasses launch_dit_kernel: a new kernel without them would race under FLASHMAP_DIT_PDL=1."""
     bodies = kernel_bodies()
