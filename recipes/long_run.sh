@@ -7,6 +7,9 @@
 #
 #   CORE=1 recipes/long_run.sh dflash          # features (if missing), vocab, train, eval, curve line
 #   CORE=1 recipes/long_run.sh flow            # the FlashMap flow model (then `map` on its output)
+#   CORE=1 recipes/long_run.sh dflash2         # DFlash2 warm-started from the committed DFlash (its convolutions
+#                                              # start as identities, its selector fresh): DFlash's recipe + group
+#                                              # 32, rank 32, top-16; judged against that DFlash
 #   CORE=1 recipes/long_run.sh map             # distil RUN/flow/drafter into a 1-2 step map (fresh student:
 #                                              # the teacher's Euler step; PIECE_STEPS defaults to 2/5 of the
 #                                              # flow piece's, LR to 8e-5, --frac-01 1/16: the recipe's ratios)
@@ -22,7 +25,7 @@ set -euo pipefail
 
 main() {
     cd "$(dirname "$0")/.."
-    local kind=${1:?usage: recipes/long_run.sh dflash|flow|map}
+    local kind=${1:?usage: recipes/long_run.sh dflash|dflash2|flow|map}
     RUN=${RUN:-runs/long}; CORE=${CORE:-1}; PER_DOMAIN=${PER_DOMAIN:-8}; WARMUP=${WARMUP:-0.04}
     if [ "$kind" = map ]; then PIECE_STEPS=${PIECE_STEPS:-$(( $(flow_piece_steps) * 2 / 5 ))}; LR=${LR:-8e-5}
     else PIECE_STEPS=${PIECE_STEPS:-4000}; LR=${LR:-6e-4}; fi
@@ -32,12 +35,12 @@ main() {
     PY=".venv/bin/python"; FM=".venv/bin/flashmap"
     mkdir -p "$RUN"
     case $kind in
-        dflash) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
+        dflash|dflash2) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
         flow) INIT=checkpoints/flashmap-flow-qwen2.5-coder-0.5b ;;
         map) INIT=checkpoints/flashmap-map-qwen2.5-coder-0.5b
              [ -s "$RUN/flow/drafter/model.safetensors" ] \
                  || { echo "recipes/long_run.sh map: teacher $RUN/flow/drafter missing: run the flow piece first" >&2; exit 2; } ;;
-        *) echo "recipes/long_run.sh: kind: expected dflash, flow or map, got '$kind'" >&2; exit 2 ;;
+        *) echo "recipes/long_run.sh: kind: expected dflash, dflash2, flow or map, got '$kind'" >&2; exit 2 ;;
     esac
     [ -s "$INIT/model.safetensors" ] || { echo "$INIT/model.safetensors missing: run 'make checkpoints'" >&2; exit 2; }
     RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} recipes/train_real_drafters.sh features
@@ -46,7 +49,8 @@ main() {
     "train_$kind" 2>&1 | tee -a "$RUN/$kind.log"
     cpu_now
     echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 )),\
- \"cpu_s\": $(( CPU_S - c0 )), \"warm_start\": $([ "$kind" = map ] && echo false || echo true)}" \
+ \"cpu_s\": $(( CPU_S - c0 )), \"warm_start\": $([ "$kind" = map ] && echo false || echo true),\
+ \"history_kind\": \"${kind%2}\", \"batch_size\": 2, \"sequences\": $(sequences)}" \
         > "$RUN/$kind.piece.json"
     $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
         --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
@@ -98,6 +102,12 @@ COMMON() {
         --draft-vocab "$RUN/vocab-$1.json" --tap-layers 1,6,11,16,21 --init-from "$INIT" --out "$RUN/$1"
 }
 
+# Training sequences in the features the pieces read (the curve's epochs = steps x batch / sequences).
+sequences() {
+    $PY -c 'import sys; from flashmap_ext.train.features import FeatureCache; print(len(FeatureCache(sys.argv[1])))' \
+        "$RUN/features"
+}
+
 # The flow piece's steps (from its piece record, else the default), for the map's 2/5 rule.
 flow_piece_steps() {
     if [ -s "$RUN/flow.piece.json" ]; then
@@ -112,6 +122,12 @@ train_dflash() {
     # shellcheck disable=SC2046
     $FM train dflash $(COMMON dflash) $(resume_flag "$RUN/dflash") --layers 2 --block-size 9 \
         --intermediate-size 384 --mask-token-id 151665 ${EXTRA:-}
+}
+train_dflash2() {  # DFlash's shapes + the convolutions and selector of recipes/train_real_drafters.sh dflash2
+    # shellcheck disable=SC2046
+    $FM train dflash2 $(COMMON dflash2) $(resume_flag "$RUN/dflash2") --layers 2 --block-size 9 \
+        --intermediate-size 384 --mask-token-id 151665 --conv-group-size 32 --selector-rank 32 \
+        --selector-top-k 16 ${EXTRA:-}
 }
 train_flow() {
     # shellcheck disable=SC2046

@@ -42,6 +42,14 @@ def piece_core_s(piece: dict) -> float:
     return float(piece["cpu_s"]) if "cpu_s" in piece else float(piece["wall_s"])
 
 
+def piece_epochs(piece: dict) -> dict:
+    """Passes over the training sequences the piece made (steps x batch / sequences), where recorded."""
+    if not piece.get("sequences"):
+        return {}
+    return {"corpus_sequences": piece["sequences"],
+            "piece_epochs": round(piece["piece_steps"] * piece["batch_size"] / piece["sequences"], 3)}
+
+
 def judge(run: str, kind: str, init: str, history: str) -> int:
     """Prints the verdict line and appends the piece's learning-curve line to RUN/curve-KIND.jsonl."""
     with open(os.path.join(run, f"eval-{kind}", "eval.json")) as f:
@@ -51,12 +59,12 @@ def judge(run: str, kind: str, init: str, history: str) -> int:
     past = {"steps": 0, "core_hours": 0.0}  # a fresh student (the map of a new teacher) starts at zero
     if piece.get("warm_start", True):
         with open(history) as f:
-            past = json.load(f)[kind]
+            past = json.load(f)[piece.get("history_kind", kind)]  # dflash2 starts from the committed DFlash
     out = verdict(ev["results"]["piece"], ev["results"]["committed"])
     slot1 = {d: ev["results"]["piece"][d]["slot_accuracy"][0] for d in ("math", "code", "chat", "all")}
     line = {"kind": kind, "cumulative_steps": past["steps"] + piece["piece_steps"],
             "core_hours": round(past["core_hours"] + piece_core_s(piece) / 3600, 3),
-            "piece_wall_s": piece["wall_s"], "slot1": slot1,
+            "piece_wall_s": piece["wall_s"], "slot1": slot1, **piece_epochs(piece),
             "gamma": out["gamma_piece"], "committed_gamma": out["gamma_committed"], "verdict": out["verdict"],
             "date": ev["meta"]["date"], "dtype": ev["meta"]["dtype"], "cpu": ev["meta"]["cpu"],
             "bf16_hw": ev["meta"]["bf16_hw"], "warm_start": init}
@@ -72,8 +80,9 @@ def judge(run: str, kind: str, init: str, history: str) -> int:
 
 def add_arguments(p) -> None:
     p.add_argument("run", help="the long run's folder (RUN of recipes/long_run.sh)")
-    p.add_argument("kind", choices=("dflash", "flow", "map"), help="the piece's drafter kind")
-    p.add_argument("init", help="the committed checkpoint the piece started from (recorded in the curve line)")
+    p.add_argument("kind", choices=("dflash", "dflash2", "flow", "map"), help="the piece's drafter kind")
+    p.add_argument("init", help="the committed checkpoint the piece started from (recorded in the curve line; "
+                   "its training history is HISTORY's entry for the piece record's history_kind, else KIND)")
     p.add_argument("--history", required=True,
                    help="training history of the committed weights (JSON: {kind: {steps, core_hours}})")
 

@@ -241,13 +241,21 @@ def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
 
     The checkpoint must be of the same class, hold every tensor of `drafter`'s state dict with the same shape
     and the same draft vocabulary (`d2t`); ValueError naming --init-from otherwise (a silent partial load would
-    train from a half-random start)."""
+    train from a half-random start). One exception: a drafter class may name a base class it extends
+    (`warm_start_base`) and the modules it adds (`warm_start_added`, key prefixes/infixes); from a checkpoint of
+    that base, every other tensor is copied and the added modules keep their initialisation (DFlash2 from DFlash:
+    identity convolutions, a fresh selector)."""
     from flashmap_ext.drafters.load import load_drafter
     source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
+    added = ()
     if type(source) is not type(drafter):
-        raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
-                         f"{type(drafter).__name__}")
+        if type(source) is not getattr(drafter, "warm_start_base", None):
+            raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
+                             f"{type(drafter).__name__}")
+        added = drafter.warm_start_added
     mine, theirs = drafter.state_dict(), source.state_dict()
+    kept = [k for k in mine if k not in theirs and any(a in k for a in added)]
+    mine = {k: v for k, v in mine.items() if k not in kept}
     missing = sorted(set(mine) - set(theirs))
     shapes = sorted(k for k in mine if k in theirs and mine[k].shape != theirs[k].shape)
     if missing or shapes:
@@ -260,7 +268,8 @@ def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
     with torch.no_grad():
         for key, value in mine.items():
             value.copy_(theirs[key].to(value.dtype))
-    print(f"warm start: weights from {path}")
+    note = f" ({len(kept)} tensors of the added modules at their initialisation)" if kept else ""
+    print(f"warm start: weights from {path}{note}")
 
 
 def check_out_dir(out: str, stage: str, resume: bool) -> None:

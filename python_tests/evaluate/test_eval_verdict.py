@@ -75,3 +75,17 @@ def test_a_piece_on_a_shared_core_counts_its_cpu_time_not_its_wall_time(tmp_path
     assert judge(run, "flow") == 0
     line = json.loads((run / "curve-flow.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["piece_wall_s"]) == (8000, 1.75, 3600)
+
+
+def test_a_dflash2_piece_continues_the_dflash_history_and_counts_epochs(tmp_path, monkeypatch):
+    """DFlash2 warm-started from the committed DFlash ("history_kind": "dflash") adds to DFlash's steps and
+    hours; epochs = steps x batch / sequences (4,000 x 2 / 16,000 = 0.5)."""
+    result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
+    record = {"piece_steps": 4000, "wall_s": 3600, "cpu_s": 3600, "history_kind": "dflash", "batch_size": 2,
+              "sequences": 16000}
+    run = piece_run(tmp_path, monkeypatch, "dflash2", result, result, record, {})
+    (tmp_path / "docs/bench/long-run/history.json").write_text(json.dumps({"dflash": {"steps": 33000,
+                                                                                       "core_hours": 5.5}}))
+    assert judge(run, "dflash2") == 0
+    line = json.loads((run / "curve-dflash2.jsonl").read_text())
+    assert (line["cumulative_steps"], line["core_hours"], line["piece_epochs"]) == (37000, 6.5, 0.5)

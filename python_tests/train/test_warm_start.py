@@ -1,6 +1,7 @@
 """`--init-from`: a training stage starts from a committed drafter's weights (long runs in pieces)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -40,3 +41,37 @@ def test_init_from_copies_every_weight_and_refuses_another_drafter(tmp_path, mon
         assert main(_dflash(tmp_path, common, out, *flags)) == 2
         err = capsys.readouterr().err
         assert "--init-from" in err and fragment in err and err.count("\n") == 1, err
+
+
+def test_dflash2_starts_from_a_dflash_checkpoint_computing_what_it_computes(tmp_path):
+    """DFlash2 = DFlash + identity-initialised convolutions + a selector: warm-started from a DFlash checkpoint
+    its unary logits are the DFlash drafter's own (the reference: DFlash's forward), every shared tensor is
+    copied, and a checkpoint of another family is still refused."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+    from flashmap_ext.target import Target
+    target, taps_ids = tiny_qwen3(), [0, 2]
+    kw = dict(mask_token_id=110, num_hidden_layers=2, block_size=5, target_layer_ids=taps_ids)
+    torch.manual_seed(0)
+    source = DFlashDrafter.for_target(target, **kw).eval()
+    source.save_pretrained(tmp_path / "dflash")
+    torch.manual_seed(1)
+    student = DFlash2Drafter.for_target(target, selector_rank=4, selector_top_k=3, **kw).eval()
+    selector = {k: v.clone() for k, v in student.state_dict().items() if "candidate_selector" in k}
+    runner.warm_start(student, str(tmp_path / "dflash"), target)
+    ids = torch.randint(0, 110, (1, 24), generator=torch.Generator().manual_seed(3))
+    taps = Target(target).forward(ids, Target(target).new_cache(), tap_layer_ids=taps_ids).taps
+    anchors = torch.tensor([[2, 9, 15]])
+    with torch.no_grad():
+        want, got = source.forward_train(taps, ids, anchors), student.forward_train(taps, ids, anchors)
+    assert (want - got).abs().max().item() <= 1e-5
+    for key, value in source.state_dict().items():
+        assert torch.equal(student.state_dict()[key], value), key
+    for key, value in selector.items():  # the added modules keep their initialisation
+        assert torch.equal(student.state_dict()[key], value), key
+    torch.manual_seed(2)
+    other = DFlashDrafter.for_target(target, **{**kw, "num_hidden_layers": 1}).eval()
+    other.save_pretrained(tmp_path / "dflash-1")
+    with pytest.raises(ValueError, match="--init-from .*not the shape"):
+        runner.warm_start(student, str(tmp_path / "dflash-1"), target)

@@ -46,6 +46,9 @@ class DFlash2Drafter(DFlashDrafter):
     layer_type = DFlash2Layer
     kind, label = "dflash2", "DFlash2 drafter"
     config_type = DFlash2Config
+    # `--init-from` a DFlash checkpoint (train/runner.warm_start): these start as a fresh DFlash2's
+    warm_start_base = DFlashDrafter
+    warm_start_added = ("_conv.", "candidate_selector.")
 
     def __init__(self, config: DFlash2Config, target: Any = None, path: str = "greedy"):
         super().__init__(config, target)
