@@ -11,6 +11,8 @@ sample of every weight), the tapped layers, the stored dtype, the target's dtype
 parts only grow by appending, `train.store`), so the same part in any work tree, or on another machine with
 the same target, finds its features. A part that grew since is extended with its new sequences only;
 a sequence whose tokens differ from the cached ones is refused (the part was rewritten: remove its folder).
+A completed part records the digest of the part file it holds (`source.json`): while the file's bytes are
+the same, finding the part again costs that digest only (no tokenising, no token check).
 The view key hashes the parts and the sequences each holds, so `flashmap train --features VIEW` always
 reads exactly the corpus it was asked for. Older views are kept (they only hold links and an index, and a
 training run may be reading one); `rm -r views/` frees nothing but those. Where to: `FLASHMAP_CACHE` (`assets.models.cache_dir`).
@@ -76,6 +78,29 @@ def part_key(part: Path) -> str:
     return f"{part.name.split('.')[0]}-{hashlib.sha256(first.encode()).hexdigest()[:12]}"
 
 
+SOURCE = "source.json"  # in a part's folder: the digest of the part file whose every sequence it holds
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes (a corpus part: a few MB of gzip)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def unchanged_since_cached(part: Path, out: Path) -> bool:
+    """True when `out` was completed for exactly these part bytes (its SOURCE names their digest and its
+    index still holds the sequences it did then): nothing to tokenise, check or compute."""
+    try:
+        stamp = json.loads((out / SOURCE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (stamp.get("sha256") == file_digest(part)
+            and stamp.get("sequences") == len(list(_read_index(str(out)))))
+
+
 def check_unchanged(root: str, samples: list) -> None:
     """ValueError when a sample already cached in `root` has other tokens there (the part was rewritten)."""
     if not os.path.exists(os.path.join(root, "manifest.json")):
@@ -107,6 +132,11 @@ def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str =
     made, counts = [], []
     for part in corpus_parts(data):
         out = base / "parts" / part_key(part)
+        made.append(str(out))
+        if unchanged_since_cached(part, out):  # skips tokenising a part whose every sequence is cached
+            counts.append([out.name, len(list(_read_index(str(out))))])
+            log(f"features: {part.name}: unchanged, {counts[-1][1]} sequences cached -> {out}")
+            continue
         report = DataReport()
         samples = list(load_samples(str(part), tokenizer, enable_thinking=enable_thinking, max_length=max_length,
                                     report=report))
@@ -115,8 +145,8 @@ def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str =
                            batch_tokens=batch_tokens, window=256 if batch_tokens > 1 else 1,
                            meta={"part": part.name, "config_key": key})
         log(f"features: {part.name}: {n} new of {len(samples)} sequences -> {out}")
-        made.append(str(out))
         counts.append([out.name, len(list(_read_index(str(out))))])
+        (out / SOURCE).write_text(json.dumps({"sha256": file_digest(part), "sequences": counts[-1][1]}))
     view = base / "views" / _digest(counts)
     if not (view / "manifest.json").exists() or len(FeatureCache(str(view))) != sum(c for _, c in counts):
         shutil.rmtree(view, ignore_errors=True)

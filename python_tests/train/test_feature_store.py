@@ -143,3 +143,20 @@ def test_features_store_command_links_the_view_and_train_reads_it(tmp_path, monk
     (tmp_path / "g").mkdir()
     assert main([*argv[:6], str(tmp_path / "g"), *argv[7:]]) != 0
     assert "g: something that is not a link is there" in capsys.readouterr().err
+
+
+def test_an_unchanged_part_is_not_read_again_and_a_grown_one_is(tmp_path, monkeypatch):
+    """Finding the store again costs a file digest per part, not a tokenisation of the corpus; a part whose
+    bytes changed (it grew) is read and extended as before."""
+    from flashmap_ext.train import data as data_mod
+    model = tiny_qwen3(vocab_size=300)
+    corpus(tmp_path / "c", 0, 5)
+    first = build(model, tmp_path / "c", tmp_path / "store")
+    read = []
+    real = data_mod.load_samples
+    monkeypatch.setattr(data_mod, "load_samples", lambda path, *a, **kw: read.append(path) or real(path, *a, **kw))
+    assert build(model, tmp_path / "c", tmp_path / "store") == first and read == []
+    corpus(tmp_path / "c", 5, 6)                 # part 1 grows (q3, q4 + q5)
+    grown = build(model, tmp_path / "c", tmp_path / "store")
+    assert [p.split("/")[-1] for p in read] == ["part-00001.jsonl.gz"]
+    assert sorted(read_all(grown)) == sorted(f"q{i}/0" for i in range(6))
