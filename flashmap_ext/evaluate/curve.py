@@ -10,6 +10,8 @@ series.json lists, per drafter, the evaluated pieces of the run in any order (ev
         {"steps": 3000, "cpu_hours": 0.97, "eval": "eval-3000/eval.json", "drafter": "DFlash"}, ...]}]}
 
 `eval` is an eval.json of `flashmap eval`; `drafter` names its column there (default: the series name).
+A point may give `epochs` (cumulative passes over the training sequences: a corpus that grew between pieces
+counts each piece against its own corpus); where any point does, the table and the plot add that axis.
 Stopping rule (checkpoints/README.md): if tripling the steps moves held-out slot-1 accuracy (all domains) by
 less than 0.02, the run is data-bound and the corpus should grow instead.
 """
@@ -41,7 +43,7 @@ def load_series(path: Path) -> dict:
                 raise ValueError(f"{path}: series {name!r}: {p['eval']} has no drafter {drafter!r} "
                                  f"(it has {sorted(report.get('results', {}))})")
             r = report["results"][drafter]
-            points.append({"steps": int(p["steps"]), "cpu_hours": float(p["cpu_hours"]),
+            points.append({"steps": int(p["steps"]), "cpu_hours": float(p["cpu_hours"]), "epochs": p.get("epochs"),
                            "slot1": {d: r[d]["slot_accuracy"][0] for d in (*DOMAINS, "all") if d in r},
                            "gamma": r["all"]["gamma"], "anchors": r["all"]["anchors"],
                            "date": report.get("meta", {}).get("date", "")})
@@ -83,12 +85,13 @@ def recent_rate(points: list[dict]) -> dict | None:
 
 def markdown(curve: dict) -> str:
     """One table row per point, then the stopping-rule verdict per series."""
-    lines = ["| drafter | steps | CPU-hours | slot 1 math / code / chat | slot 1 all | γ implied | anchors |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| drafter | steps | CPU-hours | epochs | slot 1 math / code / chat | slot 1 all | γ implied | anchors |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in curve["series"]:
         for p in s["points"]:
             doms = " / ".join(f"{p['slot1'][d]:.3f}" if d in p["slot1"] else "–" for d in DOMAINS)
-            lines.append(f"| {s['name']} | {p['steps']:,} | {p['cpu_hours']:.2f} | {doms} | "
+            epochs = "–" if p.get("epochs") is None else f"{p['epochs']:.1f}"
+            lines.append(f"| {s['name']} | {p['steps']:,} | {p['cpu_hours']:.2f} | {epochs} | {doms} | "
                          f"{p['slot1']['all']:.3f} | {p['gamma']:.3f} | {p['anchors']} |")
     lines += ["", f"Stopping rule: if tripling the steps moves held-out slot-1 accuracy (all) by < {MIN_GAIN}, "
                   "the run is data-bound — grow the corpus instead."]
@@ -109,18 +112,24 @@ def markdown(curve: dict) -> str:
 
 
 def plot(curve: dict, path: Path) -> None:
-    """2×2 panels: slot-1 accuracy and implied γ (rows) against steps and CPU-hours (columns)."""
+    """2×2 panels: slot-1 accuracy and implied γ (rows) against steps and CPU-hours (columns); a third column
+    against epochs where points give them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker  # noqa: F401  (matplotlib.ticker below)
-    fig, axes = plt.subplots(2, 2, figsize=(9, 6.4), sharey="row")
+    keys = ["steps", "cpu_hours"]
+    labels = ["cumulative optimizer steps (thousands)", "cumulative CPU-hours"]
+    if any(p.get("epochs") is not None for s in curve["series"] for p in s["points"]):
+        keys.append("epochs"), labels.append("cumulative epochs (passes over the training sequences)")
+    fig, axes = plt.subplots(2, len(keys), figsize=(4.5 * len(keys), 6.4), sharey="row")
     for s in curve["series"]:
-        for col, x_key in enumerate(("steps", "cpu_hours")):
-            x = [p[x_key] for p in s["points"]]
-            axes[0][col].plot(x, [p["slot1"]["all"] for p in s["points"]], marker="o", label=s["name"])
-            axes[1][col].plot(x, [p["gamma"] for p in s["points"]], marker="o", label=s["name"])
-    for col, label in enumerate(("cumulative optimizer steps (thousands)", "cumulative CPU-hours")):
+        for col, x_key in enumerate(keys):
+            pts = [p for p in s["points"] if p.get(x_key) is not None]
+            x = [p[x_key] for p in pts]
+            axes[0][col].plot(x, [p["slot1"]["all"] for p in pts], marker="o", label=s["name"])
+            axes[1][col].plot(x, [p["gamma"] for p in pts], marker="o", label=s["name"])
+    for col, label in enumerate(labels):
         axes[1][col].set_xlabel(label)
     for ax in axes[:, 0]:  # 12000 → "12": five-digit step labels ran into each other
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1000:g}"))

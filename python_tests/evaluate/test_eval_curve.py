@@ -40,7 +40,7 @@ def test_table_and_stopping_rule(tmp_path):
     assert checks[0]["gain"] == pytest.approx(0.06) and not checks[0]["data_bound"]
     assert curve.stopping_rule(c["series"][1]["points"])[0]["data_bound"]  # +0.01 < 0.02
     md = curve.markdown(c)
-    assert "| DFlash | 1,000 | 0.33 | 0.250 / 0.150 / 0.200 | 0.200 | 1.250 | 100 |" in md
+    assert "| DFlash | 1,000 | 0.33 | – | 0.250 / 0.150 / 0.200 | 0.200 | 1.250 | 100 |" in md
     assert "FlashMap-1: 3,000 → 9,000 steps moved slot 1 by +0.010 (data-bound" in md
     assert "DFlash: 3,000 → 9,000 steps moved slot 1 by +0.040 (still step-bound" in md
 
@@ -49,6 +49,22 @@ def test_cli_writes_plot_and_table(tmp_path):
     assert cli.main(["eval", "curve", str(fixture(tmp_path)), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "curve.png").stat().st_size > 1000
     assert (tmp_path / "out" / "curve.md").read_text().startswith("| drafter |")
+
+
+def test_epochs_column_and_panel_where_points_give_them(tmp_path):
+    path = fixture(tmp_path)
+    spec = json.loads(path.read_text())
+    spec["series"][0]["points"][0]["epochs"] = 4.25
+    path.write_text(json.dumps(spec))
+    c = curve.load_series(path)
+    md = curve.markdown(c)
+    assert "| DFlash | 9,000 | 3.00 | 4.2 |" in md and "| DFlash | 1,000 | 0.33 | – |" in md
+    assert cli.main(["eval", "curve", str(path), "--out", str(tmp_path / "out")]) == 0
+    from PIL import Image
+    wide, plain = Image.open(tmp_path / "out" / "curve.png").size, None
+    assert cli.main(["eval", "curve", str(fixture(tmp_path)), "--out", str(tmp_path / "plain")]) == 0
+    plain = Image.open(tmp_path / "plain" / "curve.png").size
+    assert wide[0] > 1.4 * plain[0]  # a third column of panels
 
 
 def test_missing_drafter_is_named(tmp_path):
