@@ -4,7 +4,9 @@ Each conversation is rendered with the target's chat template exactly as at infe
 assistant tokens) and run through the target once; the outputs of the tapped decoder layers are streamed
 to memory-mappable shards in --out (bf16 by default, ~n_taps·d·2 bytes per token). Sequences are
 prefilled in length-sorted, right-padded batches of --batch-tokens. Safe to interrupt: rerun the same command
-and it skips the sequences already cached.
+and it skips the sequences already cached. A rerun is refused when --max-length, --layers, --dtype or --topk
+differ from the cache's, or when a cached sequence has other tokens now (its conversation was edited); the
+cache may hold the sequences of other --data files too (run once per file into one --out).
 
 With --store the features go to the feature store under the asset cache (`train.feature_store`: one cache
 per corpus part, keyed by the part, the target, the taps and the settings), extended with the new sequences
@@ -49,7 +51,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from flashmap_ext.target import load_target
     from flashmap_ext.train.data import DataReport, load_samples
-    from flashmap_ext.train.features import cache_features, update_manifest
+    from flashmap_ext.train.features import cache_features, same_tokens_as_cached, update_manifest
     from flashmap_ext.train.runner import target_placement
     if args.topk < 0:
         raise ValueError(f"--topk: expected K >= 0 (0: no soft labels), got {args.topk}")
@@ -58,6 +60,7 @@ def run(args) -> int:
         check_link_path("--out", args.out)
     else:
         check_output_path("--out", args.out, folder=True)
+        check_outside_store("--out", args.out)
     target, tokenizer = load_target(args.target, *target_placement(args))
     layers = tap_layers(args.layers, target.num_layers)
     if args.store:
@@ -65,6 +68,7 @@ def run(args) -> int:
     report = DataReport()
     samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length,
                            report=report)
+    samples = same_tokens_as_cached(args.out, samples, f"--out {args.out}", f"--data {args.data}")
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
@@ -82,6 +86,17 @@ def check_link_path(flag: str, path: str) -> None:
     if os.path.lexists(path) and not os.path.islink(path):
         raise ValueError(f"{flag} {path}: something that is not a link is there; with --store, --out is made a "
                          "link to the feature store's view (remove it or give another path)")
+
+
+def check_outside_store(flag: str, path: str) -> None:
+    """ValueError naming the option when `path` (without --store) is, or links into, the feature store:
+    a plain cache written there would change the store's shared shards (views hard-link the parts')."""
+    import os
+
+    from flashmap_ext.train.feature_store import in_store
+    if in_store(path):
+        raise ValueError(f"{flag} {path}: {'a link into' if os.path.islink(path) else 'a folder in'} the feature "
+                         f"store ({os.path.realpath(path)}), which only --store writes: use --store, or another folder")
 
 
 def run_store(args, target, tokenizer, layers) -> int:

@@ -10,7 +10,8 @@ sample of every weight), the tapped layers, the stored dtype, the target's dtype
 `enable_thinking` and `topk`. A part key names a corpus part by its file name and its first record (corpus
 parts only grow by appending, `train.store`), so the same part in any work tree, or on another machine with
 the same target, finds its features. A part that grew since is extended with its new sequences only;
-a sequence whose tokens differ from the cached ones is refused (the part was rewritten: remove its folder).
+a sequence whose tokens differ from the cached ones, or a cached sequence the part no longer has, is
+refused (the part was rewritten: remove its folder).
 A completed part records the digest of the part file it holds (`source.json`): while the file's bytes are
 the same, finding the part again costs that digest only (no tokenising, no token check).
 The view key hashes the parts and the sequences each holds, so `flashmap train --features VIEW` always
@@ -27,12 +28,11 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from flashmap_ext.assets.models import cache_dir
 from flashmap_ext.train.feature_merge import merge_feature_caches
-from flashmap_ext.train.features import FeatureCache, _read_index, cache_features
+from flashmap_ext.train.features import FeatureCache, _read_index, cache_features, same_tokens_as_cached
 
 
 def _digest(obj) -> str:
@@ -101,21 +101,27 @@ def unchanged_since_cached(part: Path, out: Path) -> bool:
             and stamp.get("sequences") == len(list(_read_index(str(out)))))
 
 
-def check_unchanged(root: str, samples: list) -> None:
-    """ValueError when a sample already cached in `root` has other tokens there (the part was rewritten)."""
-    if not os.path.exists(os.path.join(root, "manifest.json")):
-        return
-    cache = FeatureCache(root)
-    where = {i: n for n, i in enumerate(cache.ids)}
-    for s in samples:
-        n = where.get(s.id)
-        if n is None:
-            continue
-        shard, offset, length = (int(x) for x in cache.locations[n])
-        stored = np.asarray(cache._map(shard, "ids", np.int32)[offset:offset + length])
-        if length != len(s.input_ids) or not np.array_equal(stored, np.asarray(s.input_ids, dtype=np.int32)):
-            raise ValueError(f"{root}: sequence {s.id!r} is cached with other tokens than the corpus holds now "
-                             "(the part was rewritten); remove this folder and run again")
+def check_unchanged(part: Path, out: Path, samples: list) -> None:
+    """ValueError when part cache `out` holds a sequence of `samples` (the part's now) with other tokens,
+    or a sequence the part no longer has: a part cache holds exactly its part's sequences."""
+    for _ in same_tokens_as_cached(str(out), samples, str(out), str(part)):
+        pass
+    now = {s.id for s in samples}
+    gone = next((e["id"] for e in _read_index(str(out)) if e["id"] not in now), None)
+    if gone is not None:
+        raise ValueError(f"{part}: its cache {out} holds sequence {gone!r}, which the part no longer has "
+                         "(the part was rewritten: remove its folder and run again)")
+
+
+def in_store(path: str) -> bool:
+    """True when `path`, or what a link there points at, lies in a feature store: anywhere under the
+    asset cache's (`cache_dir() / "features"`), or a part or view folder of any store (a folder in
+    parts/ or views/ beside a config.json). Writing there would change features other work trees read."""
+    real = Path(os.path.realpath(path))
+    default = Path(os.path.realpath(cache_dir() / "features"))
+    if real == default or default in real.parents:
+        return True
+    return real.parent.name in ("parts", "views") and (real.parent.parent / "config.json").is_file()
 
 
 def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str = "bf16", target_dtype: str,
@@ -140,7 +146,7 @@ def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str =
         report = DataReport()
         samples = list(load_samples(str(part), tokenizer, enable_thinking=enable_thinking, max_length=max_length,
                                     report=report))
-        check_unchanged(str(out), samples)
+        check_unchanged(part, out, samples)
         n = cache_features(model, samples, str(out), layer_ids, dtype=dtype, progress=progress, topk=topk,
                            batch_tokens=batch_tokens, window=256 if batch_tokens > 1 else 1,
                            meta={"part": part.name, "config_key": key})

@@ -38,6 +38,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _NUMPY = {torch.bfloat16: np.uint16, torch.float16: np.float16, torch.float32: np.float32}
 
 
+# the `flashmap features` option behind a manifest field a cache is resumed only with
+_OPTIONS = {"target_layer_ids": "--layers", "dtype": "--dtype", "topk": "--topk", "max_length": "--max-length"}
+
+
 class CacheBusy(FileExistsError):
     """Another process is writing the feature cache: its exclusive writer exists (holds `writer.lock`)."""
 
@@ -83,8 +87,9 @@ class FeatureWriter:
     Args:
         root: the cache directory (created if missing).
         meta: manifest fields; `target_layer_ids`, `feature_dim` and `dtype` ("bf16"|"fp16"|"fp32") are
-            required; `topk` (k >= 1) adds the soft-label shards. An existing cache must have the same
-            values for these, else ValueError.
+            required; `topk` (k >= 1) adds the soft-label shards; `max_length` (optional) is the crop the
+            sequences were rendered with. An existing cache must have the same values for these, else
+            ValueError.
         shard_tokens: rows per shard file before a new shard starts.
     """
 
@@ -114,10 +119,11 @@ class FeatureWriter:
         if os.path.exists(path):
             with open(path) as f:
                 old = json.load(f)
-            for key in ("format_version", "target_layer_ids", "feature_dim", "dtype", "topk"):
+            for key in ("format_version", "target_layer_ids", "feature_dim", "dtype", "topk", "max_length"):
                 if old.get(key) != self.meta.get(key):
+                    same = f"give the cache's {_OPTIONS[key]} or " if key in _OPTIONS else "use "
                     raise ValueError(f"{path}: existing cache has {key}={old.get(key)!r}, asked for "
-                                     f"{self.meta.get(key)!r}; use another --out")
+                                     f"{self.meta.get(key)!r}; {same}another --out")
             return
         with open(path + ".tmp", "w") as f:
             json.dump(self.meta, f, indent=1)
@@ -277,15 +283,35 @@ class FeatureCache(torch.utils.data.Dataset):
             item["topk_ids"] = torch.from_numpy(np.array(self._map(shard, "topk_ids", np.int32, k)[sl])).long()
         return item
 
+    def tokens(self, i: int) -> np.ndarray:
+        """[T] int32: the token ids of sequence i, without reading its taps."""
+        shard, offset, length = (int(x) for x in self.locations[i])
+        return np.array(self._map(shard, "ids", np.int32)[offset:offset + length])
+
     def supervised_tokens(self, i: int) -> torch.Tensor:
         """[n] int64: the loss-masked (response) token ids of sequence i, without reading its taps."""
         shard, offset, length = (int(x) for x in self.locations[i])
-        sl = slice(offset, offset + length)
-        ids = np.array(self._map(shard, "ids", np.int32)[sl])
-        return torch.from_numpy(ids[np.array(self._map(shard, "mask", np.uint8)[sl]).astype(bool)]).long()
+        mask = np.array(self._map(shard, "mask", np.uint8)[offset:offset + length]).astype(bool)
+        return torch.from_numpy(self.tokens(i)[mask]).long()
 
     def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
         return {**self.__dict__, "_maps": {}}
+
+
+def same_tokens_as_cached(root: str, samples: Iterable, name: str, source: str) -> Iterator:
+    """Yields `samples` as they come; ValueError (naming `name`, the cache, and `source`, what holds the
+    samples) at the first one whose id cache `root` already holds with other tokens: its conversation was
+    edited since, and a resumed cache would keep serving the old features. Ids the cache holds that the
+    samples lack are not checked here (one cache may hold the sequences of several files). The cache is read
+    when the first sample is asked for, so a writer opened before that has recovered it already."""
+    cache = FeatureCache(root) if os.path.exists(os.path.join(root, "manifest.json")) else None
+    where = {i: n for n, i in enumerate(cache.ids)} if cache is not None else {}
+    for s in samples:
+        n = where.get(s.id)
+        if n is not None and not np.array_equal(cache.tokens(n), np.asarray(s.input_ids, dtype=np.int32)):
+            raise ValueError(f"{name}: sequence {s.id!r} is cached with other tokens than {source} holds now "
+                             "(it was rewritten since); remove the cache folder and run again")
+        yield s
 
 
 def update_manifest(root: str, fields: dict) -> None:
