@@ -8,12 +8,12 @@ import os
 import shutil
 
 import pytest
+from test_feature_store import build, corpus, read_all
 
 from conftest import tiny_qwen3
 from flashmap_ext import cli
 from flashmap_ext.train import feature_store
 from flashmap_ext.train.features import FeatureCache
-from test_feature_store import build, corpus, read_all
 
 
 def rewrite_part(part, keep):
