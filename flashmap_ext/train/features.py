@@ -259,6 +259,11 @@ class FeatureCache(torch.utils.data.Dataset):
         return [{"id": i, "shard": int(s), "offset": int(o), "length": int(n)}
                 for i, (s, o, n) in zip(self.ids, self.locations)]
 
+    def tokens(self, i: int) -> np.ndarray:
+        """[T] int32: the token ids of sequence i, without reading its taps."""
+        shard, offset, length = (int(x) for x in self.locations[i])
+        return np.array(self._map(shard, "ids", np.int32)[offset:offset + length])
+
     def _map(self, shard: int, kind: str, dtype, width: int | None = None) -> np.memmap:
         key = (shard, kind)
         if key not in self._maps:
@@ -283,16 +288,12 @@ class FeatureCache(torch.utils.data.Dataset):
             item["topk_ids"] = torch.from_numpy(np.array(self._map(shard, "topk_ids", np.int32, k)[sl])).long()
         return item
 
-    def tokens(self, i: int) -> np.ndarray:
-        """[T] int32: the token ids of sequence i, without reading its taps."""
-        shard, offset, length = (int(x) for x in self.locations[i])
-        return np.array(self._map(shard, "ids", np.int32)[offset:offset + length])
-
     def supervised_tokens(self, i: int) -> torch.Tensor:
         """[n] int64: the loss-masked (response) token ids of sequence i, without reading its taps."""
         shard, offset, length = (int(x) for x in self.locations[i])
-        mask = np.array(self._map(shard, "mask", np.uint8)[offset:offset + length]).astype(bool)
-        return torch.from_numpy(self.tokens(i)[mask]).long()
+        sl = slice(offset, offset + length)
+        ids = np.array(self._map(shard, "ids", np.int32)[sl])
+        return torch.from_numpy(ids[np.array(self._map(shard, "mask", np.uint8)[sl]).astype(bool)]).long()
 
     def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
         return {**self.__dict__, "_maps": {}}
