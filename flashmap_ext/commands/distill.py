@@ -7,7 +7,6 @@ is the student's own two half-jumps (no grad). The student starts as the teacher
 from __future__ import annotations
 
 import argparse
-from fractions import Fraction
 
 from flashmap_ext.train import runner
 
@@ -18,8 +17,8 @@ def add_parser(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     runner.add_training_args(p)
     p.add_argument("--teacher", required=True, help="the flow drafter: <flow run>/drafter (from `train flow`)")
-    p.add_argument("--frac-01", type=lambda s: float(Fraction(s)), default=1 / 16,
-                   help="fraction of all jumps that go 0→1 (default 1/16; '1/16' or 0.0625)")
+    p.add_argument("--frac-01", type=runner.fraction_arg, default=1 / 16,
+                   help="fraction of all jumps that go 0→1, in [0, 1] (default 1/16; '1/16' or 0.0625)")
     p.set_defaults(func=run)
 
 

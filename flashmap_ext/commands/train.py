@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--block-size", type=int, help="draft tokens per block (K)")
     shape.add_argument("--cond-dim", type=int, help="width of the time conditioning c (default 256; keep it at or "
                                                      "below --width for small drafters, whose parameters it dominates)")
-    flow.add_argument("--tau0-frac", type=float, default=0.0,
+    flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
     add_slot_decay(flow, "7", "default 7 (DFlash's value for 15 slots)")
@@ -147,8 +147,6 @@ def run_flow(args) -> int:
     check_resumed_clock(args)
     if args.clock == "projected":
         drafter.calibrate_clock()  # from the state rows: after the draft vocabulary is set
-    if not 0.0 <= args.tau0_frac <= 1.0:
-        raise ValueError(f"--tau0-frac: expected a fraction in [0, 1], got {args.tau0_frac}")
 
     decay = slot_decay_arg(args.slot_decay)
     options = runner.loss_options(args)

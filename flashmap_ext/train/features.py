@@ -288,12 +288,16 @@ class FeatureCache(torch.utils.data.Dataset):
             item["topk_ids"] = torch.from_numpy(np.array(self._map(shard, "topk_ids", np.int32, k)[sl])).long()
         return item
 
+    def loss_mask(self, i: int) -> torch.Tensor:
+        """[T] bool: the loss mask of sequence i, without reading its ids or taps."""
+        shard, offset, length = (int(x) for x in self.locations[i])
+        return torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[offset:offset + length])).bool()
+
     def supervised_tokens(self, i: int) -> torch.Tensor:
         """[n] int64: the loss-masked (response) token ids of sequence i, without reading its taps."""
         shard, offset, length = (int(x) for x in self.locations[i])
-        sl = slice(offset, offset + length)
-        ids = np.array(self._map(shard, "ids", np.int32)[sl])
-        return torch.from_numpy(ids[np.array(self._map(shard, "mask", np.uint8)[sl]).astype(bool)]).long()
+        ids = torch.from_numpy(np.array(self._map(shard, "ids", np.int32)[offset:offset + length])).long()
+        return ids[self.loss_mask(i)]
 
     def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
         return {**self.__dict__, "_maps": {}}

@@ -15,10 +15,12 @@ from typing import Callable
 
 import torch
 
-from flashmap_ext.checks import bound_text
+from fractions import Fraction
+
+from flashmap_ext.checks import bound_text, check_int
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
-from flashmap_ext.train.anchors import collate
+from flashmap_ext.train.anchors import candidate_anchors, collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
 from flashmap_ext.train.features import FeatureCache
 from flashmap_ext.train.presets import PRESETS, preset
@@ -58,12 +60,13 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, help="sequences per process per micro-step")
     g.add_argument("--accum", type=int, help="micro-steps per optimizer step (gradient accumulation)")
     g.add_argument("--num-anchors", type=int, help="random anchors (blocks) per sequence per step")
-    g.add_argument("--max-length", type=int, help="crop sequences to this many tokens")
+    g.add_argument("--max-length", type=int,
+                   help="crop sequences to this many tokens (>= 2: an anchor and the token it predicts)")
     g.add_argument("--context-window", type=window_arg, metavar="W",
                    help="FlashMap/DFlash: the drafter reads the last W committed positions only, in training and "
                         "inference (recorded in its config.json); 'none': all of them; default: --max-length, "
                         "the longest context training shows it")
-    g.add_argument("--save-every", type=int, help="steps between checkpoints")
+    g.add_argument("--save-every", type=int, help="steps between checkpoints (0: only at the end)")
     g.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
                    help="checkpoints kept in <out>/checkpoints, the newest N (0: all, e.g. for a learning curve; "
                         "default 2)")
@@ -79,7 +82,8 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="under torchrun: ddp (replicated drafter) or fsdp (sharded, for large drafters)")
     r.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     r.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
-    r.add_argument("--log-every", type=int, default=10, help="steps between lines of <out>/metrics.jsonl")
+    r.add_argument("--log-every", type=int, default=10,
+                   help="steps between lines of <out>/metrics.jsonl (>= 1; the last step is always logged)")
     r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
 
 
@@ -101,6 +105,7 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
     for key in ("steps", "lr", "warmup", "batch_size", "accum", "num_anchors", "max_length", "save_every"):
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
+    check_counts(args)
     shape = dict(chosen[model_key])
     window = getattr(args, "context_window", None)
     if model_key in ("flashmap", "dflash", "dflash2"):
@@ -108,6 +113,32 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
     elif window is not None:
         raise ValueError(f"--context-window: FlashMap and DFlash drafters only, DFlash2 included (not {model_key})")
     return run, shape
+
+
+#: the least value of each count option given on the command line (None: the preset's, always valid)
+LEAST = {"steps": 1, "batch_size": 1, "accum": 1, "num_anchors": 1, "max_length": 2, "save_every": 0,
+         "keep_checkpoints": 0, "log_every": 1}
+
+
+def check_counts(args) -> None:
+    """ValueError naming the flag for a count option below its least value (LEAST), before any model loads:
+    --log-every 0 used to end in a ZeroDivisionError after the first step, --max-length 0 in an error about
+    the drafter's context_window, --max-length 1 in a run on no supervised token."""
+    for key, low in LEAST.items():
+        if getattr(args, key, None) is not None:
+            check_int(f"--{key.replace('_', '-')}", getattr(args, key), low)
+
+
+def fraction_arg(text: str) -> float:
+    """argparse type of a fraction option (--frac-01, --tau0-frac): '1/16' or 0.0625, in [0, 1]."""
+    try:
+        value = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] such as 1/16 or 0.0625, got {text!r}") \
+            from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return float(value)
 
 
 def window_arg(text: str) -> int:
@@ -183,6 +214,26 @@ def open_features(path: str, layer_ids) -> FeatureCache:
     return cache
 
 
+def check_supervised(cache: FeatureCache, max_length: int | None, path: str) -> None:
+    """ValueError when no sequence of `cache`, cropped to `max_length`, keeps an anchor with a supervised
+    label (a response token followed by another, train/anchors.py): every step would train on nothing
+    (loss 0, NaN accuracy) and still save a drafter. Reads the loss masks only, up to the first that keeps one."""
+    shortest = None
+    for i in range(len(cache)):
+        anchors = candidate_anchors(cache.loss_mask(i))
+        if len(anchors):
+            need = int(anchors[0]) + 2  # the anchor and its first label
+            if max_length is None or need <= max_length:
+                return
+            shortest = need if shortest is None else min(shortest, need)
+    if shortest is None:
+        raise ValueError(f"--features {path}: no sequence has two response tokens in a row, so no anchor has a "
+                         "label (nothing to train on); rebuild the cache from answered conversations")
+    raise ValueError(f"--max-length {max_length}: every sequence of --features {path} was dropped: none keeps an "
+                     f"anchor and its first label within {max_length} tokens (the shortest crop that keeps one is "
+                     f"{shortest}); raise --max-length")
+
+
 def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name: str,
               num_labels: int | None = None, target=None) -> dict:
     """Trains `drafter` (fp32 master weights) on --features and exports `<out>/drafter`; returns last metrics.
@@ -192,6 +243,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     device = device_of(args)
     cache = open_features(args.features, drafter.target_layer_ids)
     check_cache(cache.meta, args.features, getattr(args, "loss", "ce"))
+    check_supervised(cache, run.get("max_length"), args.features)
     drafter = drafter.float()
     optional = {k: run[k] for k in ("betas", "grad_clip", "weight_decay") if k in run}
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],

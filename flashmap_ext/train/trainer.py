@@ -56,15 +56,15 @@ class TrainConfig:
     save_every: int = 1000                     # steps between checkpoints (0 = only at the end)
     keep: int = 2                              # checkpoints kept
     seed: int = 0
-    log_every: int = 10                        # steps between metrics.jsonl lines
+    log_every: int = 10                        # steps between metrics.jsonl lines (>= 1)
     parallel: str = "none"                     # "none" | "ddp" | "fsdp"
     autocast: bool | None = None               # bf16 autocast (None = on CUDA only)
     progress: bool = True                      # a tqdm bar
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "accum"):
+        for name in ("steps", "batch_size", "accum", "log_every"):
             check_int(f"TrainConfig: {name}", getattr(self, name), 1)
-        for name in ("save_every", "keep", "log_every"):
+        for name in ("save_every", "keep"):
             check_int(f"TrainConfig: {name}", getattr(self, name), 0)
         check_int("TrainConfig: seed", self.seed, 0, 2**63)
         if self.lr <= 0 or self.warmup < 0:

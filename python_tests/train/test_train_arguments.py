@@ -1,0 +1,116 @@
+"""Argument checks of `flashmap train` / `flashmap distill`: counts and fractions out of range, and a
+--max-length that keeps no supervised label, are refused in one line naming the flag, before any training."""
+import json
+
+import pytest
+import torch
+
+from flashmap_ext.cli import main
+from flashmap_ext.train.features import FeatureCache, FeatureWriter
+from flashmap_ext.train.trainer import TrainConfig
+from python_tests.train.test_train_cli import tiny_feature_cache
+
+
+@pytest.fixture(autouse=True)
+def _raise_user_errors(monkeypatch):
+    """These tests match the exceptions themselves; `flashmap` prints them as one line otherwise."""
+    monkeypatch.setenv("FLASHMAP_DEBUG", "1")
+
+
+def _no_target(*args, **kwargs):
+    raise AssertionError("the target was loaded before the arguments were checked")
+
+
+STAGES = [["train", "flow"], ["train", "dflash"], ["train", "eagle3"],
+          ["distill", "--teacher", "no-such-teacher"]]
+BAD = [(["--log-every", "0"], r"^--log-every must be >= 1, got 0$"),
+       (["--save-every", "-1"], r"^--save-every must be >= 0, got -1$"),
+       (["--max-length", "0"], r"^--max-length must be >= 2, got 0$"),
+       (["--max-length", "1"], r"^--max-length must be >= 2, got 1$"),
+       (["--steps", "0"], r"^--steps must be >= 1, got 0$"),
+       (["--num-anchors", "0"], r"^--num-anchors must be >= 1, got 0$"),
+       (["--keep-checkpoints", "-2"], r"^--keep-checkpoints must be >= 0, got -2$")]
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: " ".join(s[:2]))
+@pytest.mark.parametrize("flag,message", BAD, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_counts_out_of_range_are_refused_before_the_target_loads(stage, flag, message, tmp_path, monkeypatch):
+    """--log-every 0 ended in a ZeroDivisionError after the first step; --max-length 0 in an error about
+    `context_window`; --max-length 1 trained on nothing and saved a drafter."""
+    import flashmap_ext.target as target
+    monkeypatch.setattr(target, "load_target", _no_target)
+    argv = [*stage, "--target", "tiny-random", "--features", str(tmp_path / "f"), "--out", str(tmp_path / "o"),
+            "--preset", "cpu-tiny", *flag]
+    with pytest.raises(ValueError, match=message):
+        main(argv)
+    assert not (tmp_path / "o").exists()
+
+
+def test_trainer_refuses_log_every_zero():
+    with pytest.raises(ValueError, match="log_every must be >= 1, got 0"):
+        TrainConfig(out="unused", steps=1, lr=1e-3, warmup=0, log_every=0)
+
+
+@pytest.mark.parametrize("argv,flag", [(["distill", "--teacher", "t", "--frac-01", "2"], "--frac-01"),
+                                       (["distill", "--teacher", "t", "--frac-01", "-0.5"], "--frac-01"),
+                                       (["distill", "--teacher", "t", "--frac-01", "1/0"], "--frac-01"),
+                                       (["distill", "--teacher", "t", "--frac-01", "nan"], "--frac-01"),
+                                       (["train", "flow", "--tau0-frac", "1.5"], "--tau0-frac")])
+def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys):
+    """`distill --frac-01 2` and `-0.5` used to train normally."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--target", "tiny-random", "--features", "f", "--out", "o"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"argument {flag}: expected a fraction in [0, 1]" in err
+
+
+def test_fraction_bounds_and_spellings_are_accepted():
+    from flashmap_ext.cli import build_parser
+    for text, value in (("0", 0.0), ("1", 1.0), ("1/16", 0.0625), ("0.25", 0.25)):
+        args = build_parser().parse_args(["distill", "--teacher", "t", "--target", "x", "--features", "f",
+                                          "--out", "o", "--frac-01", text])
+        assert args.frac_01 == value
+
+
+def _cache(root, masks) -> FeatureCache:
+    with FeatureWriter(str(root), {"target_layer_ids": [0], "feature_dim": 2, "dtype": "fp32"}) as w:
+        for i, mask in enumerate(masks):
+            w.add(f"s{i}", list(range(len(mask))), mask, torch.zeros(len(mask), 2))
+    return FeatureCache(str(root))
+
+
+def test_the_shortest_crop_that_keeps_a_label_is_named(tmp_path):
+    from flashmap_ext.train.runner import check_supervised
+    # first anchors (a response token followed by another): s0 at 3 (needs 5 tokens), s1 at 2 (needs 4)
+    cache = _cache(tmp_path / "c", [[0, 0, 0, 1, 1, 1], [0, 0, 1, 1], [0, 1, 0, 1, 0]])
+    for length in (None, 4, 6):
+        check_supervised(cache, length, "c")  # trains: some sequence keeps a label
+    with pytest.raises(ValueError, match=r"^--max-length 3: every sequence .*\(the shortest crop that keeps one "
+                                         r"is 4\); raise --max-length$"):
+        check_supervised(cache, 3, "c")
+    none = _cache(tmp_path / "n", [[0, 1, 0, 1], [1, 0, 0, 0]])
+    with pytest.raises(ValueError, match="^--features n: no sequence has two response tokens in a row"):
+        check_supervised(none, None, "n")
+
+
+def test_max_length_without_a_supervised_label_is_refused_before_training(tmp_path):
+    """`train dflash --max-length 2` trained on zero supervised tokens ('loss 0.0000', NaN accuracy) and saved
+    a drafter. The crop the error names trains on labels; the one below it is refused."""
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    cache = FeatureCache(str(tmp_path / "f"))
+    masks = [cache[i]["loss_mask"].tolist() for i in range(len(cache))]
+    shortest = min(next(a for a in range(len(m) - 1) if m[a] and m[a + 1]) + 2 for m in masks)
+    assert shortest > 2  # the prompt comes first
+    args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2",
+            "--steps", "1", "--log-every", "1"]
+    for stage in (["train", "dflash", "--mask-token-id", "0"], ["train", "flow"]):
+        out = tmp_path / stage[1]
+        with pytest.raises(ValueError, match=f"^--max-length 2: .*the shortest crop that keeps one is {shortest}"):
+            main([*stage, *args, "--out", str(out), "--max-length", "2"])
+        assert not (out / "drafter").exists() and not (out / "run.json").exists()
+    with pytest.raises(ValueError, match=f"^--max-length {shortest - 1}: "):
+        main(["train", "flow", *args, "--out", str(tmp_path / "below"), "--max-length", str(shortest - 1)])
+    assert main(["train", "flow", *args, "--out", str(tmp_path / "ok"), "--max-length", str(shortest)]) == 0
+    logged = json.loads((tmp_path / "ok" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert logged["tokens"] >= 1 and logged["loss"] > 0
