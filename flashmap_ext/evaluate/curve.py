@@ -2,7 +2,7 @@
 against cumulative optimizer steps and CPU-hours, one line per drafter, plus a Markdown table and the
 stopping rule.
 
-    flashmap eval curve series.json --out runs/curve      # writes curve.png and curve.md
+    flashmap eval curve series.json --out runs/curve      # writes curve.md and curve.png
 
 series.json lists, per drafter, the evaluated pieces of the run in any order (eval paths relative to the file):
 
@@ -10,6 +10,8 @@ series.json lists, per drafter, the evaluated pieces of the run in any order (ev
         {"steps": 3000, "cpu_hours": 0.97, "eval": "eval-3000/eval.json", "drafter": "DFlash"}, ...]}]}
 
 `eval` is an eval.json of `flashmap eval`; `drafter` names its column there (default: the series name).
+A point takes these keys only: `steps` (a positive integer, each at most once per series), `cpu_hours` (a
+finite number >= 0), `eval`, and optionally `drafter` and `epochs` (a finite number >= 0).
 A point may give `epochs` (cumulative passes over the training sequences: a corpus that grew between pieces
 counts each piece against its own corpus); where any point does, the table and the plot add that axis.
 Stopping rule (checkpoints/README.md): if tripling the steps moves held-out slot-1 accuracy (all domains) by
@@ -26,33 +28,84 @@ TRIPLE, MIN_GAIN = 3.0, 0.02
 DOMAINS = ("math", "code", "chat")
 
 
+POINT_KEYS = {"steps", "cpu_hours", "eval", "drafter", "epochs"}
+
+
 def load_series(path: Path) -> dict:
-    """{"title", "series": [{"name", "points": [{steps, cpu_hours, slot1 {domain: acc}, gamma, anchors}]}]},
-    points sorted by steps. ValueError (naming the series and field) for a missing field or drafter."""
-    spec = json.loads(path.read_text())
+    """{"title", "series": [{"name", "points": [{steps, cpu_hours, epochs, slot1 {domain: acc}, gamma, anchors,
+    date}]}]}, points sorted by steps. ValueError naming the series file, the series and the point for a
+    malformed file, point or eval.json (`check_point`), a step count given twice or a missing drafter;
+    FileNotFoundError for a missing file."""
+    spec = read_json(path, f"{path}")
+    if not isinstance(spec, dict) or not isinstance(spec.get("series"), list) or not spec["series"]:
+        raise ValueError(f"{path}: expected {{\"series\": [{{\"name\": ..., \"points\": [...]}}, ...]}}")
     out = []
-    for s in spec.get("series", []):
-        name, points = s.get("name"), []
-        for p in s.get("points", []):
-            for key in ("steps", "cpu_hours", "eval"):
-                if key not in p:
-                    raise ValueError(f"{path}: series {name!r}: a point has no {key!r}")
-            report = json.loads((path.parent / p["eval"]).read_text())
-            drafter = p.get("drafter", name)
-            if drafter not in report.get("results", {}):
-                raise ValueError(f"{path}: series {name!r}: {p['eval']} has no drafter {drafter!r} "
-                                 f"(it has {sorted(report.get('results', {}))})")
-            r = report["results"][drafter]
-            points.append({"steps": int(p["steps"]), "cpu_hours": float(p["cpu_hours"]), "epochs": p.get("epochs"),
-                           "slot1": {d: r[d]["slot_accuracy"][0] for d in (*DOMAINS, "all") if d in r},
-                           "gamma": r["all"]["gamma"], "anchors": r["all"]["anchors"],
-                           "date": report.get("meta", {}).get("date", "")})
-        if not points:
-            raise ValueError(f"{path}: series {name!r} has no points")
+    for i, s in enumerate(spec["series"]):
+        name = s.get("name") if isinstance(s, dict) else None
+        if not isinstance(name, str) or not isinstance(s.get("points"), list) or not s["points"]:
+            raise ValueError(f"{path}: series[{i}] needs a \"name\" and a non-empty \"points\" list")
+        points = [load_point(path, name, j, p) for j, p in enumerate(s["points"])]
+        steps = [p["steps"] for p in points]
+        twice = sorted({n for n in steps if steps.count(n) > 1})
+        if twice:
+            raise ValueError(f"{path}: series {name!r}: steps {twice} given by more than one point (one "
+                             "evaluation per step count)")
         out.append({"name": name, "points": sorted(points, key=lambda q: q["steps"])})
-    if not out:
-        raise ValueError(f"{path}: no series")
     return {"title": spec.get("title", ""), "series": out}
+
+
+def read_json(file: Path, where: str):
+    """The JSON in `file`; FileNotFoundError / ValueError naming `where` (the series file and point)."""
+    if not file.is_file():
+        raise FileNotFoundError(f"{where}: no such file {file}")
+    try:
+        return json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: {file} is not JSON ({err})") from None
+
+
+def check_point(where: str, p) -> None:
+    """ValueError naming `where` for a point that is not {steps: int >= 1, cpu_hours: finite >= 0, eval: str,
+    [drafter: str], [epochs: finite >= 0]} (a misspelt key would be ignored, so unknown keys are refused)."""
+    if not isinstance(p, dict):
+        raise ValueError(f"{where}: expected an object with steps, cpu_hours and eval, got {p!r:.60}")
+    unknown = sorted(set(p) - POINT_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} (a point takes {sorted(POINT_KEYS)})")
+    for key in ("steps", "cpu_hours", "eval"):
+        if key not in p:
+            raise ValueError(f"{where}: no {key!r}")
+    if isinstance(p["steps"], bool) or not isinstance(p["steps"], int) or p["steps"] < 1:
+        raise ValueError(f"{where}: steps must be a positive integer, got {p['steps']!r}")
+    for key in ("cpu_hours", "epochs"):
+        value = p.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+    for key in ("eval", "drafter"):
+        if key in p and not isinstance(p[key], str):
+            raise ValueError(f"{where}: {key} must be a string, got {p[key]!r}")
+
+
+def load_point(path: Path, name: str, index: int, p) -> dict:
+    """One point of series `name`, with the slot-1 accuracies, γ and anchors of its eval.json."""
+    where = f"{path}: series {name!r}, points[{index}]"
+    check_point(where, p)
+    where += f" (steps {p['steps']})"
+    report = read_json(path.parent / p["eval"], where)
+    drafter = p.get("drafter", name)
+    results = report.get("results", {}) if isinstance(report, dict) else {}
+    if drafter not in results:
+        raise ValueError(f"{where}: {p['eval']} has no drafter {drafter!r} (it has {sorted(results)})")
+    r = results[drafter]
+    try:
+        return {"steps": p["steps"], "cpu_hours": float(p["cpu_hours"]), "epochs": p.get("epochs"),
+                "slot1": {d: float(r[d]["slot_accuracy"][0]) for d in (*DOMAINS, "all") if d in r},
+                "gamma": float(r["all"]["gamma"]), "anchors": r["all"]["anchors"],
+                "date": report.get("meta", {}).get("date", "")}
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {p['eval']} is not an eval.json of `flashmap eval` (drafter {drafter!r}: "
+                         f"{type(err).__name__} {err})") from None
 
 
 def stopping_rule(points: list[dict]) -> list[dict]:
@@ -146,14 +199,19 @@ def plot(curve: dict, path: Path) -> None:
 
 def add_arguments(p) -> None:
     p.add_argument("series", type=Path, help="series.json (see the description above)")
-    p.add_argument("--out", type=Path, required=True, help="folder for curve.png and curve.md (created)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="folder for curve.md and curve.png (created; the plot needs matplotlib: without it, it "
+                        "is skipped with a one-line note; pip install '.[bench]')")
 
 
 def run(args) -> int:
-    """Writes OUT/curve.md and OUT/curve.png; ValueError naming the series file for a missing field."""
+    """Writes OUT/curve.md and OUT/curve.png (skipped with a note without matplotlib); ValueError naming the
+    series file and the point for a malformed one."""
+    from flashmap_ext.evaluate.report import plot_or_skip
     curve = load_series(args.series)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "curve.md").write_text(markdown(curve))
-    plot(curve, args.out / "curve.png")
-    print(f"{args.out / 'curve.md'}\n{args.out / 'curve.png'}", file=sys.stderr)
+    paths = [args.out / "curve.md", args.out / "curve.png"]
+    paths[0].write_text(markdown(curve))
+    written = paths if plot_or_skip(plot, curve, paths[1]) else paths[:1]
+    print("\n".join(map(str, written)), file=sys.stderr)
     return 0

@@ -2,7 +2,23 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import Callable
+
+SKIP_HINT = "pip install '.[bench]' adds matplotlib"
+
+
+def plot_or_skip(draw: Callable[[dict, Path], None], data: dict, path: Path) -> bool:
+    """draw(data, path) and True; without matplotlib (a plain `pip install .`) one line on stderr that the
+    plot was skipped and why, and False: the command's tables are written all the same."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        print(f"{path} skipped: {err} ({SKIP_HINT})", file=sys.stderr)
+        return False
+    draw(data, path)
+    return True
 
 
 def markdown(report: dict) -> str:
@@ -58,10 +74,10 @@ def plot(report: dict, path: Path) -> None:
 
 
 def write_reports(report: dict, out: Path) -> list[Path]:
-    """Writes eval.json, eval.md and eval.png into `out` (created); returns their paths."""
+    """Writes eval.json, eval.md and eval.png (skipped without matplotlib: `plot_or_skip`) into `out`
+    (created); returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "eval.json", out / "eval.md", out / "eval.png"]
     paths[0].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     paths[1].write_text(markdown(report))
-    plot(report, paths[2])
-    return paths
+    return paths if plot_or_skip(plot, report, paths[2]) else paths[:2]

@@ -219,7 +219,9 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences drafted together")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--out", default="runs/eval", help="folder for eval.json, eval.md, eval.png")
+    p.add_argument("--out", default="runs/eval",
+                   help="folder for eval.json, eval.md, eval.png (the plot needs matplotlib: without it, it is "
+                        "skipped with a one-line note; pip install '.[bench]')")
     p.add_argument("--state-probe", action="store_true",
                    help="instead of γ: per τ, how readable each FlashMap drafter's slot state is to an exact "
                         "reader and to the network itself (evaluate/state_probe.py); state_probe.json/.md")

@@ -11,11 +11,10 @@ import functools
 import json
 import os
 import sys
+from fractions import Fraction
 from typing import Callable
 
 import torch
-
-from fractions import Fraction
 
 from flashmap_ext.checks import bound_text, check_int
 from flashmap_ext.drafters.common.window import check_window

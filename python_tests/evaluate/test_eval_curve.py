@@ -89,3 +89,79 @@ def test_newest_stretch_reads_the_rate_now(tmp_path):
     assert r["data_bound"] is True
     assert curve.recent_rate(pts[:1]) is None
     assert "Newest stretch: 3,000 → 9,000 steps moved slot 1 by +0.040, +0.040 per tripling" in curve.markdown(c)
+
+
+def edit_point(path, key, value, series=0, point=0):
+    """Sets (value not None) or removes a key of one point of the fixture's series.json."""
+    spec = json.loads(path.read_text())
+    p = spec["series"][series]["points"][point]
+    p.pop(key, None) if value is None else p.__setitem__(key, value)
+    path.write_text(json.dumps(spec))
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("steps", -3000, r"points\[0\]: steps must be a positive integer, got -3000"),
+    ("steps", 0, r"points\[0\]: steps must be a positive integer, got 0"),
+    ("steps", 9000.5, r"points\[0\]: steps must be a positive integer, got 9000.5"),
+    ("steps", True, r"points\[0\]: steps must be a positive integer, got True"),
+    ("steps", "9000", r"points\[0\]: steps must be a positive integer, got '9000'"),
+    ("cpu_hours", -1, r"points\[0\]: cpu_hours must be a finite number >= 0, got -1"),
+    ("cpu_hours", float("inf"), r"points\[0\]: cpu_hours must be a finite number >= 0, got inf"),
+    ("cpu_hours", float("nan"), r"points\[0\]: cpu_hours must be a finite number >= 0, got nan"),
+    ("cpu_hours", None, r"points\[0\]: no 'cpu_hours'"),
+    ("epochs", -0.5, r"points\[0\]: epochs must be a finite number >= 0, got -0.5"),
+    ("epochs", "4", r"points\[0\]: epochs must be a finite number >= 0, got '4'"),
+    ("epoch", 4.0, r"points\[0\]: unknown key\(s\) \['epoch'\]"),
+    ("eval", 3, r"points\[0\]: eval must be a string, got 3")])
+def test_malformed_points_are_named(tmp_path, key, value, message):
+    """A negative step count ended in 'math domain error', 0 in a ZeroDivisionError; a misspelt "epoch" was
+    ignored; a negative or infinite CPU-hour count went into the table."""
+    path = fixture(tmp_path)
+    edit_point(path, key, value)
+    with pytest.raises(ValueError, match=f"^{path}: series 'DFlash', {message}"):
+        curve.load_series(path)
+
+
+def test_a_step_count_twice_in_a_series_is_refused(tmp_path):
+    path = fixture(tmp_path)
+    edit_point(path, "steps", 3000)  # DFlash's 9000 → a second 3000
+    with pytest.raises(ValueError, match=r"series 'DFlash': steps \[3000\] given by more than one point"):
+        curve.load_series(path)
+    edit_point(path, "steps", 9000)
+    c = curve.load_series(path)  # 3000 in both series: one count per series, not across them
+    assert all(3000 in [p["steps"] for p in s["points"]] for s in c["series"])
+
+
+def test_missing_or_broken_eval_files_name_the_series_file_and_point(tmp_path):
+    path = fixture(tmp_path)
+    edit_point(path, "eval", "nowhere/eval.json", series=1, point=1)
+    with pytest.raises(FileNotFoundError, match=rf"^{path}: series 'FlashMap-1', points\[1\] \(steps 9000\): "
+                                                r"no such file .*nowhere/eval.json"):
+        curve.load_series(path)
+    (tmp_path / "f9000" / "eval.json").write_text('{"results": ')
+    edit_point(path, "eval", "f9000/eval.json", series=1, point=1)
+    with pytest.raises(ValueError, match=r"points\[1\] \(steps 9000\): .*f9000/eval.json is not JSON"):
+        curve.load_series(path)
+    (tmp_path / "f9000" / "eval.json").write_text(json.dumps({"results": {"FlashMap-1": {"math": {}}}}))
+    with pytest.raises(ValueError, match=r"points\[1\] \(steps 9000\): f9000/eval.json is not an eval.json"):
+        curve.load_series(path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match=rf"^{path}: .*series.json is not JSON"):
+        curve.load_series(path)
+
+
+@pytest.mark.parametrize("spec", [[], {}, {"series": []}, {"series": [{"name": "A", "points": []}]},
+                                  {"series": [{"points": [{"steps": 1}]}]}, {"series": [{"name": "A", "points": [5]}]}])
+def test_malformed_series_files_are_named(tmp_path, spec):
+    path = tmp_path / "series.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=f"^{path}: "):
+        curve.load_series(path)
+
+
+def test_cli_prints_one_line_for_a_malformed_point(tmp_path, capsys):
+    path = fixture(tmp_path)
+    edit_point(path, "steps", 0)
+    assert cli.main(["eval", "curve", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "flashmap eval: error:" in err and "steps must be a positive integer" in err
