@@ -30,7 +30,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--layers", default="flashmap",
                    help="0-based decoder layers to tap, e.g. 1,9,17,25,33; or 'flashmap' (default: 5 spread "
                         "over 1..L-3, what FlashMap and DFlash drafters read) or 'eagle3' (low/mid/high)")
-    p.add_argument("--max-length", type=int, default=3072, help="crop sequences to this many tokens")
+    p.add_argument("--max-length", type=int, default=3072,
+                   help="crop sequences to this many tokens (>= 2: an anchor and the token it predicts)")
     p.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="stored dtype of the taps")
     p.add_argument("--topk", type=int, default=0, metavar="K",
@@ -52,9 +53,10 @@ def run(args) -> int:
     from flashmap_ext.target import load_target
     from flashmap_ext.train.data import DataReport, load_samples
     from flashmap_ext.train.features import cache_features, same_tokens_as_cached, update_manifest
-    from flashmap_ext.train.runner import target_placement
+    from flashmap_ext.train.runner import check_counts, target_placement
     if args.topk < 0:
         raise ValueError(f"--topk: expected K >= 0 (0: no soft labels), got {args.topk}")
+    check_counts(args)  # --max-length >= 2 (a negative one cropped the last tokens off)
     check_input_path("--data", args.data)
     if args.store:
         check_link_path("--out", args.out)

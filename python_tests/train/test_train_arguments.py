@@ -46,6 +46,17 @@ def test_counts_out_of_range_are_refused_before_the_target_loads(stage, flag, me
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("length", ["1", "0", "-1"])
+def test_features_refuses_a_max_length_below_two(length, tmp_path, monkeypatch):
+    """`features --max-length -1` cropped the last token off every sequence."""
+    import flashmap_ext.target as target
+    monkeypatch.setattr(target, "load_target", _no_target)
+    (tmp_path / "c.jsonl").write_text("")
+    with pytest.raises(ValueError, match=f"^--max-length must be >= 2, got {length}$"):
+        main(["features", "--target", "tiny-random", "--data", str(tmp_path / "c.jsonl"), "--out",
+              str(tmp_path / "f"), "--max-length", length])
+
+
 def test_trainer_refuses_log_every_zero():
     with pytest.raises(ValueError, match="log_every must be >= 1, got 0"):
         TrainConfig(out="unused", steps=1, lr=1e-3, warmup=0, log_every=0)
