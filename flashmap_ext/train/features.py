@@ -264,6 +264,11 @@ class FeatureCache(torch.utils.data.Dataset):
         shard, offset, length = (int(x) for x in self.locations[i])
         return np.array(self._map(shard, "ids", np.int32)[offset:offset + length])
 
+    def loss_mask(self, i: int) -> torch.Tensor:
+        """[T] bool: the loss mask of sequence i, without reading its ids or taps."""
+        shard, offset, length = (int(x) for x in self.locations[i])
+        return torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[offset:offset + length])).bool()
+
     def _map(self, shard: int, kind: str, dtype, width: int | None = None) -> np.memmap:
         key = (shard, kind)
         if key not in self._maps:
@@ -288,16 +293,9 @@ class FeatureCache(torch.utils.data.Dataset):
             item["topk_ids"] = torch.from_numpy(np.array(self._map(shard, "topk_ids", np.int32, k)[sl])).long()
         return item
 
-    def loss_mask(self, i: int) -> torch.Tensor:
-        """[T] bool: the loss mask of sequence i, without reading its ids or taps."""
-        shard, offset, length = (int(x) for x in self.locations[i])
-        return torch.from_numpy(np.array(self._map(shard, "mask", np.uint8)[offset:offset + length])).bool()
-
     def supervised_tokens(self, i: int) -> torch.Tensor:
         """[n] int64: the loss-masked (response) token ids of sequence i, without reading its taps."""
-        shard, offset, length = (int(x) for x in self.locations[i])
-        ids = torch.from_numpy(np.array(self._map(shard, "ids", np.int32)[offset:offset + length])).long()
-        return ids[self.loss_mask(i)]
+        return torch.from_numpy(self.tokens(i)).long()[self.loss_mask(i)]
 
     def __getstate__(self):  # memmaps do not travel to worker processes; they are reopened there
         return {**self.__dict__, "_maps": {}}
