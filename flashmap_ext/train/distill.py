@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from flashmap_ext.checks import check_real
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.flashmap.flow import Clock, flow_map_jump, semigroup_weight
 from flashmap_ext.train.flow import (
@@ -59,8 +60,9 @@ def assign_roles(batch_size: int, num_anchors: int, frac_01: float,
     """(zero_length [B, A] bool, zero_to_one [B, A] bool) on CPU with deterministic counts.
 
     Half the blocks are zero-length: ⌊A/2⌋ random anchor columns (or ⌊B/2⌋ random rows when A = 1);
-    round(frac_01·B·A) of the remaining blocks, chosen at random, jump 0→1.
+    round(frac_01·B·A) of the remaining blocks, chosen at random, jump 0→1. ValueError for frac_01 outside [0, 1].
     """
+    frac_01 = check_real("frac_01", frac_01, 0.0, 1.0)
     zero = torch.zeros(batch_size, num_anchors, dtype=torch.bool)
     if num_anchors >= 2:
         zero[:, torch.randperm(num_anchors, generator=generator, device=generator.device)[:num_anchors // 2].cpu()] = True

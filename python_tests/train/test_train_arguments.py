@@ -69,6 +69,15 @@ def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys
     assert f"argument {flag}: expected a fraction in [0, 1]" in err
 
 
+def test_distill_roles_refuse_a_fraction_outside_zero_one():
+    from flashmap_ext.train.distill import assign_roles
+    for frac in (-0.5, 2.0, float("nan")):
+        with pytest.raises(ValueError, match=r"^frac_01 must be in \[0.0, 1.0\]"):
+            assign_roles(4, 4, frac, torch.Generator().manual_seed(0))
+    zero, one = assign_roles(4, 4, 1.0, torch.Generator().manual_seed(0))
+    assert int(one.sum()) == 8 and not (zero & one).any()  # every block that is not zero-length jumps 0→1
+
+
 def test_fraction_bounds_and_spellings_are_accepted():
     from flashmap_ext.cli import build_parser
     for text, value in (("0", 0.0), ("1", 1.0), ("1/16", 0.0625), ("0.25", 0.25)):
