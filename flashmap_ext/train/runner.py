@@ -7,6 +7,7 @@ train/trainer.py and writes `<out>/drafter/` (save_pretrained: config.json + mod
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -312,6 +313,10 @@ def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
     if missing or shapes:
         raise ValueError(f"--init-from {path}: not the shape of this run's drafter (missing: {missing[:3]}, "
                          f"other shapes: {shapes[:3]}); pass the flags it was trained with (its config.json)")
+    differ = config_differences(drafter.config, source.config)
+    if differ:
+        raise ValueError(f"--init-from {path}: its config differs from this run's ({'; '.join(differ[:3])}); "
+                         "pass the flags it was trained with (its config.json)")
     d2t = [k for k in mine if k.endswith("d2t")]
     if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
         raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
@@ -321,6 +326,24 @@ def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
             value.copy_(theirs[key].to(value.dtype))
     note = f" ({len(kept)} tensors of the added modules at their initialisation)" if kept else ""
     print(f"warm start: weights from {path}{note}")
+
+
+def config_differences(mine, theirs) -> list[str]:
+    """The fields two drafter configs share with different values, as "name=checkpoint's (this run: run's)".
+    A warm start continues the checkpoint's function only where these agree: a mask token, block size or
+    context window of another value changes what the copied weights compute without changing a shape."""
+    a, b = _as_saved(mine), _as_saved(theirs)
+    return [f"{k}={b[k]!r} (this run: {a[k]!r})" for k in a if k in b and a[k] != b[k]]
+
+
+def _as_saved(config) -> dict:
+    """A config's fields as its config.json would give them back (defaults spelt out, e.g. DFlash's
+    `layer_types` None -> all full attention), so that equal configs compare equal."""
+    if hasattr(config, "to_hf_dict"):
+        config = type(config).from_hf_dict(config.to_hf_dict())
+    elif hasattr(config, "to_dict"):
+        config = type(config).from_dict(config.to_dict())
+    return dataclasses.asdict(config)
 
 
 def check_out_dir(out: str, stage: str, resume: bool) -> None:

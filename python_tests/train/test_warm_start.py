@@ -75,3 +75,9 @@ def test_dflash2_starts_from_a_dflash_checkpoint_computing_what_it_computes(tmp_
     other.save_pretrained(tmp_path / "dflash-1")
     with pytest.raises(ValueError, match="--init-from .*not the shape"):
         runner.warm_start(student, str(tmp_path / "dflash-1"), target)
+    for change in ({"mask_token_id": 109}, {"block_size": 4}):  # no shape changes, but another function
+        torch.manual_seed(1)
+        other = DFlash2Drafter.for_target(target, selector_rank=4, selector_top_k=3, **{**kw, **change}).eval()
+        name = next(iter(change))
+        with pytest.raises(ValueError, match=f"--init-from .*config differs.*{name}=.*pass the flags"):
+            runner.warm_start(other, str(tmp_path / "dflash"), target)
