@@ -12,7 +12,8 @@
 #                                              # 32, rank 32, top-16; judged against that DFlash
 #   CORE=1 recipes/long_run.sh map             # distil RUN/flow/drafter into a 1-2 step map (fresh student:
 #                                              # the teacher's Euler step; PIECE_STEPS defaults to 2/5 of the
-#                                              # flow piece's, LR to 8e-5, --frac-01 1/16: the recipe's ratios)
+#                                              # flow piece's, LR to 8e-5, --frac-01 0: without 0->1 jumps, the stable
+#                                              # setting on this target, docs/bench/heldout-eval/map-distillation/)
 #
 # Knobs (env): RUN (work dir, default runs/long), CORE (the core the piece is pinned to, default 1),
 #   PIECE_STEPS (default 4000), LR (peak, default 6e-4), WARMUP (default 0.04), DTYPE (target dtype; default
@@ -141,7 +142,7 @@ train_map() {
     local args
     args=$(COMMON map | sed -e "s| --init-from [^ ]*||" -e "s| --draft-vocab [^ ]*||" -e "s|--save-every 100|--save-every 20|")
     # shellcheck disable=SC2086
-    $FM distill $args $(resume_flag "$RUN/map") --teacher "$RUN/flow/drafter" --frac-01 1/16 ${EXTRA:-}
+    $FM distill $args $(resume_flag "$RUN/map") --teacher "$RUN/flow/drafter" --frac-01 0 ${EXTRA:-}
 }
 
 main "$@"

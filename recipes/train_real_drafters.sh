@@ -42,7 +42,8 @@ main() {
     THREADS=${THREADS:-2}
     VOCAB=${VOCAB:-8192}
     TAU0_FRAC=${TAU0_FRAC:-0.5}        # flow: share of blocks trained at tau = 0, what 1-step drafting sees
-    FRAC_01=${FRAC_01:-1/16}           # distill: share of 0->1 jumps (FMLM's)
+    FRAC_01=${FRAC_01:-0}              # distill: share of 0->1 jumps (FMLM: 1/16; 0 here: 1/16 collapsed the
+                                       # map at LR 8e-5, docs/bench/heldout-eval/map-distillation/)
     CLOCK=${CLOCK:-projected}          # flow: tau clock of the network's d-dim input; full-state = FLM's
     FM_TAPS=${FM_TAPS:-1,6,11,16,21}   # FlashMap and DFlash: 5 layers spread over 1..L-3 (L = 24)
     E3_TAPS=${E3_TAPS:-1,11,20}        # EAGLE-3: low/mid/high = eagle3_layer_ids(24)
