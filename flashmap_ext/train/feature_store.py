@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from flashmap_ext.assets.models import cache_dir
+from flashmap_ext.assets.models import cache_dir, sha256_file
 from flashmap_ext.train.feature_merge import merge_feature_caches
 from flashmap_ext.train.features import FeatureCache, _read_index, cache_features, same_tokens_as_cached
 
@@ -81,15 +81,6 @@ def part_key(part: Path) -> str:
 SOURCE = "source.json"  # in a part's folder: the digest of the part file whose every sequence it holds
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file's bytes (a corpus part: a few MB of gzip)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def unchanged_since_cached(part: Path, out: Path) -> bool:
     """True when `out` was completed for exactly these part bytes (its SOURCE names their digest and its
     index still holds the sequences it did then): nothing to tokenise, check or compute."""
@@ -97,7 +88,7 @@ def unchanged_since_cached(part: Path, out: Path) -> bool:
         stamp = json.loads((out / SOURCE).read_text())
     except (OSError, ValueError):
         return False
-    return (stamp.get("sha256") == file_digest(part)
+    return (stamp.get("sha256") == sha256_file(part)
             and stamp.get("sequences") == len(list(_read_index(str(out)))))
 
 
@@ -152,7 +143,7 @@ def build(model, tokenizer, data: str, layer_ids: Sequence[int], *, dtype: str =
                            meta={"part": part.name, "config_key": key})
         log(f"features: {part.name}: {n} new of {len(samples)} sequences -> {out}")
         counts.append([out.name, len(list(_read_index(str(out))))])
-        (out / SOURCE).write_text(json.dumps({"sha256": file_digest(part), "sequences": counts[-1][1]}))
+        (out / SOURCE).write_text(json.dumps({"sha256": sha256_file(part), "sequences": counts[-1][1]}))
     view = base / "views" / _digest(counts)
     if not (view / "manifest.json").exists() or len(FeatureCache(str(view))) != sum(c for _, c in counts):
         shutil.rmtree(view, ignore_errors=True)
