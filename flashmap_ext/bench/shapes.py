@@ -4,7 +4,7 @@
 - lookup + FlashMap-1 / lookup + DFlash: the hybrid, chain rounds (n-gram continuation where one
   matches, the drafter's block otherwise).
 - FlashMap-1 multi-noise N=2 / N=4: N noise draws merged into a prefix tree of at most 16 nodes.
-- FlashMap-1 top-k 8 / 16, DFlash top-k 16: top-4-per-slot trees of 8 / 16 nodes.
+- FlashMap-1 top-k 8 / 16 / 32, DFlash top-k 16 / 32: top-4-per-slot trees of 8 / 16 / 32 nodes.
 - DFlash2 (a --dflash checkpoint that is DFlash2): top-k 16 / 32 (its unary marginals) and selector 16 / 32
   (its selector's edge scores, block_tree.SelectorTreeDrafter), top-4 per node.
 - auto: `AutoDrafter` around FlashMap-1 (or lookup alone), shape (lookup, chain, top-k tree and its node
@@ -29,15 +29,17 @@ def shape_methods(flashmap1=None, dflash=None) -> list[Method]:
                  Method("FlashMap-1 multi-noise N=2", MultiNoiseDrafter(flashmap1), TreeSpec(k, 2, 16)),
                  Method("FlashMap-1 multi-noise N=4", MultiNoiseDrafter(flashmap1), TreeSpec(k, 4, 16)),
                  Method("FlashMap-1 top-k 8", TopKTreeDrafter(flashmap1), TreeSpec(min(k, 8), 4, 8)),
-                 Method("FlashMap-1 top-k 16", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 16))]
+                 Method("FlashMap-1 top-k 16", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 16)),
+                 Method("FlashMap-1 top-k 32", TopKTreeDrafter(flashmap1), TreeSpec(k, 4, 32))]
     if dflash is not None and hasattr(dflash, "candidate_selector"):
         k = dflash.num_draft_tokens
         rows += [Method("lookup + DFlash2", LookupDrafter(dflash))]
         rows += [Method(f"DFlash2 {kind} {n}", cls(dflash), TreeSpec(k, 4, n))
                  for kind, cls in (("top-k", TopKTreeDrafter), ("selector", SelectorTreeDrafter)) for n in (16, 32)]
     elif dflash is not None:
-        rows += [Method("lookup + DFlash", LookupDrafter(dflash)),
-                 Method("DFlash top-k 16", TopKTreeDrafter(dflash), TreeSpec(dflash.num_draft_tokens, 4, 16))]
+        k = dflash.num_draft_tokens
+        rows += [Method("lookup + DFlash", LookupDrafter(dflash))]
+        rows += [Method(f"DFlash top-k {n}", TopKTreeDrafter(dflash), TreeSpec(k, 4, n)) for n in (16, 32)]
     return rows
 
 

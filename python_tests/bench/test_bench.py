@@ -319,7 +319,7 @@ def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch, pro
                       peers=False, shuffle_n=0, shapes=True, auto=True, out=str(tmp / "bench"))
     results = run(cfg)
     shapes = ["lookup", "lookup + FlashMap-1", "FlashMap-1 multi-noise N=2", "FlashMap-1 multi-noise N=4",
-              "FlashMap-1 top-k 8", "FlashMap-1 top-k 16", "auto"]
+              "FlashMap-1 top-k 8", "FlashMap-1 top-k 16", "FlashMap-1 top-k 32", "auto"]
     assert results["methods"] == ["AR", "FlashMap-1", "FlashMap-2"] + shapes
     rows = results["datasets"]["tiny"]
     assert all(rows[m]["identical"] == "yes" for m in results["methods"][1:])
@@ -366,3 +366,26 @@ def test_batch_bench_writes_after_every_batch(byte_bench, monkeypatch):
     saved = json.loads((tmp / "batch" / "batch-1.json").read_text())
     assert saved["complete"] and saved["prompts"] == 2
     assert "partial" not in (tmp / "batch" / "batch-1.md").read_text()
+
+
+@pytest.mark.parametrize("selector", [False, True])
+def test_block_drafter_tree_rows_come_at_16_and_32_nodes(selector):
+    """Every block drafter gets top-4 trees of 16 and 32 nodes over its K slots (DFlash2 also selector trees),
+    so chains and trees compare at equal node budgets across FlashMap-1, DFlash and DFlash2."""
+    from types import SimpleNamespace
+
+    from flashmap_ext.bench.shapes import shape_methods
+    def stand_in(k):  # what the rows read of a block drafter: its K and the three drafting calls
+        return SimpleNamespace(num_draft_tokens=k, target_layer_ids=(0,), new_memory=None, extend_memory=None,
+                               draft=None)
+    drafter = stand_in(7)
+    if selector:
+        drafter.candidate_selector = object()
+    rows = {m.name: m.tree for m in shape_methods(stand_in(8), drafter)}
+    kinds = ("top-k", "selector") if selector else ("top-k",)
+    name = "DFlash2" if selector else "DFlash"
+    for n in (16, 32):
+        assert (rows[f"FlashMap-1 top-k {n}"].depth, rows[f"FlashMap-1 top-k {n}"].num_nodes) == (8, n)
+        for kind in kinds:
+            tree = rows[f"{name} {kind} {n}"]
+            assert (tree.depth, tree.topk, tree.num_nodes) == (7, 4, n)
