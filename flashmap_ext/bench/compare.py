@@ -53,14 +53,15 @@ def pair_delta(results: dict, a: str, b: str) -> dict:
     return out
 
 
-SAME = ("temperature", "max_new_tokens", "n", "seed")
+SAME = ("temperature", "max_new_tokens", "seed")
 
 
 def merge(parts: list[dict], names: list[str]) -> dict:
     """One results dict from several bench runs over the same prompts (records, rows and shuffle sections pooled;
     config and meta of the first; AR's records of a dataset from the first file that has them). ValueError
-    naming the file whose settings (SAME, dtype) differ or whose row (method, dataset) another file has."""
-    first, seen, records = parts[0], {}, []
+    naming the file whose settings (SAME, dtype; `n` among the runs of one dataset) differ or whose row
+    (method, dataset) another file has."""
+    first, seen, records, n_of = parts[0], {}, [], {}
     for part, name in zip(parts, names):
         for key in SAME:
             if part["config"].get(key) != first["config"].get(key):
@@ -68,6 +69,11 @@ def merge(parts: list[dict], names: list[str]) -> dict:
                                  f"{first['config'].get(key)}: only runs of equal settings pool")
         if part["meta"].get("dtype") != first["meta"].get("dtype"):
             raise ValueError(f"{name}: dtype {part['meta'].get('dtype')} differs from {names[0]}'s")
+        for dataset in dict.fromkeys(r["dataset"] for r in part["records"]):
+            other, n = n_of.setdefault(dataset, (name, part["config"].get("n")))
+            if n != part["config"].get("n"):
+                raise ValueError(f"{name}: n {part['config'].get('n')} differs from {other}'s {n} on {dataset}: "
+                                 f"only runs of equal settings pool")
         rows = dict.fromkeys((r["method"], r["dataset"]) for r in part["records"])
         for row in rows:
             if row in seen and row[0] != "AR":

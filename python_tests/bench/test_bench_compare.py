@@ -88,12 +88,24 @@ def test_runs_of_one_drafter_each_pool_to_the_single_run(tmp_path):
 
 
 @pytest.mark.parametrize("change, needle", [({"temperature": 1.0}, "temperature 1.0 differs"),
-                                            ({"n": 8}, "n 8 differs"), (None, "A on gsm8k is in a.json too")])
+                                            ({"n": 8}, "n 8 differs from a.json's 2 on gsm8k"),
+                                            (None, "A on gsm8k is in a.json too")])
 def test_runs_that_do_not_pool_are_refused(change, needle):
     a, b = split_by_dataset(results())
     if change is None:
         b = a
     else:
+        if "n" in change:  # n is compared among the runs of one dataset: the other run holds B on gsm8k
+            a, b = ({**a, "records": [r for r in a["records"] if (r["method"] == "B") == keep]}
+                    for keep in (False, True))
         b = {**b, "config": {**b["config"], **change}}
     with pytest.raises(ValueError, match=needle):
         bench_delta.merge([a, b], ["a.json", "b.json"])
+
+
+def test_runs_of_other_datasets_pool_at_other_prompt_counts():
+    """A two-turn set run at half the prompts (as many answers) pools with the others' runs."""
+    a, b = split_by_dataset(results())
+    b = {**b, "config": {**b["config"], "n": 1}}
+    pooled = bench_delta.merge([a, b], ["a.json", "b.json"])
+    assert bench_delta.pair_delta(pooled, "A", "B") == bench_delta.pair_delta(results(), "A", "B")

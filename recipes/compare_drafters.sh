@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The drafter comparison of BENCHMARKS.md: FlashMap-1, DFlash and DFlash2, each as a chain and as trees of 16
+# and 32 nodes, through `flashmap bench` (fp32, 1 thread, seed 0, 64 new tokens), then paired intervals by
+# `flashmap bench compare`. One bench run per (drafter, dataset, temperature), spread over the cores in CORES
+# (one worker pinned to each); a run whose results.json is finished is skipped, so rerunning the same command
+# after an interruption repeats at most the runs that were under way.
+#
+#   CORES=0,1 TEMPS=0 recipes/compare_drafters.sh          # T = 0 on two cores
+#   TEMPS=0,1 OUT=runs/compare recipes/compare_drafters.sh # both temperatures
+#
+# Knobs (env): OUT (default runs/compare), CORES (default 0), TEMPS (default 0,1), DATASETS (default
+#   gsm8k,humaneval,mtbench), N (prompts per dataset, default 16; MT-Bench gets N/2 questions, two turns
+#   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs; DFLASH2 has no committed
+#   default: unset, its rows are skipped).
+# Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/compare-*.md (paired Δγ).
+set -euo pipefail
+
+FLOW=${FLOW:-checkpoints/flashmap-flow-qwen2.5-coder-0.5b}
+DFLASH=${DFLASH:-checkpoints/dflash-qwen2.5-coder-0.5b}
+DFLASH2=${DFLASH2:-}
+OUT=${OUT:-runs/compare}; CORES=${CORES:-0}; TEMPS=${TEMPS:-0,1}
+DATASETS=${DATASETS:-gsm8k,humaneval,mtbench}; N=${N:-16}; TOKENS=${TOKENS:-64}
+FM=.venv/bin/flashmap
+
+rows() {  # drafter -> its bench flags and rows
+    case $1 in
+        flow) echo "--drafter $FLOW --methods FlashMap-1,FlashMap-1 top-k 16,FlashMap-1 top-k 32" ;;
+        dflash) echo "--dflash $DFLASH --methods DFlash,DFlash top-k 16,DFlash top-k 32" ;;
+        dflash2) echo "--dflash $DFLASH2 --methods DFlash2,DFlash2 selector 16,DFlash2 selector 32" ;;
+    esac
+}
+
+jobs() {  # one line per run: temperature drafter dataset
+    local drafters="flow dflash"; [ -n "$DFLASH2" ] && drafters="$drafters dflash2"
+    local t d s
+    for t in ${TEMPS//,/ }; do for s in ${DATASETS//,/ }; do for d in $drafters; do echo "$t $d $s"; done; done; done
+}
+
+one_run() {  # temperature drafter dataset
+    local t=$1 d=$2 s=$3 out="$OUT/T$1/$2-$3" n=$N flags
+    [ "$s" = mtbench ] && n=$(( N / 2 ))
+    if [ -s "$out/results.json" ] && grep -q '"finished"' "$out/results.json"; then return; fi
+    flags=$(rows "$d")
+    echo "=== $(date -u +%H:%M:%S) T=$t $d $s (core $(taskset -cp $$ | awk '{print $NF}'))"
+    # --methods carries spaces inside its list: split the flags at the first ' --methods '
+    $FM bench ${flags%% --methods *} --methods "${flags#* --methods }" --datasets "$s" --n "$n" \
+        --max-new-tokens "$TOKENS" --temperature "$t" --seed 0 --dtype fp32 --threads 1 --no-peers \
+        --shuffle-n 0 --shapes --out "$out"
+}
+
+worker() {  # index of CORES: runs every W-th job, pinned to its core
+    local i=$1 core=$2 w=$3 k=0
+    taskset -cp "$core" $BASHPID > /dev/null
+    while read -r t d s; do
+        if [ $(( k % w )) -eq "$i" ]; then one_run "$t" "$d" "$s" || echo "run T=$t $d $s failed" >&2; fi
+        k=$(( k + 1 ))
+    done < <(jobs)
+}
+
+compare() {  # paired Δγ of every drafter's rows per temperature (prompts paired by id across runs)
+    local t files pair
+    for t in ${TEMPS//,/ }; do
+        files=$(ls "$OUT/T$t"/*/results.json 2>/dev/null) || continue
+        for pair in "DFlash,FlashMap-1" "DFlash2,DFlash" "DFlash2 selector 32,DFlash2" "DFlash top-k 32,DFlash" \
+                    "FlashMap-1 top-k 32,FlashMap-1"; do
+            $FM bench compare $files --pair "$pair" > "$OUT/T$t/compare-${pair//[ ,]/_}.md" 2>&1 || true
+        done
+    done
+}
+
+main() {
+    cd "$(dirname "$0")/.."
+    export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+    local cores=(${CORES//,/ }) i
+    for d in "$FLOW" "$DFLASH" ${DFLASH2:+"$DFLASH2"}; do
+        [ -s "$d/model.safetensors" ] \
+            || { echo "recipes/compare_drafters.sh: $d/model.safetensors missing (make checkpoints)" >&2; exit 2; }
+    done
+    for i in "${!cores[@]}"; do worker "$i" "${cores[$i]}" "${#cores[@]}" & done
+    wait
+    compare
+    echo "done: $OUT"
+}
+
+main "$@"
