@@ -10,14 +10,14 @@
 #
 # Knobs (env): OUT (default runs/compare), CORES (default 0), TEMPS (default 0,1), DATASETS (default
 #   gsm8k,humaneval,mtbench), N (prompts per dataset, default 16; MT-Bench gets N/2 questions, two turns
-#   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs; DFLASH2 has no committed
-#   default: unset, its rows are skipped).
+#   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs, default the committed
+#   ones; DFLASH2= empty skips its rows).
 # Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/compare-*.md (paired Δγ).
 set -euo pipefail
 
 FLOW=${FLOW:-checkpoints/flashmap-flow-qwen2.5-coder-0.5b}
 DFLASH=${DFLASH:-checkpoints/dflash-qwen2.5-coder-0.5b}
-DFLASH2=${DFLASH2:-}
+DFLASH2=${DFLASH2-checkpoints/dflash2-qwen2.5-coder-0.5b}
 OUT=${OUT:-runs/compare}; CORES=${CORES:-0}; TEMPS=${TEMPS:-0,1}
 DATASETS=${DATASETS:-gsm8k,humaneval,mtbench}; N=${N:-16}; TOKENS=${TOKENS:-64}
 FM=.venv/bin/flashmap
@@ -41,7 +41,7 @@ one_run() {  # temperature drafter dataset
     [ "$s" = mtbench ] && n=$(( N / 2 ))
     if [ -s "$out/results.json" ] && grep -q '"finished"' "$out/results.json"; then return; fi
     flags=$(rows "$d")
-    echo "=== $(date -u +%H:%M:%S) T=$t $d $s (core $(taskset -cp $$ | awk '{print $NF}'))"
+    echo "=== $(date -u +%H:%M:%S) T=$t $d $s (core $(taskset -cp $BASHPID | awk '{print $NF}'))"
     # --methods carries spaces inside its list: split the flags at the first ' --methods '
     $FM bench ${flags%% --methods *} --methods "${flags#* --methods }" --datasets "$s" --n "$n" \
         --max-new-tokens "$TOKENS" --temperature "$t" --seed 0 --dtype fp32 --threads 1 --no-peers \

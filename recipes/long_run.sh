@@ -7,9 +7,10 @@
 #
 #   CORE=1 recipes/long_run.sh dflash          # features (if missing), vocab, train, eval, curve line
 #   CORE=1 recipes/long_run.sh flow            # the FlashMap flow model (then `map` on its output)
-#   CORE=1 recipes/long_run.sh dflash2         # DFlash2 warm-started from the committed DFlash (its convolutions
-#                                              # start as identities, its selector fresh): DFlash's recipe + group
-#                                              # 32, rank 32, top-16; judged against that DFlash
+#   CORE=1 recipes/long_run.sh dflash2         # DFlash2 warm-started from the committed DFlash2 (where there is
+#                                              # none, from the committed DFlash: its convolutions start as
+#                                              # identities, its selector fresh): DFlash's recipe + group 32,
+#                                              # rank 32, top-16; judged against the checkpoint it started from
 #   CORE=1 recipes/long_run.sh map             # distil RUN/flow/drafter into a 1-2 step map (fresh student:
 #                                              # the teacher's Euler step; PIECE_STEPS defaults to 2/5 of the
 #                                              # flow piece's, LR to 8e-5, --frac-01 0: without 0->1 jumps, the stable
@@ -36,7 +37,9 @@ main() {
     PY=".venv/bin/python"; FM=".venv/bin/flashmap"
     mkdir -p "$RUN"
     case $kind in
-        dflash|dflash2) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
+        dflash) INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
+        dflash2) INIT=checkpoints/dflash2-qwen2.5-coder-0.5b
+                 [ -s "$INIT/model.safetensors" ] || INIT=checkpoints/dflash-qwen2.5-coder-0.5b ;;
         flow) INIT=checkpoints/flashmap-flow-qwen2.5-coder-0.5b ;;
         map) INIT=checkpoints/flashmap-map-qwen2.5-coder-0.5b
              [ -s "$RUN/flow/drafter/model.safetensors" ] \
@@ -51,7 +54,7 @@ main() {
     cpu_now
     echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 )),\
  \"cpu_s\": $(( CPU_S - c0 )), \"warm_start\": $([ "$kind" = map ] && echo false || echo true),\
- \"history_kind\": \"${kind%2}\", \"batch_size\": 2, \"sequences\": $(sequences)}" \
+ \"history_kind\": \"$(history_kind "$kind")\", \"batch_size\": 2, \"sequences\": $(sequences)}" \
         > "$RUN/$kind.piece.json"
     $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
         --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
@@ -115,6 +118,9 @@ flow_piece_steps() {
         .venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["piece_steps"])' "$RUN/flow.piece.json"
     else echo 4000; fi
 }
+
+# Whose training history the piece continues: DFlash's for a DFlash2 started from the DFlash checkpoint.
+history_kind() { [ "$1" = dflash2 ] && [ "$INIT" = checkpoints/dflash-qwen2.5-coder-0.5b ] && echo dflash || echo "$1"; }
 
 resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && echo --resume || true; }
 

@@ -190,9 +190,10 @@ def plot(curve: dict, path: Path) -> None:
     axes[1][0].set_ylabel("implied γ (T = 0)")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    handles, names = axes[0][0].get_legend_handles_labels()  # one legend under the panels, clear of the lines
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=7, frameon=False)
     fig.suptitle(curve["title"] or "learning curve (held-out, teacher-forced)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.025 * ((len(names) + 2) // 3) + 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -1,7 +1,7 @@
 """The committed checkpoints load unchanged and draft the same tokens on fixed inputs.
 
 A regression oracle across refactors: each checkpoint kind (FlashMap flow map, FlashMap flow model,
-DFlash, EAGLE-3 with a frozen head) is loaded onto a fixed random target of the real target's shape
+DFlash, DFlash2, EAGLE-3 with a frozen head) is loaded onto a fixed random target of the real target's shape
 (Qwen2.5-0.5B: 24 layers, d = 896, V = 151,936; tiny MLPs, tied head) and drafts from fixed prompt
 taps; the tokens must equal those recorded in `fixtures/committed_checkpoints.json` by the code of
 the commit that added this test. Record again (only after an intended change of the drafts) with
@@ -20,7 +20,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "committed_checkpoints.json"
 KINDS = {"flashmap": "flashmap-map-qwen2.5-coder-0.5b", "flashmap-flow": "flashmap-flow-qwen2.5-coder-0.5b",
-         "dflash": "dflash-qwen2.5-coder-0.5b", "eagle3": "eagle3-qwen2.5-coder-0.5b"}
+         "dflash": "dflash-qwen2.5-coder-0.5b", "dflash2": "dflash2-qwen2.5-coder-0.5b",
+         "eagle3": "eagle3-qwen2.5-coder-0.5b"}
 PROMPT_LEN, NEW_TOKENS = 24, 12
 
 
@@ -52,9 +53,10 @@ def prompt() -> torch.Tensor:
 
 def load(kind: str, target):
     from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
     from flashmap_ext.drafters.eagle3 import Eagle3Drafter
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
-    cls = {"dflash": DFlashDrafter, "eagle3": Eagle3Drafter}.get(kind, FlashMapDrafter)
+    cls = {"dflash": DFlashDrafter, "dflash2": DFlash2Drafter, "eagle3": Eagle3Drafter}.get(kind, FlashMapDrafter)
     return cls.from_pretrained(_weights(kind).parent, target.model, dtype=torch.float32).eval()
 
 
@@ -82,6 +84,11 @@ def drafts(kind: str, target) -> dict:
         out[f"generate_T{temperature}"] = [res.tokens, res.stats.accepted]
     if kind == "eagle3":
         res = generate(target, drafter, ids, NEW_TOKENS, tree=TreeSpec(4, 3, 8))
+        out["tree_generate"] = [res.tokens, res.stats.accepted]
+    if kind == "dflash2":  # the selector's tree, as the bench's "DFlash2 selector 16" row
+        from flashmap_ext.draft_shapes.block_tree import SelectorTreeDrafter
+        res = generate(target, SelectorTreeDrafter(drafter), ids, NEW_TOKENS,
+                       tree=TreeSpec(drafter.num_draft_tokens, 4, 16))
         out["tree_generate"] = [res.tokens, res.stats.accepted]
     return out
 
