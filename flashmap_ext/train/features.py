@@ -47,11 +47,12 @@ class CacheBusy(FileExistsError):
 
 
 @contextlib.contextmanager
-def writer_lock(root: str) -> Iterator[None]:
-    """Holds the exclusive, non-blocking lock of cache directory `root` (created if missing) for the block.
+def writer_lock(root: str, what: str = "feature cache",
+                why: str = "two writers would interleave rows") -> Iterator[None]:
+    """Holds the exclusive, non-blocking lock of directory `root` (created if missing) for the block.
 
-    Raises CacheBusy naming the directory and the holder's pid when another process (or another open writer
-    in this one) holds it; the lock goes with the process, so a killed writer never leaves it stale.
+    Raises CacheBusy naming the directory, `what` it holds and the holder's pid when another process (or another
+    open writer in this one) holds it; the lock goes with the process, so a killed writer never leaves it stale.
     """
     os.makedirs(root, exist_ok=True)
     fd = os.open(os.path.join(root, "writer.lock"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -60,8 +61,8 @@ def writer_lock(root: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise CacheBusy(f"{root}: another process (pid {holder}) is writing this feature cache; wait for "
-                            "it to end or give another --out (two writers would interleave rows)") from None
+            raise CacheBusy(f"{root}: another process (pid {holder}) is writing this {what}; wait for "
+                            f"it to end or give another --out ({why})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield

@@ -7,6 +7,7 @@ train/trainer.py and writes `<out>/drafter/` (save_pretrained: config.json + mod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -22,7 +23,7 @@ from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import candidate_anchors, collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
-from flashmap_ext.train.features import FeatureCache
+from flashmap_ext.train.features import FeatureCache, writer_lock
 from flashmap_ext.train.presets import PRESETS, preset
 from flashmap_ext.train.soft_labels import LOSSES, check_cache
 from flashmap_ext.train.trainer import TrainConfig, train
@@ -253,20 +254,24 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     taps_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     collate_fn = make_collate(run["num_anchors"], num_labels or drafter.num_draft_tokens, run.get("max_length"),
                               taps_dtype)
-    check_out_dir(args.out, name, args.resume)
-    if args.resume:
-        check_same_flags(args.out, args)
-    if getattr(args, "init_from", None):
-        if target is None:
-            raise ValueError(f"--init-from: the {name} stage does not take a warm start")
-        warm_start(drafter, args.init_from, target)
-    if int(os.environ.get("RANK", "0")) == 0:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "run.json"), "w") as f:
-            json.dump({"stage": name, "args": {k: v for k, v in vars(args).items() if k != "func"},
-                       "settings": run, "features": cache.meta}, f, indent=1, default=str)
-    metrics = train(drafter, loss_fn, cache, collate_fn, cfg, resume=args.resume, device=device)
-    export(drafter, args)
+    with contextlib.ExitStack() as held:  # one trainer per --out: a second would overwrite the checkpoints
+        if int(os.environ.get("RANK", "0")) == 0:
+            held.enter_context(writer_lock(args.out, "training run", "two trainers would overwrite each "
+                                                                      "other's checkpoints"))
+        check_out_dir(args.out, name, args.resume)
+        if args.resume:
+            check_same_flags(args.out, args)
+        if getattr(args, "init_from", None):
+            if target is None:
+                raise ValueError(f"--init-from: the {name} stage does not take a warm start")
+            warm_start(drafter, args.init_from, target)
+        if int(os.environ.get("RANK", "0")) == 0:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "run.json"), "w") as f:
+                json.dump({"stage": name, "args": {k: v for k, v in vars(args).items() if k != "func"},
+                           "settings": run, "features": cache.meta}, f, indent=1, default=str)
+        metrics = train(drafter, loss_fn, cache, collate_fn, cfg, resume=args.resume, device=device)
+        export(drafter, args)
     if metrics.pop("complete", False) and int(os.environ.get("RANK", "0")) == 0:
         loss = f"{metrics['loss']:.4f}" if "loss" in metrics else "none (no metrics.jsonl line)"
         print(f"{name}: the run in {args.out} is already complete (step {metrics['step']} of {cfg.steps}); "

@@ -1,6 +1,7 @@
 """The training commands: --help, presets, and the whole CLI pipeline on `--target tiny-random`."""
 import argparse
 import json
+import os
 
 import pytest
 
@@ -243,3 +244,21 @@ def test_dflash_slot_decay_reaches_the_loss(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "d0" / "run.json").read_text())["args"]["slot_decay"] == "7"
     with pytest.raises(ValueError, match="--slot-decay"):
         main([*args, "--out", str(tmp_path / "bad"), "--slot-decay", "0"])
+
+
+def test_a_second_trainer_on_one_out_is_refused_while_the_first_runs(tmp_path, capsys, monkeypatch):
+    """Two trainers started on one --out both ran, each overwriting the other's checkpoints and run.json."""
+    from flashmap_ext.train.features import writer_lock
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    run = tmp_path / "dflash"
+    argv = ["train", "dflash", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
+            "--batch-size", "2", "--out", str(run), "--steps", "1", "--mask-token-id", "0"]
+    capsys.readouterr()
+    with writer_lock(str(run), "training run"):  # what the first trainer holds while it runs
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"pid {os.getpid()}" in err and "training run" in err and "another --out" in err, err
+        assert err.count("\n") == 1 and not (run / "run.json").exists()
+    assert main(argv) == 0  # the lock went with its holder
+    assert (run / "drafter" / "model.safetensors").is_file()
