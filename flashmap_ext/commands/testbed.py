@@ -6,7 +6,10 @@
           feature cache, the flow model, the distilled map, DFlash, DFlash2 and EAGLE-3 (or the subset
           --drafters names) trained with `flashmap features` / `train` / `distill` at the same --steps, their held-out learning curves, then γ at
           T = 0 / 1 against the exact ceilings with paired bootstrap intervals, the shuffle test at 1 and 2
-          steps, per-slot acceptance and FlashMap's draws per prompt → results.json, results.md, curves.png.
+          steps, per-slot acceptance and FlashMap's draws per prompt, and the bench's draft trees (--trees:
+          top-k trees of flow-1, FlashMap-1, DFlash and DFlash2, DFlash2's selector trees; depth K, top-4 per
+          node, N nodes) scored exactly against the language, paired with their chain → results.json,
+          results.md, curves.png.
           Resumable: a finished stage (its output present) is skipped.
 """
 from __future__ import annotations
@@ -31,6 +34,17 @@ def _drafters(text: str) -> tuple[str, ...]:
     if "map" in names and "flow" not in names:
         raise argparse.ArgumentTypeError("map needs flow (its distillation teacher)")
     return tuple(x for x in ALL_DRAFTERS if x in names)
+
+
+def _trees(text: str) -> tuple[int, ...]:
+    """'16,32' → (16, 32); 'none' → ()."""
+    if text.strip().lower() == "none":
+        return ()
+    parts = [x.strip() for x in text.split(",")]
+    if not all(p.isdigit() and int(p) >= 1 for p in parts) or len(set(parts)) != len(parts):
+        raise argparse.ArgumentTypeError(f"expected 'none' or distinct node counts ≥ 1, comma-separated "
+                                         f"(e.g. 16,32), got {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 def _block(text: str) -> int:
@@ -76,6 +90,11 @@ def add_parser(subparsers) -> None:
                    help="which checkpoint of each drafter is measured: its last (default) or the one of highest "
                         "γ at T = 1 on the learning curve's validation set (disjoint from the measured held-out set)")
     r.add_argument("--seed", type=int, default=0, help="training seed of every drafter (default 0)")
+    r.add_argument("--trees", type=_trees, default=(16, 32), metavar="N[,N...]|none",
+                   help="node counts N of the draft-tree rows (default 16,32; 'none' skips them): the bench's "
+                        "top-k trees of flow-1, FlashMap-1, DFlash and DFlash2 and DFlash2's selector trees, "
+                        "TreeSpec(K, 4, N), each N ≥ --block-size, scored exactly against the language and paired "
+                        "with the same drafter's chain")
     r.set_defaults(func=run_all)
 
 
@@ -97,6 +116,10 @@ def flashmap(*argv: str) -> None:
 
 def run_all(args) -> int:
     from flashmap_ext.synthetic.pipeline import run_testbed
+    small = [n for n in args.trees if n < args.block_size]
+    if small:  # a tree of N nodes is at most N deep (TreeSpec), checked before any work
+        raise ValueError(f"--trees: every node count must be ≥ --block-size {args.block_size} (a tree of N nodes "
+                         f"is at most N deep), got {','.join(map(str, small))}")
     results = run_testbed(Path(args.out), vars(args), flashmap)
     print(json.dumps(results["summary"], indent=1))
     print(f"testbed: results in {args.out}/results.md", file=sys.stderr)

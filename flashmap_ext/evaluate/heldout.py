@@ -14,6 +14,7 @@ the dtype only: no timing, the same figure on every machine.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -101,6 +102,41 @@ def iter_drafts(drafter, seqs: Sequence[HeldoutSequence], k: int, *, batch_size:
 
 
 def _batch_drafts(drafter, seqs, k, stride, seed, device, dtype):
+    for rows, memory, anchor, pos, seeds in _anchor_walk(drafter, seqs, k, stride, seed, device, dtype):
+        drafts = drafter.draft(memory, anchor, num_tokens=k, seed=seeds, position=pos).cpu()
+        for i, a in rows:
+            yield i, a, drafts[i, :k]
+
+
+@torch.no_grad()
+def iter_trees(drafters: dict, seqs: Sequence[HeldoutSequence], spec, *, stride: int = 1,
+               seed: int = 0) -> Iterator[tuple[int, int, str, object]]:
+    """(sequence index, anchor a, name, `DraftTree`) for every scored anchor of every sequence and every tree
+    drafter of `drafters` ({name: drafter with `draft_tree`}, all wrapping one block drafter, whose memory they
+    share): the tree the tree round (`flashmap_ext/tree.py::tree_draft`) drafts at anchor a with
+    `spec` (a TreeSpec, or {name: TreeSpec}), the drafter seeing what `speculate.generate` gives it; batch 1.
+    Anchors have spec.depth answer tokens after them. Raises ValueError when a depth is outside [1, K]."""
+    specs = spec if isinstance(spec, dict) else dict.fromkeys(drafters, spec)
+    first = next(iter(drafters.values()))
+    for name, d in drafters.items():
+        if not 1 <= specs[name].depth <= d.num_draft_tokens:
+            raise ValueError(f"{name}: tree depth must be in [1, {d.num_draft_tokens}] (the drafter's "
+                             f"num_draft_tokens), got {specs[name].depth}")
+    k = max(s.depth for s in specs.values())
+    for i, s in enumerate(seqs):
+        for rows, memory, anchor, pos, seeds in _anchor_walk(first, [s], k, stride, seed, None, None):
+            for name, d in drafters.items():
+                sp = specs[name]
+                seeded = {"seed": seeds} if "seed" in inspect.signature(d.draft_tree).parameters else {}
+                tree = d.draft_tree(memory, anchor, pos, depth=sp.depth, topk=sp.topk, num_nodes=sp.num_nodes,
+                                    **seeded)
+                yield i, rows[0][1], name, tree
+
+
+def _anchor_walk(drafter, seqs, k, stride, seed, device, dtype):
+    """Per anchor position a that some row scores: ([(row, a)], memory, anchor tokens [n], positions [n],
+    seeds [n]), the memory of every row holding tokens 0..a−1 with their taps (extended one position at a
+    time, as the decoding loop does)."""
     layer_ids = list(drafter.target_layer_ids)
     n, width = len(seqs), max(len(s.input_ids) for s in seqs)
     tokens = torch.zeros(n, width, dtype=torch.long)
@@ -124,13 +160,10 @@ def _batch_drafts(drafter, seqs, k, stride, seed, device, dtype):
     for a in range(first, last + 1):
         if a > first:
             drafter.extend_memory(memory, tokens[:, a - 1:a], None if taps is None else taps[:, a - 1:a])
-        rows = [i for i in range(n) if a in scored[i]]
-        if not rows:
-            continue
-        pos = torch.full((n,), a, dtype=torch.long, device=tokens.device)
-        drafts = drafter.draft(memory, tokens[:, a], num_tokens=k, seed=seeds, position=pos).cpu()
-        for i in rows:
-            yield i, a, drafts[i, :k]
+        rows = [(i, a) for i in range(n) if a in scored[i]]
+        if rows:
+            pos = torch.full((n,), a, dtype=torch.long, device=tokens.device)
+            yield rows, memory, tokens[:, a], pos, seeds
 
 
 def summarize(hits: Sequence[torch.Tensor], k: int) -> dict:

@@ -17,6 +17,7 @@ from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.evaluate.heldout import add_taps
 from flashmap_ext.synthetic.language import Language
 from flashmap_ext.synthetic.target import load_spec
+from flashmap_ext.synthetic.trees import NODES, TOPK, tree_drafters, tree_tallies
 from flashmap_ext.synthetic.testbed import (
     KINDS,
     ceiling_tallies,
@@ -121,8 +122,8 @@ def _row(tally) -> dict:
 
 
 def measure(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> dict:
-    """The table's data: rows per drafter and ideal drafter, paired differences, and with opts["probes"] (default)
-    the z = 0 rows, the shuffle test and the draw diversity."""
+    """The table's data: rows per drafter and ideal drafter, paired differences, the tree rows of opts["trees"]
+    (`_tree_section`), and with opts["probes"] (default) the z = 0 rows, the shuffle test and the draw diversity."""
     target, lang, seqs = _setup(target_dir, opts["prompts"], seed, opts.get("data", "sampled"))
     k, stride, draws = opts["block_size"], opts["stride"], opts.get("mode_draws", 8)
     probes = opts.get("probes", True)
@@ -144,8 +145,25 @@ def measure(target_dir: Path, runs: dict[str, Path], opts: dict, seed: int) -> d
                              for kind in KINDS for t in (0, 1)} for a, b in _pairs(pool, draws)}
     params = {name: sum(p.numel() for p in getattr(d, "inner", d).parameters() if p.requires_grad)
               for name, d in drafters.items()}
-    return {"rows": {name: _row(t) for name, t in tallies.items()},
-            "ceilings": {name: _row(t) for name, t in ceilings.items()},
-            "deltas": deltas, "shuffle": shuffle, "diversity": diversity, "parameters": params,
-            "anchors": int(sum(t.counts("all", 0)[:, 1].sum() for t in list(tallies.values())[:1])),
-            "prompts": len(seqs)}
+    out = {"rows": {name: _row(t) for name, t in tallies.items()},
+           "ceilings": {name: _row(t) for name, t in ceilings.items()},
+           "deltas": deltas, "shuffle": shuffle, "diversity": diversity, "parameters": params,
+           "anchors": int(sum(t.counts("all", 0)[:, 1].sum() for t in list(tallies.values())[:1])),
+           "prompts": len(seqs)}
+    out["trees"] = _tree_section(lang, seqs, drafters, tallies, opts)
+    return out
+
+
+def _tree_section(lang, seqs, drafters: dict, chains: dict, opts: dict) -> dict:
+    """The tree rows (synthetic/trees.py) of opts["trees"] node counts (default NODES; () for none) with their
+    paired differences against their own chain row and, for DFlash2, selector minus top-k at equal N."""
+    nodes, k = tuple(opts.get("trees", NODES)), opts["block_size"]
+    rows = tree_drafters(drafters, nodes, k) if nodes else {}
+    scored = tree_tallies(lang, seqs, rows, k, opts["stride"])
+    pool = {**chains, **{name: r["tally"] for name, r in scored.items()}}
+    pairs = [(name, base) for name, (_, _, base) in rows.items()]
+    pairs += [(name, name.replace(" selector ", " top-k ")) for name in rows if " selector " in name]
+    return {"nodes": list(nodes), "topk": TOPK,
+            "rows": {name: {**_row(r["tally"]), "nodes": r["nodes"]} for name, r in scored.items()},
+            "deltas": {f"{a} - {b}": {f"{kind}/t{t}": paired_delta(pool[a], pool[b], kind, t)
+                                      for kind in KINDS for t in (0, 1)} for a, b in pairs}}

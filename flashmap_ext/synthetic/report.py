@@ -40,6 +40,7 @@ def markdown(r: dict) -> str:
     for name, d in r["shuffle"].items():
         lines.append(f"| shuffle {name} (shared − per-slot noise) | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | "
                      f"{_delta(d['bimodal/t1'])} |")
+    lines += _tree_lines(r.get("trees") or {})
     lines += ["", "| per-slot acceptance P(slot j | slots < j), T=1 | " + " | ".join(
         f"{j + 1}" for j in range(r["options"]["block_size"])) + " |",
               "|---|" + "---|" * r["options"]["block_size"]]
@@ -62,9 +63,25 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _tree_lines(trees: dict) -> list[str]:
+    """The tree rows' table and their paired differences (none without tree rows)."""
+    if not trees.get("rows"):
+        return []
+    lines = ["", f"| draft tree (depth K, top-{trees['topk']} per node, N nodes) | nodes per round | γ T=0 all | "
+                 "γ T=1 all | γ T=0 bimodal | γ T=1 bimodal |", "|---|---|---|---|---|---|"]
+    for name, row in trees["rows"].items():
+        lines.append(f"| {name} | {row['nodes']:.1f} | {_fmt(row['all/t0'])} | {_fmt(row['all/t1'])} | "
+                     f"{_fmt(row['bimodal/t0'])} | {_fmt(row['bimodal/t1'])} |")
+    lines += ["", "| paired Δγ, tree − chain | T=0 all | T=1 all | T=0 bimodal | T=1 bimodal |", "|---|---|---|---|---|"]
+    for name, d in trees["deltas"].items():
+        lines.append(f"| {name} | {_delta(d['all/t0'])} | {_delta(d['all/t1'])} | {_delta(d['bimodal/t0'])} | "
+                     f"{_delta(d['bimodal/t1'])} |")
+    return lines
+
+
 def summary(r: dict) -> dict:
-    """γ (T = 0, T = 1) of every drafter and ideal drafter, pooled over all anchors."""
-    both = {**r["rows"], **r["ceilings"]}
+    """γ (T = 0, T = 1) of every drafter, tree row and ideal drafter, pooled over all anchors."""
+    both = {**r["rows"], **(r.get("trees") or {}).get("rows", {}), **r["ceilings"]}
     return {name: [round(row["all/t0"]["gamma"], 3), round(row["all/t1"]["gamma"], 3)] for name, row in both.items()}
 
 

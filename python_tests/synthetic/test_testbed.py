@@ -75,7 +75,9 @@ def test_a_drafter_pairs_with_a_ceiling_on_the_same_anchors(world):
 @pytest.mark.parametrize("argv, flag", [
     (["--block-size", "9"], "--block-size"), (["--steps", "0"], "--steps"), (["--prompts", "-1"], "--prompts"),
     (["--bogus", "1"], "--bogus"), (["--data", "beam"], "--data"), (["--drafters", "map,dflash"], "--drafters"),
-    (["--drafters", "flow,medusa"], "--drafters"), (["--mode-draws", "0"], "--mode-draws")])
+    (["--drafters", "flow,medusa"], "--drafters"), (["--mode-draws", "0"], "--mode-draws"),
+    (["--trees", "0"], "--trees"), (["--trees", "16,x"], "--trees"), (["--trees", "16,16"], "--trees"),
+    (["--trees", ""], "--trees")])
 def test_bad_options_are_refused_naming_the_flag(argv, flag, capsys, tmp_path):
     with pytest.raises(SystemExit) as err:
         main(["testbed", "run", "--out", str(tmp_path), *argv])
@@ -83,6 +85,14 @@ def test_bad_options_are_refused_naming_the_flag(argv, flag, capsys, tmp_path):
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and flag in message
     assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_trees_smaller_than_the_block_are_refused_before_any_work(capsys, tmp_path):
+    """A tree of N nodes is at most N deep: N < K (--block-size) is refused in one line naming --trees."""
+    assert main(["testbed", "run", "--out", str(tmp_path / "run"), "--block-size", "8", "--trees", "16,4"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and "--trees" in message and "got 4" in message
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_flattening_rule_compares_the_last_doubling_of_steps():
