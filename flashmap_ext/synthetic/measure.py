@@ -17,7 +17,6 @@ from flashmap_ext.drafters.load import load_drafter
 from flashmap_ext.evaluate.heldout import add_taps
 from flashmap_ext.synthetic.language import Language
 from flashmap_ext.synthetic.target import load_spec
-from flashmap_ext.synthetic.trees import NODES, TOPK, tree_drafters, tree_tallies
 from flashmap_ext.synthetic.testbed import (
     KINDS,
     ceiling_tallies,
@@ -28,6 +27,7 @@ from flashmap_ext.synthetic.testbed import (
     paired_delta,
     score_drafts,
 )
+from flashmap_ext.synthetic.trees import NODES, TOPK, tree_drafters, tree_tallies
 from flashmap_ext.target.load import load_target
 
 FLAT = 0.02  # a curve has flattened when its held-out γ (T = 1) moves < 0.02 over the last doubling of steps

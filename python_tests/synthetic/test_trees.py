@@ -206,3 +206,29 @@ def test_the_report_shows_tree_rows_and_their_paired_deltas():
                      "deltas": {}, "shuffle": {}, "diversity": {}, "curves": {}, "parameters": {}, "trees": trees})
     assert "| DFlash top-k 16 | 15.5 | 2.000 [1.500, 2.500] |" in text
     assert "| DFlash top-k 16 - DFlash | +0.250 [+0.100, +0.400] |" in text
+
+
+def test_a_flashmap_tree_holds_its_chain_as_its_best_path():
+    """Tree and chain rows share the round's noise draw: the top-k tree's best-first path (first child at every
+    node) is the chain's draft, so their paired difference measures the extra branches only."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.bench.methods import StepsDrafter
+    from flashmap_ext.draft_shapes.block_tree import TopKTreeDrafter
+    from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, iter_drafts
+    from flashmap_ext.target import Target
+    from support.drafter_doubles import random_flashmap
+    model = tiny_qwen3()
+    g = torch.Generator().manual_seed(0)
+    seqs = [HeldoutSequence("x", str(i), torch.randint(0, 111, (n,), generator=g).tolist(), [0] * 3 + [1] * (n - 3))
+            for i, n in enumerate((14, 11))]
+    add_taps(Target(model), seqs, [0, 1])
+    drafter = StepsDrafter(random_flashmap(model, K, (0, 1)), 1)
+    chains = {(i, a): d.tolist() for i, a, d in iter_drafts(drafter, seqs, K, seed=5)}
+    trees = list(iter_trees({"t": TopKTreeDrafter(drafter)}, seqs, TreeSpec(K, 4, 16), seed=5))
+    assert len(trees) == len(chains) > 10
+    for i, a, _, tree in trees:
+        toks, pars, path, node = tree.tokens.tolist(), tree.parents.tolist(), [], -1
+        while node in pars:
+            node = pars.index(node)
+            path.append(toks[node])
+        assert path == chains[i, a][:len(path)] and len(path) >= 1 and len(toks) == 16
