@@ -11,7 +11,8 @@
 # Knobs (env): OUT (default runs/compare), CORES (default 0), TEMPS (default 0,1), DATASETS (default
 #   gsm8k,humaneval,mtbench), N (prompts per dataset, default 16; MT-Bench gets N/2 questions, two turns
 #   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs, default the committed
-#   ones; DFLASH2= empty skips its rows).
+#   ones; DFLASH2= empty skips its rows), TARGET (`flashmap bench --target`, default qwen2.5-coder-0.5b).
+# Exit status 1 when a run failed (the others still run; a rerun repeats only the failed ones).
 # Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/compare-*.md (paired Δγ).
 set -euo pipefail
 
@@ -20,6 +21,7 @@ DFLASH=${DFLASH:-checkpoints/dflash-qwen2.5-coder-0.5b}
 DFLASH2=${DFLASH2-checkpoints/dflash2-qwen2.5-coder-0.5b}
 OUT=${OUT:-runs/compare}; CORES=${CORES:-0}; TEMPS=${TEMPS:-0,1}
 DATASETS=${DATASETS:-gsm8k,humaneval,mtbench}; N=${N:-16}; TOKENS=${TOKENS:-64}
+TARGET=${TARGET:-qwen2.5-coder-0.5b}
 FM=.venv/bin/flashmap
 
 rows() {  # drafter -> its bench flags and rows
@@ -43,18 +45,21 @@ one_run() {  # temperature drafter dataset
     flags=$(rows "$d")
     echo "=== $(date -u +%H:%M:%S) T=$t $d $s (core $(taskset -cp $BASHPID | awk '{print $NF}'))"
     # --methods carries spaces inside its list: split the flags at the first ' --methods '
-    $FM bench ${flags%% --methods *} --methods "${flags#* --methods }" --datasets "$s" --n "$n" \
+    $FM bench --target "$TARGET" ${flags%% --methods *} --methods "${flags#* --methods }" --datasets "$s" --n "$n" \
         --max-new-tokens "$TOKENS" --temperature "$t" --seed 0 --dtype fp32 --threads 1 --no-peers \
         --shuffle-n 0 --shapes --out "$out"
 }
 
-worker() {  # index of CORES: runs every W-th job, pinned to its core
-    local i=$1 core=$2 w=$3 k=0
+worker() {  # index of CORES: runs every W-th job, pinned to its core; status 1 when one of them failed
+    local i=$1 core=$2 w=$3 k=0 failed=0
     taskset -cp "$core" $BASHPID > /dev/null
     while read -r t d s; do
-        if [ $(( k % w )) -eq "$i" ]; then one_run "$t" "$d" "$s" || echo "run T=$t $d $s failed" >&2; fi
+        if [ $(( k % w )) -eq "$i" ]; then
+            one_run "$t" "$d" "$s" || { echo "run T=$t $d $s failed" >&2; failed=1; }
+        fi
         k=$(( k + 1 ))
     done < <(jobs)
+    return $failed
 }
 
 compare() {  # paired Δγ of every drafter's rows per temperature (prompts paired by id across runs)
@@ -76,9 +81,13 @@ main() {
         [ -s "$d/model.safetensors" ] \
             || { echo "recipes/compare_drafters.sh: $d/model.safetensors missing (make checkpoints)" >&2; exit 2; }
     done
-    for i in "${!cores[@]}"; do worker "$i" "${cores[$i]}" "${#cores[@]}" & done
-    wait
+    local pids=() failed=0 p
+    for i in "${!cores[@]}"; do worker "$i" "${cores[$i]}" "${#cores[@]}" & pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p" || failed=1; done
     compare
+    if [ "$failed" = 1 ]; then
+        echo "recipes/compare_drafters.sh: some runs failed (above); rerun to repeat them" >&2; exit 1
+    fi
     echo "done: $OUT"
 }
 

@@ -53,7 +53,7 @@ def pair_delta(results: dict, a: str, b: str) -> dict:
     return out
 
 
-SAME = ("temperature", "max_new_tokens", "seed")
+SAME = ("target", "temperature", "max_new_tokens", "seed")
 
 
 def merge(parts: list[dict], names: list[str]) -> dict:
@@ -120,10 +120,24 @@ def parse_pairs(specs: list[str] | None) -> list[tuple[str, str]]:
     return todo
 
 
+def read_results(path: str) -> dict:
+    """One bench results.json; ValueError (FileNotFoundError) naming the file when it is not one."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{path}: a folder; give its results.json ({p / 'results.json'})")
+    try:
+        res = json.loads(p.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a `flashmap bench` results.json ({e})") from None
+    if not isinstance(res, dict) or not {"config", "records", "methods"} <= res.keys():
+        raise ValueError(f"{path}: not a `flashmap bench` results.json (no config, records and methods)")
+    return res
+
+
 def run(args) -> int:
     """Prints the Markdown table of every --pair (and the shuffle rows); writes --out when given."""
     todo = parse_pairs(args.pair)
-    results = merge([json.loads(Path(f).read_text()) for f in args.results], args.results)
+    results = merge([read_results(f) for f in args.results], args.results)
     pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
     print("\n".join(markdown(results, pairs)))
     if args.out:

@@ -88,6 +88,7 @@ def test_runs_of_one_drafter_each_pool_to_the_single_run(tmp_path):
 
 
 @pytest.mark.parametrize("change, needle", [({"temperature": 1.0}, "temperature 1.0 differs"),
+                                            ({"target": "tiny-random"}, "target tiny-random differs"),
                                             ({"n": 8}, "n 8 differs from a.json's 2 on gsm8k"),
                                             (None, "A on gsm8k is in a.json too")])
 def test_runs_that_do_not_pool_are_refused(change, needle):
@@ -109,3 +110,17 @@ def test_runs_of_other_datasets_pool_at_other_prompt_counts():
     b = {**b, "config": {**b["config"], "n": 1}}
     pooled = bench_delta.merge([a, b], ["a.json", "b.json"])
     assert bench_delta.pair_delta(pooled, "A", "B") == bench_delta.pair_delta(results(), "A", "B")
+
+
+def test_what_is_not_a_results_file_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(results()))
+    (tmp_path / "notes.md").write_text("# not json\n")
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    for bad, needle in ((tmp_path, "a folder"), (tmp_path / "notes.md", "notes.md: not a `flashmap bench`"),
+                        (tmp_path / "other.json", "other.json: not a `flashmap bench`")):
+        capsys.readouterr()
+        assert compare([str(good), str(bad), "--pair", "A,B"]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
