@@ -80,11 +80,31 @@ def prepare(out: Path, opts: dict, flashmap: Callable) -> Path:
     return target
 
 
+# The options that shape what a run directory holds (target, corpus, drafters, their checkpoints): a rerun on the
+# same --out reuses the finished stages, so it must ask for the same; the others only change the measurement.
+BUILD_OPTIONS = ("target_steps", "train_sequences", "data", "block_size", "steps", "curve_points", "seed")
+
+
+def check_build_options(out: Path, opts: dict) -> None:
+    """Records BUILD_OPTIONS in out/build.json on the first run; on a rerun, ValueError naming every flag whose
+    value differs from the one the finished stages were built with (they would be reused, not rebuilt)."""
+    path, now = out / "build.json", {k: opts.get(k) for k in BUILD_OPTIONS}
+    if not path.is_file():
+        path.write_text(json.dumps(now, indent=1) + "\n")
+        return
+    was = json.loads(path.read_text())
+    changed = [f"--{k.replace('_', '-')} {was.get(k)} (asked: {now[k]})" for k in BUILD_OPTIONS if was.get(k) != now[k]]
+    if changed:
+        raise ValueError(f"--out {out} was built with {', '.join(changed)}: its finished stages would be reused; "
+                         "choose another --out, or rerun with the values it was built with")
+
+
 def run_testbed(out: Path, opts: dict, flashmap: Callable) -> dict:
     """All stages; writes results.json, results.md and curves.png in `out` and returns the results."""
     from flashmap_ext.synthetic.measure import learning_curves, measure
     from flashmap_ext.synthetic.select import select_checkpoints
     out.mkdir(parents=True, exist_ok=True)
+    check_build_options(out, opts)
     target = prepare(out, opts, flashmap)
     runs = train_drafters(out, target, opts, flashmap)
     torch.set_num_threads(1)

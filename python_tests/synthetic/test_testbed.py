@@ -103,3 +103,16 @@ def test_the_flattening_rule_compares_the_last_doubling_of_steps():
     assert not flattened(steps, [1.0, 2.0, 2.5, 2.95, 2.90, 2.60])  # a fall counts too
     assert not flattened([300, 400], [2.0, 2.0])  # no doubling on the curve
     assert not flattened([], [])
+
+
+def test_a_rerun_with_other_build_flags_is_refused_not_silently_reused(tmp_path):
+    """A rerun on the same --out skips its finished stages: with another --steps it used to report the new value
+    beside drafters trained with the old one."""
+    from flashmap_ext.synthetic.pipeline import BUILD_OPTIONS, check_build_options
+    opts = {"target_steps": 40, "train_sequences": 64, "data": "sampled", "block_size": 8, "steps": 40,
+            "curve_points": 1, "seed": 0, "prompts": 6, "trees": (16, 32)}
+    assert set(BUILD_OPTIONS) <= set(opts)
+    check_build_options(tmp_path, opts)
+    check_build_options(tmp_path, {**opts, "prompts": 40, "trees": ()})  # measurement flags may change
+    with pytest.raises(ValueError, match=r"--train-sequences 64 \(asked: 128\), --steps 40 \(asked: 80\)"):
+        check_build_options(tmp_path, {**opts, "steps": 80, "train_sequences": 128})
