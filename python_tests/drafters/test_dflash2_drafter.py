@@ -285,3 +285,10 @@ def test_bench_rows_of_a_dflash2_checkpoint(target, tmp_path):
         row = rows[names.index(f"DFlash2 selector {n}")]
         assert isinstance(row.drafter, SelectorTreeDrafter) and row.tree.num_nodes == n
         assert f"DFlash2 top-k {n}" in names
+
+
+def test_a_missing_mask_token_names_the_dflash2_flag(target):
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    for cls, stage in ((DFlash2Drafter, "flashmap train dflash2:"), (DFlashDrafter, "flashmap train dflash:")):
+        with pytest.raises(ValueError, match=f"no tokenizer given.*{stage} --mask-token-id"):
+            cls.for_target(target, num_hidden_layers=1, block_size=4)

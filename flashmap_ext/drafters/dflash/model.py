@@ -289,9 +289,11 @@ class DFlashDrafter(ReadsTarget, nn.Module):
             overrides["target_layer_ids"] = build_target_layer_ids(shape["num_target_layers"], num_taps or n_layers)
         if "mask_token_id" not in overrides:
             if tokenizer is None or len(tokenizer) >= rows:
-                raise ValueError(f"no spare embedding row known for the mask token (table has {rows} rows, "
-                                 f"tokenizer {'absent' if tokenizer is None else len(tokenizer)}): pass mask_token_id= "
-                                 "(flashmap train dflash: --mask-token-id)")
+                stage = "dflash2" if cls.__name__ == "DFlash2Drafter" else "dflash"
+                known = "no tokenizer given" if tokenizer is None else f"the tokenizer has {len(tokenizer)} tokens"
+                raise ValueError(f"no spare embedding row known for the mask token (the table has {rows} rows, "
+                                 f"{known}): pass mask_token_id= (flashmap train {stage}: --mask-token-id), "
+                                 "a row that no prompt token uses")
             overrides["mask_token_id"] = len(tokenizer)
         config = cls.config_type(**{**shape, "vocab_size": rows, **overrides})
         weight = model.get_input_embeddings().weight
