@@ -5,6 +5,7 @@ Public API:
     draft_block             one drafting call for every drafter (DESIGN.md §3.2)
     FlashMapDrafter         the flow-map DiT drafter (DESIGN.md §5)
     DFlashDrafter           block-diffusion baseline drafter (DFlash)
+    DFlash2Drafter          DFlash with dynamic convolutions and a candidate selector (DFlash2)
     Eagle3Drafter           autoregressive baseline drafter (EAGLE-3)
     CheckpointError         a drafter checkpoint that cannot be loaded (one line: path, problem, kind)
     Target, load_target     Hugging Face target adapter (DESIGN.md §6); load_target takes a hub name, a path or
@@ -30,6 +31,7 @@ from flashmap_ext.bench.machine import auto_dtype
 from flashmap_ext.drafters.common.base import DraftBlock
 from flashmap_ext.drafters.common.checkpoint import CheckpointError
 from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.dflash2 import DFlash2Drafter
 from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
@@ -38,5 +40,5 @@ from flashmap_ext.speculate import GenerateOutput, GenerateStats, Timer, TreeSpe
 from flashmap_ext.target import Target, load_target
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
-           "DFlashDrafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate",
+           "DFlashDrafter", "DFlash2Drafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate",
            "GenerateOutput", "GenerateStats", "TreeSpec", "Timer", "auto_dtype"]

@@ -105,7 +105,7 @@ def build_methods(target, dtype: torch.dtype, flashmap: str | None, dflash: str 
                   peers: bool = True, eagle3_tree: TreeSpec | None = None, shapes: bool = False,
                   auto: bool = False, recalibrate: bool = False) -> list[Method]:
     """AR first (speedups divide by it), then the drafters given (EAGLE-3 as a chain and, with
-    `eagle3_tree`, as a tree), with `shapes` the issue-15 shapes (bench/shapes.py), with `auto` the
+    `eagle3_tree`, as a tree), with `shapes` the draft-shape rows (bench/shapes.py), with `auto` the
     cost-model pick (`recalibrate`: its cost table measured again), then the HF peers."""
     methods = [Method("AR", None)]
     fm = dfl = None

@@ -43,7 +43,7 @@ class BenchConfig:
     dtype: str = "auto"                 # auto: bf16 where the hardware has it (machine.auto_dtype)
     peers: bool = True                  # HF greedy + prompt lookup rows
     shuffle_n: int = 2                  # prompts per dataset for the shuffle test (0: skip it)
-    shapes: bool = False                # issue-15 rows: lookup hybrids, multi-noise and top-k trees
+    shapes: bool = False                # draft-shape rows: lookup hybrids, multi-noise and top-k trees
     auto: bool = False                  # the --auto row (cost model picks the shape per round)
     recalibrate: bool = False           # --auto: measure the cost table again (else the cached one)
     methods: tuple = ()                 # only these method names (AR always runs); () = all
@@ -116,8 +116,10 @@ def run(cfg: BenchConfig) -> dict:
                             cfg.eagle3_tree, cfg.shapes, cfg.auto, cfg.recalibrate)
     unknown = sorted(set(cfg.methods) - {m.name for m in methods})
     if unknown:  # a typo would silently drop a row from a long run
+        hint = "" if cfg.shapes or not any(w in u for u in unknown for w in ("top-k", "selector", "noise", "lookup")) \
+            else " (--shapes adds the draft-shape rows: lookup hybrids and trees)"
         raise ValueError(f"--methods: no row named {', '.join(map(repr, unknown))} with these options; rows: "
-                         f"{', '.join(m.name for m in methods)}")
+                         f"{', '.join(m.name for m in methods)}{hint}")
     methods = [m for m in methods if not cfg.methods or m.name == "AR" or m.name in cfg.methods]
     stop = stop_token_ids(tokenizer)
     warm_up(target, tokenizer, methods, cfg, stop)

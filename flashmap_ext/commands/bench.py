@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 on a GPU or a CPU with avx512_bf16, else fp32")
     p.add_argument("--shuffle-n", type=int, default=2,
-                   help="prompts per dataset for the shuffle test, at most --n (it reuses their runs; K drafter "
+                   help="prompts per dataset for the shuffle test, capped at --n (it reuses their runs; K drafter "
                         "calls per round; Δγ gets a 95%% bootstrap interval from 2 prompts on; 0 = skip)")
     p.add_argument("--no-peers", action="store_true", help="skip the HF greedy and prompt-lookup rows")
     p.add_argument("--shapes", action="store_true",

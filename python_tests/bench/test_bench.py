@@ -1,6 +1,7 @@
 """`flashmap bench` pieces: pooled metrics on hand-made records, and the whole pipeline on a tiny random
 target with the real Qwen3 tokenizer and real prompts (skipped unless those are already in the asset cache;
 nothing is downloaded)."""
+import dataclasses
 import json
 import math
 
@@ -305,7 +306,7 @@ def test_demo_explanation_names_costs_and_cpu_class():
 
 @pytest.mark.parametrize("projectable", [True, False])
 def test_bench_shape_rows_write_a_pasteable_summary(byte_bench, monkeypatch, projectable):
-    """--shapes --auto: every issue-15 row is lossless and results.md has one summary row per (dataset,
+    """--shapes --auto: every draft-shape row is lossless and results.md has one summary row per (dataset,
     method) with γ, measured speedup, projected H200 speedup and the identity check. The projection is made
     only from a target of real size (here: the threshold lowered to 0); from the tiny test double (under
     100 M parameters) it is dropped and the report says why (it printed a projection from a random target)."""
@@ -342,12 +343,15 @@ def test_bench_refuses_an_unknown_method_name(byte_bench):
     tmp, dataset = byte_bench
     cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=1, max_new_tokens=4, dtype="fp32",
                       peers=False, shuffle_n=0, methods=("FlashMap-1", "FlashMap 2"), out=str(tmp / "bench"))
-    with pytest.raises(ValueError, match="--methods: no row named 'FlashMap 2'.*rows: AR, FlashMap-1, FlashMap-2"):
+    with pytest.raises(ValueError, match="--methods: no row named 'FlashMap 2'.*rows: AR, FlashMap-1, FlashMap-2$"):
+        run(cfg)
+    cfg = dataclasses.replace(cfg, methods=("FlashMap-1 top-k 16",))
+    with pytest.raises(ValueError, match=r"'FlashMap-1 top-k 16'.*\(--shapes adds the draft-shape rows"):
         run(cfg)
 
 
 def test_batch_bench_writes_after_every_batch(byte_bench, monkeypatch):
-    """Noticed in the 2026-12-04 note: `bench --batch-size` wrote only at the end, so an interrupted run kept
+    """`bench --batch-size` used to write only at the end, so an interrupted run kept
     nothing. Now batch-B.json/.md are rewritten after each batch ("complete": false until the last one)."""
     from flashmap_ext.bench import batch
     from flashmap_ext.bench import run as bench_run

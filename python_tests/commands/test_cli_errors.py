@@ -268,7 +268,7 @@ def test_threads_zero_is_auto_and_stays_valid(command, text, threads):
      for f in ("--limit", "--batch-size", "--max-new-tokens")])
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_data_counts_below_one_are_argparse_errors(command, flag, value, capsys):
-    """Noticed in the 2026-12-04 note: `data generate` took --batch-size 0 or --limit -3 and failed (or did
+    """`data generate` used to take --batch-size 0 or --limit -3 and fail (or do
     nothing) only after the target loaded; now argparse refuses them in one line, naming the option."""
     err = argparse_error([*command, flag, value], capsys)
     assert flag in err and f"expected an integer >= 1, got {value}" in err, err

@@ -103,7 +103,7 @@ def test_generate_command_writes_records_and_resumes(tmp_path):
 
 def test_corpus_folder_feeds_features_and_flow_training(tmp_path):
     """The recipe's path (recipes/train_real_drafters.sh): generate → features on the corpus folder → train
-    flow with the issue-13 options."""
+    flow with the slot-decay and head options."""
     import json
 
     from flashmap_ext.cli import main
