@@ -123,11 +123,12 @@ def iter_trees(drafters: dict, seqs: Sequence[HeldoutSequence], spec, *, stride:
             raise ValueError(f"{name}: tree depth must be in [1, {d.num_draft_tokens}] (the drafter's "
                              f"num_draft_tokens), got {specs[name].depth}")
     k = max(s.depth for s in specs.values())
+    takes_seed = {name: "seed" in inspect.signature(d.draft_tree).parameters for name, d in drafters.items()}
     for i, s in enumerate(seqs):
         for rows, memory, anchor, pos, seeds in _anchor_walk(first, [s], k, stride, seed, None, None):
             for name, d in drafters.items():
                 sp = specs[name]
-                seeded = {"seed": seeds} if "seed" in inspect.signature(d.draft_tree).parameters else {}
+                seeded = {"seed": seeds} if takes_seed[name] else {}
                 tree = d.draft_tree(memory, anchor, pos, depth=sp.depth, topk=sp.topk, num_nodes=sp.num_nodes,
                                     **seeded)
                 yield i, rows[0][1], name, tree
