@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import json
 import os
@@ -27,6 +26,7 @@ from flashmap_ext.train.features import FeatureCache, writer_lock
 from flashmap_ext.train.presets import PRESETS, preset
 from flashmap_ext.train.soft_labels import LOSSES, check_cache
 from flashmap_ext.train.trainer import TrainConfig, train
+from flashmap_ext.train.warm_start import warm_start
 
 EPILOG = """Typical pipeline (defaults are the paper's Qwen3-8B settings; --preset cpu-tiny trains in minutes on a CPU):
   flashmap data regenerate --target Qwen/Qwen3-8B --data sharegpt.jsonl --out regen.jsonl
@@ -51,6 +51,10 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="warm start: a drafter checkpoint directory (config.json + model.safetensors) of the same "
                         "kind, shape and draft vocabulary whose weights the run starts from (a checkpoint of "
                         "--out, when resuming, still takes precedence); the optimizer starts fresh")
+    p.add_argument("--add-layers", action="store_true",
+                   help="with --init-from: the checkpoint may have fewer layers than --layers; they are copied "
+                        "into the first ones and each added layer starts as the identity, so training starts "
+                        "from the checkpoint's function (flow, dflash, dflash2)")
     p.add_argument("--tap-layers", metavar="IDS",
                    help="target layers whose taps the drafter reads, e.g. 1,6,11,16,21: a subset of --features "
                         "(default: flow/dflash all of the cache's, eagle3 its low/mid/high layers)")
@@ -261,10 +265,12 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
         check_out_dir(args.out, name, args.resume)
         if args.resume:
             check_same_flags(args.out, args)
+        if getattr(args, "add_layers", False) and not getattr(args, "init_from", None):
+            raise ValueError("--add-layers deepens the --init-from checkpoint: pass --init-from DIR")
         if getattr(args, "init_from", None):
             if target is None:
                 raise ValueError(f"--init-from: the {name} stage does not take a warm start")
-            warm_start(drafter, args.init_from, target)
+            warm_start(drafter, args.init_from, target, add_layers=getattr(args, "add_layers", False))
         if int(os.environ.get("RANK", "0")) == 0:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "run.json"), "w") as f:
@@ -291,64 +297,6 @@ def finish(name: str, metrics: dict, args) -> int:
     print(f"{name}: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
     return 130 if metrics.get("stopped") else 0
-
-
-def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
-    """Copies the weights of the drafter checkpoint at `path` into `drafter` (in place, its dtype kept).
-
-    The checkpoint must be of the same class, hold every tensor of `drafter`'s state dict with the same shape
-    and the same draft vocabulary (`d2t`); ValueError naming --init-from otherwise (a silent partial load would
-    train from a half-random start). One exception: a drafter class may name a base class it extends
-    (`warm_start_base`) and the modules it adds (`warm_start_added`, key prefixes/infixes); from a checkpoint of
-    that base, every other tensor is copied and the added modules keep their initialisation (DFlash2 from DFlash:
-    identity convolutions, a fresh selector)."""
-    from flashmap_ext.drafters.load import load_drafter
-    source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
-    added = ()
-    if type(source) is not type(drafter):
-        if type(source) is not getattr(drafter, "warm_start_base", None):
-            raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
-                             f"{type(drafter).__name__}")
-        added = drafter.warm_start_added
-    mine, theirs = drafter.state_dict(), source.state_dict()
-    kept = [k for k in mine if k not in theirs and any(a in k for a in added)]
-    mine = {k: v for k, v in mine.items() if k not in kept}
-    missing = sorted(set(mine) - set(theirs))
-    shapes = sorted(k for k in mine if k in theirs and mine[k].shape != theirs[k].shape)
-    if missing or shapes:
-        raise ValueError(f"--init-from {path}: not the shape of this run's drafter (missing: {missing[:3]}, "
-                         f"other shapes: {shapes[:3]}); pass the flags it was trained with (its config.json)")
-    differ = config_differences(drafter.config, source.config)
-    if differ:
-        raise ValueError(f"--init-from {path}: its config differs from this run's ({'; '.join(differ[:3])}); "
-                         "pass the flags it was trained with (its config.json)")
-    d2t = [k for k in mine if k.endswith("d2t")]
-    if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
-        raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
-                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t)")
-    with torch.no_grad():
-        for key, value in mine.items():
-            value.copy_(theirs[key].to(value.dtype))
-    note = f" ({len(kept)} tensors of the added modules at their initialisation)" if kept else ""
-    print(f"warm start: weights from {path}{note}")
-
-
-def config_differences(mine, theirs) -> list[str]:
-    """The fields two drafter configs share with different values, as "name=checkpoint's (this run: run's)".
-    A warm start continues the checkpoint's function only where these agree: a mask token, block size or
-    context window of another value changes what the copied weights compute without changing a shape."""
-    a, b = _as_saved(mine), _as_saved(theirs)
-    return [f"{k}={b[k]!r} (this run: {a[k]!r})" for k in a if k in b and a[k] != b[k]]
-
-
-def _as_saved(config) -> dict:
-    """A config's fields as its config.json would give them back (defaults spelt out, e.g. DFlash's
-    `layer_types` None -> all full attention), so that equal configs compare equal."""
-    if hasattr(config, "to_hf_dict"):
-        config = type(config).from_hf_dict(config.to_hf_dict())
-    elif hasattr(config, "to_dict"):
-        config = type(config).from_dict(config.to_dict())
-    return dataclasses.asdict(config)
 
 
 def check_out_dir(out: str, stage: str, resume: bool) -> None:

@@ -81,3 +81,86 @@ def test_dflash2_starts_from_a_dflash_checkpoint_computing_what_it_computes(tmp_
         name = next(iter(change))
         with pytest.raises(ValueError, match=f"--init-from .*config differs.*{name}=.*pass the flags"):
             runner.warm_start(other, str(tmp_path / "dflash"), target)
+
+
+def _deeper_pair(kind, target, taps_ids):
+    """(a random drafter of `kind` with 2 layers, the same with 5): the flow model with random adaLN gates,
+    so that every layer of the source changes its output."""
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    from flashmap_ext.drafters.dflash2 import DFlash2Drafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    if kind == "flow":
+        kw = dict(width=32, heads=2, block_size=4, target_layer_ids=taps_ids)
+        make = lambda n: FlashMapDrafter.for_target(target, n_layers=n, init="random", **kw)  # noqa: E731
+    else:
+        cls, extra = (DFlashDrafter, {}) if kind == "dflash" else (DFlash2Drafter, dict(selector_rank=4,
+                                                                                       selector_top_k=3))
+        kw = dict(mask_token_id=110, block_size=5, target_layer_ids=taps_ids, **extra)
+        make = lambda n: cls.for_target(target, num_hidden_layers=n, **kw)  # noqa: E731
+    torch.manual_seed(0)
+    source = make(2).eval()
+    torch.manual_seed(1)
+    return source, make(5).eval()
+
+
+def _train_logits(drafter, taps, ids, anchors):
+    if not hasattr(drafter, "slot_pos"):  # DFlash, DFlash2; the flow model takes noise and clocks
+        return drafter.forward_train(taps, ids, anchors)
+    g = torch.Generator().manual_seed(4)
+    a, k = anchors.shape[1], drafter.num_draft_tokens
+    z = torch.randn(1, a, k, drafter.config.d_target, generator=g)
+    return drafter.forward_train(taps, ids, anchors, z, torch.rand(1, a, generator=g), torch.rand(1, a, generator=g))
+
+
+@pytest.mark.parametrize("kind", ["flow", "dflash", "dflash2"])
+def test_add_layers_starts_a_deeper_drafter_computing_the_checkpoints_function(tmp_path, kind):
+    """--add-layers: the 2-layer checkpoint's weights fill the first two of five layers and the three added
+    ones pass their input on, so the deeper drafter's training logits are the checkpoint's own (the
+    reference: the checkpoint's forward); the added layers keep trainable random weights; with the added
+    layers' residual outputs left random the logits differ (the check can fail)."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.target import Target
+    target, taps_ids = tiny_qwen3(), [0, 2]
+    source, deeper = _deeper_pair(kind, target, taps_ids)
+    source.save_pretrained(tmp_path / "src")
+    with pytest.raises(ValueError, match="--init-from .*not the shape.*or --add-layers"):
+        runner.warm_start(deeper, str(tmp_path / "src"), target)
+    runner.warm_start(deeper, str(tmp_path / "src"), target, add_layers=True)
+    ids = torch.randint(0, 110, (1, 24), generator=torch.Generator().manual_seed(3))
+    taps = Target(target).forward(ids, Target(target).new_cache(), tap_layer_ids=taps_ids).taps
+    anchors = torch.tensor([[2, 9, 15]])
+    with torch.no_grad():
+        want, got = _train_logits(source, taps, ids, anchors), _train_logits(deeper, taps, ids, anchors)
+        assert (want - got).abs().max().item() <= 1e-5
+        mine = deeper.state_dict()
+        for key, value in source.state_dict().items():
+            assert torch.equal(mine[key], value), key
+        prefix = deeper.layer_prefix
+        added = [k for k in mine if k.startswith(prefix) and int(k[len(prefix):].split(".")[0]) >= 2]
+        assert any(mine[k].abs().sum() > 0 for k in added if k.endswith("weight") and "norm" not in k)
+        for layer in getattr(deeper, prefix.rstrip("."))[2:]:  # un-zero the residual outputs: not the function
+            for p in layer.parameters():
+                if p.abs().sum() == 0:
+                    p.normal_(std=0.1)
+        assert (want - _train_logits(deeper, taps, ids, anchors)).abs().max().item() > 1e-3
+
+
+def test_add_layers_refusals(tmp_path, capsys):
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    assert main(_dflash(tmp_path, common, "a", "--layers", "1")) == 0
+    capsys.readouterr()
+    cases = {"b": (["--layers", "2", "--init-from", str(tmp_path / "a/drafter")], "or --add-layers"),
+             "c": (["--layers", "1", "--add-layers", "--init-from", str(tmp_path / "a/drafter")],
+                   "--layers must be larger"),
+             "d": (["--layers", "2", "--add-layers"], "pass --init-from"),
+             "e": (["--layers", "2", "--add-layers", "--block-size", "4", "--init-from", str(tmp_path / "a/drafter")],
+                   "config differs")}
+    for out, (flags, fragment) in cases.items():
+        assert main(_dflash(tmp_path, common, out, *flags)) == 2, out
+        err = capsys.readouterr().err
+        assert "--add-layers" in err or "--init-from" in err, err
+        assert fragment in err and err.count("\n") == 1, (out, err)
+    assert main(_dflash(tmp_path, common, "f", "--layers", "3", "--add-layers",
+                        "--init-from", str(tmp_path / "a/drafter"))) == 0
+    out = capsys.readouterr().out
+    assert "layers 1..2 added" in out

@@ -64,6 +64,8 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     layer_type = DFlashLayer  # a subclass may wrap the layers (DFlash2)
     kind, label = "dflash", "DFlash drafter"  # checkpoint kind (common/checkpoint.py) and its name in errors
     config_type = DFlashConfig
+    # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count fields
+    layer_prefix, depth_fields = "layers.", ("num_hidden_layers", "layer_types")
 
     def __init__(self, config: DFlashConfig, target: Any = None):
         super().__init__()
@@ -80,6 +82,12 @@ class DFlashDrafter(ReadsTarget, nn.Module):
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         if target is not None:
             self.attach_target(target)
+
+    @staticmethod
+    def identity_layer_init(layer: nn.Module) -> None:
+        """Zeroes the layer's residual outputs (attention `o_proj`, MLP `down_proj`): it passes its input on."""
+        layer.self_attn.o_proj.weight.data.zero_()
+        layer.mlp.down_proj.weight.data.zero_()
 
     # --- BlockDrafter protocol -------------------------------------------------------------------
     @property

@@ -46,7 +46,7 @@ class DFlash2Drafter(DFlashDrafter):
     layer_type = DFlash2Layer
     kind, label = "dflash2", "DFlash2 drafter"
     config_type = DFlash2Config
-    # `--init-from` a DFlash checkpoint (train/runner.warm_start): these start as a fresh DFlash2's
+    # `--init-from` a DFlash checkpoint (train/warm_start.py): these start as a fresh DFlash2's
     warm_start_base = DFlashDrafter
     warm_start_added = ("_conv.", "candidate_selector.")
 

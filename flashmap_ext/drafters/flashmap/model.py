@@ -66,6 +66,9 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
     Linear(w -> d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
     """
 
+    # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count field
+    layer_prefix, depth_fields = "blocks.", ("n_layers",)
+
     def __init__(self, config: FlashMapConfig, target: Any = None):
         super().__init__()
         c, w = config, config.width
@@ -154,6 +157,11 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
             else:
                 nn.init.normal_(lin.weight, std=lin.in_features ** -0.5)  # O(1) gates: every input matters
             nn.init.zeros_(lin.bias)
+
+    @staticmethod
+    def identity_layer_init(block: nn.Module) -> None:
+        """adaLN-Zero: zeroes the block's modulation Linear, so its gated residuals add nothing."""
+        nn.init.zeros_(block.adaLN.weight), nn.init.zeros_(block.adaLN.bias)
 
     def attach_target(self, target: Any) -> "FlashMapDrafter":
         """References the target's embedding and LM head (never copied into this module's state)."""

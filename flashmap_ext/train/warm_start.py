@@ -1,0 +1,108 @@
+"""`--init-from`: a training stage starts from a drafter checkpoint's weights (long runs in pieces, DFlash2
+from DFlash, a deeper drafter from a shallower one with `--add-layers`)."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool = False) -> None:
+    """Copies the weights of the drafter checkpoint at `path` into `drafter` (in place, its dtype kept).
+
+    The checkpoint must be of the same class, hold every tensor of `drafter`'s state dict with the same shape
+    and the same draft vocabulary (`d2t`); ValueError naming --init-from otherwise (a silent partial load would
+    train from a half-random start). Two exceptions:
+    - a drafter class may name a base class it extends (`warm_start_base`) and the modules it adds
+      (`warm_start_added`, key prefixes/infixes); from a checkpoint of that base, every other tensor is copied
+      and the added modules keep their initialisation (DFlash2 from DFlash: identity convolutions, a fresh
+      selector);
+    - add_layers: the checkpoint may have fewer layers than `drafter` (its config otherwise equal); they are
+      copied into the first ones and each added layer starts as the identity (`identity_layer_init`: its
+      residual outputs zeroed), so the deeper drafter starts out computing the checkpoint's function."""
+    from flashmap_ext.drafters.load import load_drafter
+    source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
+    added = ()
+    if type(source) is not type(drafter):
+        if type(source) is not getattr(drafter, "warm_start_base", None):
+            raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
+                             f"{type(drafter).__name__}")
+        added = drafter.warm_start_added
+    mine, theirs = drafter.state_dict(), source.state_dict()
+    kept = [k for k in mine if k not in theirs and any(a in k for a in added)]
+    grown = _added_layers(drafter, source, path) if add_layers else []
+    mine = {k: v for k, v in mine.items() if k not in kept and k not in grown}
+    missing = sorted(set(mine) - set(theirs))
+    shapes = sorted(k for k in mine if k in theirs and mine[k].shape != theirs[k].shape)
+    if missing or shapes:
+        deeper = (not add_layers and _depth(drafter) > _depth(source)
+                  and "; or --add-layers to start this deeper drafter from it")
+        raise ValueError(f"--init-from {path}: not the shape of this run's drafter (missing: {missing[:3]}, "
+                         f"other shapes: {shapes[:3]}); pass the flags it was trained with (its config.json)"
+                         f"{deeper or ''}")
+    differ = config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
+    if differ:
+        raise ValueError(f"--init-from {path}: its config differs from this run's ({'; '.join(differ[:3])}); "
+                         "pass the flags it was trained with (its config.json)")
+    d2t = [k for k in mine if k.endswith("d2t")]
+    if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
+        raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
+                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t)")
+    with torch.no_grad():
+        for key, value in mine.items():
+            value.copy_(theirs[key].to(value.dtype))
+        for layer in _layers(drafter)[_depth(source):] if grown else ():
+            drafter.identity_layer_init(layer)
+    note = f" ({len(kept)} tensors of the added modules at their initialisation)" if kept else ""
+    if grown:
+        note += f" (layers {_depth(source)}..{_depth(drafter) - 1} added, each starting as the identity)"
+    print(f"warm start: weights from {path}{note}")
+
+
+def _layers(drafter):
+    """The drafter's stack of layers (`layer_prefix` names it), or None for a drafter that has none."""
+    prefix = getattr(drafter, "layer_prefix", None)
+    return getattr(drafter, prefix.rstrip(".")) if prefix else None
+
+
+def _depth(drafter) -> int:
+    return len(_layers(drafter)) if _layers(drafter) is not None else 0
+
+
+def _added_layers(drafter, source, path: str) -> list[str]:
+    """The state-dict keys of `drafter`'s layers beyond the checkpoint's (--add-layers)."""
+    if _layers(drafter) is None or not hasattr(drafter, "identity_layer_init"):
+        raise ValueError(f"--add-layers: a {type(drafter).__name__} cannot be deepened")
+    if _depth(drafter) <= _depth(source):
+        raise ValueError(f"--add-layers: --init-from {path} has {_depth(source)} layers, this run's drafter "
+                         f"{_depth(drafter)}; --layers must be larger")
+    prefix = drafter.layer_prefix
+    return [k for k in drafter.state_dict() if k.startswith(prefix)
+            and int(k[len(prefix):].split(".")[0]) >= _depth(source)]
+
+
+def config_differences(mine, theirs, depth_fields: tuple[str, ...] = ()) -> list[str]:
+    """The fields two drafter configs share with different values, as "name=checkpoint's (this run: run's)".
+    A warm start continues the checkpoint's function only where these agree: a mask token, block size or
+    context window of another value changes what the copied weights compute without changing a shape.
+    depth_fields (--add-layers): the layer count may grow, and a per-layer list (DFlash's `layer_types`) must
+    begin with the checkpoint's."""
+    a, b = _as_saved(mine), _as_saved(theirs)
+    return [f"{k}={b[k]!r} (this run: {a[k]!r})" for k in a
+            if k in b and a[k] != b[k] and not (k in depth_fields and _extends(a[k], b[k]))]
+
+
+def _extends(longer, shorter) -> bool:
+    if isinstance(longer, int):
+        return longer > shorter
+    return isinstance(longer, (list, tuple)) and tuple(longer[:len(shorter)]) == tuple(shorter)
+
+
+def _as_saved(config) -> dict:
+    """A config's fields as its config.json would give them back (defaults spelt out, e.g. DFlash's
+    `layer_types` None -> all full attention), so that equal configs compare equal."""
+    if hasattr(config, "to_hf_dict"):
+        config = type(config).from_hf_dict(config.to_hf_dict())
+    elif hasattr(config, "to_dict"):
+        config = type(config).from_dict(config.to_dict())
+    return dataclasses.asdict(config)
