@@ -19,7 +19,9 @@
 # Knobs (env): RUN (work dir, default runs/long), CORE (the core the piece is pinned to, default 1),
 #   PIECE_STEPS (default 4000), LR (peak, default 6e-4), WARMUP (default 0.04), DTYPE (target dtype; default
 #   bench.machine.auto_dtype), PER_DOMAIN (held-out sequences per domain, default 8), EXTRA (more flags for
-#   `flashmap train`, e.g. the state/clock design's).
+#   `flashmap train`, e.g. the state/clock design's), LAYERS (a size arm: the drafter gets LAYERS layers instead
+#   of the committed 2, those 2 copied into the first ones and the added ones starting as the identity,
+#   `--add-layers`; give the arm its own RUN, and PIECE_STEPS for the same CPU time as the 2-layer piece).
 # Progress: $RUN/<kind>/metrics.jsonl (step, loss, ...) and $RUN/<kind>.log; `tail -f` either.
 # Output: $RUN/eval-<kind>/eval.{json,md,png} and one JSON line appended to $RUN/curve-<kind>.jsonl with the
 #   cumulative steps and core-hours of the piece added to the committed weights' own (docs/bench/long-run/history.json).
@@ -122,23 +124,25 @@ flow_piece_steps() {
 # Whose training history the piece continues: DFlash's for a DFlash2 started from the DFlash checkpoint.
 history_kind() { [ "$1" = dflash2 ] && [ "$INIT" = checkpoints/dflash-qwen2.5-coder-0.5b ] && echo dflash || echo "$1"; }
 
+layers() { echo --layers "${LAYERS:-2}"; [ "${LAYERS:-2}" -gt 2 ] && echo --add-layers || true; }
+
 resume_flag() { [ -d "$1/checkpoints" ] && ls "$1/checkpoints" | grep -q . && echo --resume || true; }
 
 # The committed recipe's shapes (recipes/train_real_drafters.sh), so the warm start fits.
 train_dflash() {
     # shellcheck disable=SC2046
-    $FM train dflash $(COMMON dflash) $(resume_flag "$RUN/dflash") --layers 2 --block-size 9 \
+    $FM train dflash $(COMMON dflash) $(resume_flag "$RUN/dflash") $(layers) --block-size 9 \
         --intermediate-size 384 --mask-token-id 151665 ${EXTRA:-}
 }
 train_dflash2() {  # DFlash's shapes + the convolutions and selector of recipes/train_real_drafters.sh dflash2
     # shellcheck disable=SC2046
-    $FM train dflash2 $(COMMON dflash2) $(resume_flag "$RUN/dflash2") --layers 2 --block-size 9 \
+    $FM train dflash2 $(COMMON dflash2) $(resume_flag "$RUN/dflash2") $(layers) --block-size 9 \
         --intermediate-size 384 --mask-token-id 151665 --conv-group-size 32 --selector-rank 32 \
         --selector-top-k 16 ${EXTRA:-}
 }
 train_flow() {
     # shellcheck disable=SC2046
-    $FM train flow $(COMMON flow) $(resume_flag "$RUN/flow") --layers 2 --width 384 --heads 6 --block-size 8 \
+    $FM train flow $(COMMON flow) $(resume_flag "$RUN/flow") $(layers) --width 384 --heads 6 --block-size 8 \
         --tau0-frac 0.5 --no-head-recompute ${EXTRA:-}
 }
 
