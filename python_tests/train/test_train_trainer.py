@@ -139,6 +139,7 @@ def _worker(rank, ports, root):
         weights = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
                    for k, v in model.state_dict().items()}
         torch.save(weights, os.path.join(out, f"rank{rank}.pt"))
+        torch.distributed.barrier()  # neither rank tears its connections down while the other still uses them
         torch.distributed.destroy_process_group()
 
 
