@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         check_not_a_drafter(getattr(args, "target", None))
         return int(args.func(args) or 0)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, NotADirectoryError, NotImplementedError,
-            AssetError) as err:
+            FloatingPointError, AssetError) as err:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         message = " ".join(str(err).split())  # one line, whatever the library's message looked like

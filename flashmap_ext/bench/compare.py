@@ -16,6 +16,7 @@ noise) are copied from the results' own "shuffle" section, which bench computed 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 ALL = "all datasets"
@@ -56,12 +57,29 @@ def pair_delta(results: dict, a: str, b: str) -> dict:
 SAME = ("target", "temperature", "max_new_tokens", "seed")
 
 
+def check_same_drafter(method: str, config: dict, name: str, first: tuple[dict, str]) -> None:
+    """ValueError when rows of one name come from two checkpoints (e.g. "FlashMap-1" of two --drafter runs):
+    pooled, their Δγ would mix two drafters under one name."""
+    flag = "eagle3" if "EAGLE" in method else "dflash" if "DFlash" in method else \
+        "drafter" if "FlashMap" in method else None
+    if flag is None:
+        return
+    mine, theirs = (c.get(flag) for c in (config, first[0]))
+    if _where(mine) != _where(theirs):
+        raise ValueError(f"{name}: its {method!r} rows come from --{flag} {mine}, {first[1]}'s from {theirs}: rows "
+                         "of one name pool only from one checkpoint")
+
+
+def _where(path):
+    return os.path.realpath(path) if isinstance(path, str) and os.path.exists(path) else path
+
+
 def merge(parts: list[dict], names: list[str]) -> dict:
     """One results dict from several bench runs over the same prompts (records, rows and shuffle sections pooled;
     config and meta of the first; AR's records of a dataset from the first file that has them). ValueError
     naming the file whose settings (SAME, dtype; `n` among the runs of one dataset) differ or whose row
     (method, dataset) another file has."""
-    first, seen, records, n_of = parts[0], {}, [], {}
+    first, seen, records, n_of, drafters = parts[0], {}, [], {}, {}
     for part, name in zip(parts, names):
         for key in SAME:
             if part["config"].get(key) != first["config"].get(key):
@@ -75,6 +93,8 @@ def merge(parts: list[dict], names: list[str]) -> dict:
                 raise ValueError(f"{name}: n {part['config'].get('n')} differs from {other}'s {n} on {dataset}: "
                                  f"only runs of equal settings pool")
         rows = dict.fromkeys((r["method"], r["dataset"]) for r in part["records"])
+        for method in dict.fromkeys(m for m, _ in rows):
+            check_same_drafter(method, part["config"], name, drafters.setdefault(method, (part["config"], name)))
         for row in rows:
             if row in seen and row[0] != "AR":
                 raise ValueError(f"{name}: {row[0]} on {row[1]} is in {seen[row]} too (each row from one run only)")

@@ -177,6 +177,12 @@ def check_shape_arguments(args, kind: str | None) -> None:
         raise ValueError("--block-tree needs --drafter and --tree DEPTH,TOPK,NODES")
     if args.tree is not None and getattr(args, "lookup", False) and kind is None:
         raise ValueError(LOOKUP_TREE_ALONE)
+    block_tree = getattr(args, "block_tree", None)
+    for shape, kinds, why in (("multinoise", ("flashmap",), "the other drafters draft deterministically"),
+                              ("selector", ("dflash2",), "the candidate selector is DFlash2's")):
+        if block_tree == shape and kind not in kinds:  # before the target loads and the first token streams
+            raise ValueError(f"--block-tree {shape}: for {KINDS[kinds[0]]} drafter only ({why}; got "
+                             f"{KINDS[kind]} drafter): --block-tree topk takes any block drafter")
     check_one_tree_shape(args)
     if (args.tree is not None and kind != "eagle3" and not getattr(args, "lookup", False)
             and not getattr(args, "block_tree", None)):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from flashmap_ext.checks import check_int
 from flashmap_ext.train import runner
 
 
@@ -122,8 +123,14 @@ def _overrides(args, preset_shape: dict, names: dict) -> dict:
     out = dict(preset_shape)
     for opt, field in names.items():
         if getattr(args, opt, None) is not None:
+            if opt in SIZE_OPTIONS:  # before the target loads: a 0 used to end in a ZeroDivisionError
+                check_int(f"--{opt.replace('_', '-')}", getattr(args, opt), 1)
             out[field] = getattr(args, opt)
     return out
+
+
+#: drafter size options, each a count >= 1
+SIZE_OPTIONS = ("layers", "width", "heads", "block_size", "cond_dim", "intermediate_size", "draft_tokens")
 
 
 def run_flow(args) -> int:
@@ -132,6 +139,9 @@ def run_flow(args) -> int:
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size", "cond_dim": "cond_dim"})
+    if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:
+        raise ValueError(f"--heads {shape['heads']}: must divide --width {shape['width']} into heads of an even "
+                         "dimension (rotary embeddings rotate pairs)")
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
     cache = runner.FeatureCache(args.features)

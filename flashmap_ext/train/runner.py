@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 from fractions import Fraction
@@ -111,6 +112,10 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
     check_counts(args)
+    for key in ("lr", "warmup"):
+        value = getattr(args, key, None)
+        if value is not None and not (math.isfinite(value) and value >= 0 and (value > 0 or key == "warmup")):
+            raise ValueError(f"--{key}: must be a finite number {'>' if key == 'lr' else '>='} 0 (got {value})")
     shape = dict(chosen[model_key])
     window = getattr(args, "context_window", None)
     if model_key in ("flashmap", "dflash", "dflash2"):
@@ -264,10 +269,10 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
                                                                       "other's checkpoints"))
         check_out_dir(args.out, name, args.resume)
         if args.resume:
-            check_same_flags(args.out, args)
+            check_same_flags(args.out, args, run["steps"])
         if getattr(args, "add_layers", False) and not getattr(args, "init_from", None):
             raise ValueError("--add-layers deepens the --init-from checkpoint: pass --init-from DIR")
-        if getattr(args, "init_from", None):
+        if getattr(args, "init_from", None) and not (args.resume and latest(args.out)):  # a checkpoint wins
             if target is None:
                 raise ValueError(f"--init-from: the {name} stage does not take a warm start")
             warm_start(drafter, args.init_from, target, add_layers=getattr(args, "add_layers", False))
@@ -324,15 +329,23 @@ RESUME_MAY_CHANGE = {"func", "resume", "no_progress", "log_every", "save_every",
                      "steps"}
 
 
-def check_same_flags(out: str, args) -> None:
+def check_same_flags(out: str, args, steps: int | None = None) -> None:
     """--resume continues the run in `out` bit for bit only with the flags it was started with (its run.json
     "args"): ValueError naming each other flag that differs (a changed drafter shape used to end in a
-    screenful of load_state_dict size mismatches, a changed --lr or data went on silently)."""
+    screenful of load_state_dict size mismatches, a changed --lr or data went on silently). `steps`, the
+    resumed run's: another count than the run's is allowed (a run may be extended) and said on stderr, since
+    the warmup + cosine schedule then changes from the checkpoint on."""
     try:
         with open(os.path.join(out, "run.json")) as f:
-            before = json.load(f).get("args", {})
+            saved = json.load(f)
+        before = saved.get("args", {})
     except (OSError, ValueError):
         return
+    was = saved.get("settings", {}).get("steps")
+    if steps is not None and was is not None and steps != was:
+        print(f"--resume: --steps {steps} (the run was started with {was}): the warmup and cosine schedule are "
+              f"those of {steps} steps from the checkpoint on, so the learning rate differs from the run's",
+              file=sys.stderr)
     now = json.loads(json.dumps(vars(args), default=str))  # as run.json stores it
 
     def same(a, b) -> bool:

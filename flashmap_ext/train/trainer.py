@@ -67,8 +67,9 @@ class TrainConfig:
         for name in ("save_every", "keep"):
             check_int(f"TrainConfig: {name}", getattr(self, name), 0)
         check_int("TrainConfig: seed", self.seed, 0, 2**63)
-        if self.lr <= 0 or self.warmup < 0:
-            raise ValueError(f"lr must be > 0 and warmup >= 0 (got lr={self.lr}, warmup={self.warmup})")
+        if not (math.isfinite(self.lr) and self.lr > 0 and math.isfinite(self.warmup) and self.warmup >= 0):
+            raise ValueError(f"lr must be a finite number > 0 and warmup one >= 0 (got lr={self.lr}, "
+                             f"warmup={self.warmup})")
 
 
 def check_train_args(model, loss_fn, collate_fn, cfg) -> None:
@@ -195,6 +196,11 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
                                               self.cfg.grad_clip)
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        if not torch.isfinite(norm):  # the global norm: every rank sees it, and no weight has moved yet
+            raise FloatingPointError(
+                f"training diverged at step {self.step + 1}: gradient norm {float(norm)} (loss "
+                f"{totals.get('loss', float('nan')):.4g}); the newest checkpoint in {self.cfg.out} holds the "
+                "weights before it; a lower --lr, or --resume from it, may help")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1

@@ -124,3 +124,21 @@ def test_what_is_not_a_results_file_is_refused_in_one_line(tmp_path, capsys, mon
         assert compare([str(good), str(bad), "--pair", "A,B"]) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
+
+
+def test_rows_of_one_name_from_two_checkpoints_are_refused():
+    """Two runs, one set each, whose "FlashMap-1" rows come from different --drafter checkpoints: pooled, the
+    row's Δγ would mix two drafters; the same checkpoint (and rows of other drafters) still pools."""
+    res = results()
+    res["records"] = [{**r, "method": {"A": "FlashMap-1", "B": "DFlash"}.get(r["method"], r["method"])}
+                      for r in res["records"]]
+    res["methods"] = ["AR", "FlashMap-1", "DFlash"]
+    a, b = split_by_dataset(res)
+    a, b = ({**p, "config": {**p["config"], "drafter": d, "dflash": "runs/dflash"}} for p, d in
+            ((a, "runs/flow-4-layers"), (b, "runs/flow-2-layers")))
+    with pytest.raises(ValueError, match="b.json: its 'FlashMap-1' rows come from --drafter runs/flow-2-layers, "
+                                         "a.json's from runs/flow-4-layers"):
+        bench_delta.merge([a, b], ["a.json", "b.json"])
+    b = {**b, "config": {**b["config"], "drafter": "runs/flow-4-layers"}}
+    assert bench_delta.pair_delta(bench_delta.merge([a, b], ["a.json", "b.json"]), "FlashMap-1", "DFlash") \
+        == bench_delta.pair_delta(res, "FlashMap-1", "DFlash")

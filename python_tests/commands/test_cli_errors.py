@@ -497,3 +497,13 @@ def test_convert_to_a_file_names_the_destination(tmp_path, capsys):
     err = one_line_error(["convert", str(ROOT / "checkpoints" / "dflash-qwen2.5-coder-0.5b"), str(tmp_path / "f"),
                           "--to", "dflash"], capsys)
     assert f"dst {tmp_path / 'f'}: a file is there (expected a folder)" in err, err
+
+
+@pytest.mark.parametrize("drafter, shape, message", [
+    ("checkpoints/dflash-qwen2.5-coder-0.5b", "multinoise", "--block-tree multinoise: for a FlashMap drafter only"),
+    ("random", "selector", "--block-tree selector: for a DFlash2 drafter only")])
+def test_block_tree_of_another_drafter_is_refused_before_the_target_loads(capsys, no_loads, drafter, shape, message):
+    """A DFlash checkpoint with a multi-noise tree used to stream the prompt's first token, then fail."""
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", drafter, "--block-tree", shape,
+                          "--tree", "4,2,8"], capsys)
+    assert message in err, err

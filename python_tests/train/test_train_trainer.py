@@ -157,3 +157,22 @@ def test_two_gloo_processes_match_single_process(tmp_path):
             torch.testing.assert_close(r0[name], ref, rtol=1e-5, atol=1e-6, msg=f"{mode} {name}")
         saved = load_file(out / "checkpoints" / "step-00000004" / "model.safetensors")
         assert torch.equal(saved["layers.0.weight"], r0["layers.0.weight"]), mode
+
+
+def test_a_diverging_run_stops_before_its_weights_turn_non_finite(tmp_path):
+    """A loss that turns NaN at step 5 used to train on and save a NaN drafter: the run stops there, naming the
+    step, with the step-3 checkpoint and the model's weights still finite; an infinite LR is refused."""
+    def nan_at_5(model, batch, gen, calls=[0]):
+        calls[0] += 1
+        loss = plain_loss(model, batch, gen)[0]
+        return (loss * float("nan") if calls[0] > 8 else loss), {}  # accum 2: micro-step 9 is step 5's
+    model = Net()
+    with pytest.raises(FloatingPointError, match="diverged at step 5: gradient norm nan"):
+        train(model, nan_at_5, dataset(), collate, cfg(tmp_path))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert ckpt.latest(str(tmp_path)).endswith("step-00000003")
+    weights = load_file(os.path.join(ckpt.latest(str(tmp_path)), "model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in weights.values())
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="lr must be a finite number > 0"):
+            cfg(tmp_path / "x", lr=bad)

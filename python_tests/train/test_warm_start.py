@@ -164,3 +164,35 @@ def test_add_layers_refusals(tmp_path, capsys):
                         "--init-from", str(tmp_path / "a/drafter"))) == 0
     out = capsys.readouterr().out
     assert "layers 1..2 added" in out
+
+
+def test_resume_takes_the_checkpoint_not_the_warm_start_and_says_when_steps_change(tmp_path, capsys):
+    """An --init-from run resumed from its own checkpoint: the checkpoint's weights win, so the warm start is not
+    loaded (nor announced) again and may have been deleted since; a new --steps is said on stderr."""
+    import shutil
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    assert main(_dflash(tmp_path, common, "a")) == 0
+    shutil.copytree(tmp_path / "a/drafter", tmp_path / "init")
+    assert main(_dflash(tmp_path, common, "b", "--save-every", "1", "--init-from", str(tmp_path / "init"))) == 0
+    shutil.rmtree(tmp_path / "init")
+    capsys.readouterr()
+    assert main(_dflash(tmp_path, common, "b", "--save-every", "1", "--init-from", str(tmp_path / "init"),
+                        "--resume", "--steps", "2")) == 0
+    out = capsys.readouterr()
+    assert "warm start" not in out.out
+    assert "--resume: --steps 2 (the run was started with 1)" in out.err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr", "inf"], "--lr: must be a finite number > 0 (got inf)"),
+    (["--warmup", "nan"], "--warmup: must be a finite number >= 0 (got nan)"),
+    (["--width", "0"], "--width must be >= 1, got 0"),
+    (["--heads", "3"], "--heads 3: must divide --width 128"),
+])
+def test_size_and_rate_flags_are_refused_in_one_line(tmp_path, capsys, flags, message):
+    common = tiny_feature_cache(tmp_path, ("one",))
+    capsys.readouterr()
+    assert main(["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
+                 "--steps", "1", "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

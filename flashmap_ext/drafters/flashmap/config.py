@@ -81,7 +81,7 @@ class FlashMapConfig:
             self.clock_t, self.clock_tau = (tuple(float(x) for x in v) for v in (self.clock_t, self.clock_tau))
             table_clock(self.clock_t, self.clock_tau)  # ValueError for a malformed table
         checks = [
-            ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1),
+            ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1), ("width", self.width >= 1),
             ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0),
             ("target_layer_ids", len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0),
             ("draft_steps", self.draft_steps in (1, 2)), ("draft_draws", self.draft_draws >= 1),
