@@ -32,18 +32,18 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     kept = [k for k in mine if k not in theirs and any(a in k for a in added)]
     grown = _added_layers(drafter, source, path) if add_layers else []
     mine = {k: v for k, v in mine.items() if k not in kept and k not in grown}
+    deeper = (not add_layers and _depth(drafter) > _depth(source)
+              and "; or --add-layers to start this deeper drafter from it") or ""
+    differ = config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
+    if differ:  # first: a field name says more than the tensors whose shapes it changes
+        raise ValueError(f"--init-from {path}: its config differs from this run's ({'; '.join(differ[:3])}); "
+                         f"pass the flags it was trained with (its config.json){deeper}")
     missing = sorted(set(mine) - set(theirs))
     shapes = sorted(k for k in mine if k in theirs and mine[k].shape != theirs[k].shape)
     if missing or shapes:
-        deeper = (not add_layers and _depth(drafter) > _depth(source)
-                  and "; or --add-layers to start this deeper drafter from it")
         raise ValueError(f"--init-from {path}: not the shape of this run's drafter (missing: {missing[:3]}, "
                          f"other shapes: {shapes[:3]}); pass the flags it was trained with (its config.json)"
-                         f"{deeper or ''}")
-    differ = config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
-    if differ:
-        raise ValueError(f"--init-from {path}: its config differs from this run's ({'; '.join(differ[:3])}); "
-                         "pass the flags it was trained with (its config.json)")
+                         f"{deeper}")
     d2t = [k for k in mine if k.endswith("d2t")]
     if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
         raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "

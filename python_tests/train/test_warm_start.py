@@ -35,7 +35,9 @@ def test_init_from_copies_every_weight_and_refuses_another_drafter(tmp_path, mon
     capsys.readouterr()
     refusals = {"c": (["--init-from", str(tmp_path / "flow/drafter")],
                       "FlashMapDrafter checkpoint, this stage trains a DFlashDrafter"),
-                "d": (["--layers", "2", "--init-from", str(tmp_path / "a/drafter")], "not the shape"),
+                "d": (["--layers", "2", "--init-from", str(tmp_path / "a/drafter")],
+                      "its config differs from this run's (num_hidden_layers=1 (this run: 2)"),
+                "d2": (["--intermediate-size", "8", "--init-from", str(tmp_path / "a/drafter")], "config differs"),
                 "e": (["--init-from", str(tmp_path / "missing")], "")}
     for out, (flags, fragment) in refusals.items():
         assert main(_dflash(tmp_path, common, out, *flags)) == 2
@@ -73,7 +75,7 @@ def test_dflash2_starts_from_a_dflash_checkpoint_computing_what_it_computes(tmp_
     torch.manual_seed(2)
     other = DFlashDrafter.for_target(target, **{**kw, "num_hidden_layers": 1}).eval()
     other.save_pretrained(tmp_path / "dflash-1")
-    with pytest.raises(ValueError, match="--init-from .*not the shape"):
+    with pytest.raises(ValueError, match="--init-from .*config differs.*num_hidden_layers=1"):
         runner.warm_start(student, str(tmp_path / "dflash-1"), target)
     for change in ({"mask_token_id": 109}, {"block_size": 4}):  # no shape changes, but another function
         torch.manual_seed(1)
@@ -123,7 +125,7 @@ def test_add_layers_starts_a_deeper_drafter_computing_the_checkpoints_function(t
     target, taps_ids = tiny_qwen3(), [0, 2]
     source, deeper = _deeper_pair(kind, target, taps_ids)
     source.save_pretrained(tmp_path / "src")
-    with pytest.raises(ValueError, match="--init-from .*not the shape.*or --add-layers"):
+    with pytest.raises(ValueError, match="--init-from .*config differs.*or --add-layers"):
         runner.warm_start(deeper, str(tmp_path / "src"), target)
     runner.warm_start(deeper, str(tmp_path / "src"), target, add_layers=True)
     ids = torch.randint(0, 110, (1, 24), generator=torch.Generator().manual_seed(3))
