@@ -21,7 +21,10 @@
 #   bench.machine.auto_dtype), PER_DOMAIN (held-out sequences per domain, default 8), EXTRA (more flags for
 #   `flashmap train`, e.g. the state/clock design's), LAYERS (a size arm: the drafter gets LAYERS layers instead
 #   of the committed 2, those 2 copied into the first ones and the added ones starting as the identity,
-#   `--add-layers`; give the arm its own RUN, and PIECE_STEPS for the same CPU time as the 2-layer piece).
+#   `--add-layers`; give the arm its own RUN, and PIECE_STEPS for the same CPU time as the 2-layer piece),
+#   FROM (another run's folder whose piece of this kind beat but is not committed yet: warm-start from
+#   FROM/<kind>/drafter instead of the committed checkpoint, judge the piece against it, and count the steps and
+#   core-hours on from its curve line, so pieces chain before one of them is committed).
 # Progress: $RUN/<kind>/metrics.jsonl (step, loss, ...) and $RUN/<kind>.log; `tail -f` either.
 # Output: $RUN/eval-<kind>/eval.{json,md,png} and one JSON line appended to $RUN/curve-<kind>.jsonl with the
 #   cumulative steps and core-hours of the piece added to the committed weights' own (docs/bench/long-run/history.json).
@@ -49,6 +52,7 @@ main() {
         *) echo "recipes/long_run.sh: kind: expected dflash, dflash2, flow or map, got '$kind'" >&2; exit 2 ;;
     esac
     [ -s "$INIT/model.safetensors" ] || { echo "$INIT/model.safetensors missing: run 'make checkpoints'" >&2; exit 2; }
+    PAST=""; [ -z "${FROM:-}" ] || from_piece "$kind"
     RUN=$RUN FEATURE_JOBS=1 THREADS=1 DTYPE=${DTYPE:-} recipes/train_real_drafters.sh features
     vocab_of "$INIT" "$RUN/vocab-$kind.json"
     local t0 c0; t0=$(date +%s); cpu_now; c0=$CPU_S
@@ -56,7 +60,7 @@ main() {
     cpu_now
     echo "{\"kind\": \"$kind\", \"piece_steps\": $PIECE_STEPS, \"wall_s\": $(( $(date +%s) - t0 )),\
  \"cpu_s\": $(( CPU_S - c0 )), \"warm_start\": $([ "$kind" = map ] && echo false || echo true),\
- \"history_kind\": \"$(history_kind "$kind")\", \"batch_size\": 2, \"sequences\": $(sequences)}" \
+ \"history_kind\": \"$(history_kind "$kind")\", \"batch_size\": 2, \"sequences\": $(sequences)$PAST}" \
         > "$RUN/$kind.piece.json"
     $FM eval --drafter "piece=$RUN/$kind/drafter" --drafter "committed=$INIT" --per-domain "$PER_DOMAIN" \
         --threads 1 --out "$RUN/eval-$kind" ${DTYPE:+--dtype "$DTYPE"}
@@ -119,6 +123,26 @@ flow_piece_steps() {
     if [ -s "$RUN/flow.piece.json" ]; then
         .venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["piece_steps"])' "$RUN/flow.piece.json"
     else echo 4000; fi
+}
+
+# FROM=: warm-start from FROM/<kind>/drafter, a piece that beat its start (the last line of FROM/curve-<kind>.jsonl
+# says "beats"); sets INIT and PAST (that line's cumulative steps and core-hours, for the piece record).
+from_piece() {
+    [ "$1" != map ] || { echo "recipes/long_run.sh: FROM applies to dflash, dflash2 and flow, not map" >&2; exit 2; }
+    INIT="$FROM/$1/drafter"
+    [ -s "$INIT/model.safetensors" ] || { echo "recipes/long_run.sh: FROM: $INIT/model.safetensors missing" >&2; exit 2; }
+    PAST=$($PY - "$FROM/curve-$1.jsonl" <<'EOF'
+import json, sys
+try:
+    line = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+except (OSError, IndexError) as e:
+    sys.exit(f"recipes/long_run.sh: FROM: no learning-curve line in {sys.argv[1]} ({e})")
+if line["verdict"] != "beats":
+    sys.exit(f"recipes/long_run.sh: FROM: its piece {line['verdict']} its start; continue from what it started from")
+print(f', "past": {{"steps": {line["cumulative_steps"]}, "core_hours": {line["core_hours"]}}}')
+EOF
+) || exit 2
+    echo "long_run: warm start from the uncommitted piece $INIT"
 }
 
 # Whose training history the piece continues: DFlash's for a DFlash2 started from the DFlash checkpoint.

@@ -4,7 +4,8 @@ on held-out?
     flashmap eval verdict RUN KIND INIT --history HISTORY.json
 
 Reads RUN/eval-KIND/eval.json (`flashmap eval` of drafters "piece" and "committed"), RUN/KIND.piece.json and
-the committed weights' training history (HISTORY.json: steps and core-hours per kind); prints the held-out implied γ of both with a 95 % interval of the
+the committed weights' training history (HISTORY.json: steps and core-hours per kind; a piece warm-started from
+an uncommitted piece that beat carries that piece's own totals as "past" in its record instead); prints the held-out implied γ of both with a 95 % interval of the
 difference and appends one learning-curve line (a piece recorded with "warm_start": false, the map distilled
 from a new teacher, counts only its own steps and hours: its teacher's are on the flow's curve) to RUN/curve-KIND.jsonl. The interval treats anchors as
 independent (anchors of one sequence are correlated, so it is too narrow rather than too wide); "beats"
@@ -57,7 +58,9 @@ def judge(run: str, kind: str, init: str, history: str) -> int:
     with open(os.path.join(run, f"{kind}.piece.json")) as f:
         piece = json.load(f)
     past = {"steps": 0, "core_hours": 0.0}  # a fresh student (the map of a new teacher) starts at zero
-    if piece.get("warm_start", True):
+    if "past" in piece:  # continues an uncommitted piece (recipes/long_run.sh FROM=): its own curve totals
+        past = piece["past"]
+    elif piece.get("warm_start", True):
         with open(history) as f:
             past = json.load(f)[piece.get("history_kind", kind)]  # dflash2 starts from the committed DFlash
     out = verdict(ev["results"]["piece"], ev["results"]["committed"])
@@ -81,8 +84,9 @@ def judge(run: str, kind: str, init: str, history: str) -> int:
 def add_arguments(p) -> None:
     p.add_argument("run", help="the long run's folder (RUN of recipes/long_run.sh)")
     p.add_argument("kind", choices=("dflash", "dflash2", "flow", "map"), help="the piece's drafter kind")
-    p.add_argument("init", help="the committed checkpoint the piece started from (recorded in the curve line; "
-                   "its training history is HISTORY's entry for the piece record's history_kind, else KIND)")
+    p.add_argument("init", help="the checkpoint the piece started from (recorded in the curve line; its training "
+                   "history is the piece record's \"past\" where given, else HISTORY's entry for the record's "
+                   "history_kind, else KIND's)")
     p.add_argument("--history", required=True,
                    help="training history of the committed weights (JSON: {kind: {steps, core_hours}})")
 

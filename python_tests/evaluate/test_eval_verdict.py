@@ -89,3 +89,15 @@ def test_a_dflash2_piece_continues_the_dflash_history_and_counts_epochs(tmp_path
     assert judge(run, "dflash2") == 0
     line = json.loads((run / "curve-dflash2.jsonl").read_text())
     assert (line["cumulative_steps"], line["core_hours"], line["piece_epochs"]) == (37000, 6.5, 0.5)
+
+
+def test_a_piece_continuing_an_uncommitted_piece_adds_to_that_piece_s_totals(tmp_path, monkeypatch):
+    """A piece warm-started from an uncommitted piece that beat (recipes/long_run.sh FROM=) carries that piece's
+    cumulative steps and hours as "past"; the committed history (here 1,000 steps) is not added again."""
+    result = {d: {**entry([1] * 10), "slot_accuracy": [0.5] * 8} for d in ("math", "code", "chat", "all")}
+    record = {"piece_steps": 5000, "wall_s": 1800, "cpu_s": 1800,
+              "past": {"steps": 43600, "core_hours": 5.25}}
+    run = piece_run(tmp_path, monkeypatch, "flow", result, result, record, {"steps": 1000, "core_hours": 0.1})
+    assert judge(run, "flow") == 0
+    line = json.loads((run / "curve-flow.jsonl").read_text())
+    assert (line["cumulative_steps"], line["core_hours"]) == (48600, 5.75)
