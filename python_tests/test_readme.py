@@ -162,17 +162,55 @@ def test_own_decoder_loop_runs_as_written_and_equals_greedy(kind, steps):
     for batch in ([prompts[1]], prompts):
         with warnings.catch_warnings():  # the block passes the cache by the name this transformers takes
             warnings.filterwarnings("error", message=".*past_key_values.*", category=FutureWarning)
-            out = scope["speculative_greedy"](model, drafter, batch, 20)
+            out = scope["speculative_decode"](model, drafter, batch, 20)
         assert [len(o) for o in out] == [20] * len(batch)
         for prompt, row in zip(batch, out):
             assert row == greedy_continuation(model, prompt, 20).tolist()
 
 
-def fm_dflash(model):
+def test_own_decoder_loop_samples_the_target_joint_distribution():
+    """The own-decoder block at T = 0.8 on a tiny target with 8 tokens: over 600 seeds the first 3 tokens follow
+    the target's exact joint law (enumerated), so the block's first draw (position = the prompt's last token)
+    and its first verify (position = the anchor's) are independent."""
+    from conftest import tiny_qwen3
+    from support.drafter_doubles import random_flashmap
+    from support.loop_helpers import V_SMALL, assert_matches_joint
+    block, where = own_decoder_block()
+    scope: dict = {}
+    exec(compile(block, where, "exec"), scope)
+    model = tiny_qwen3(vocab_size=V_SMALL, num_layers=2, seed=3)
+    drafter = random_flashmap(model, 2, (0,)).eval()  # its noise is keyed by the same seed and positions
+
+    def run(seed):
+        (row,) = scope["speculative_decode"](model, drafter, [[1, 2, 3]], 3, temperature=0.8, seed=seed)
+        return row, 1  # accepted drafts are not visible to the block's caller; the law is what is checked
+    assert_matches_joint(model, [1, 2, 3], run, 600, dict(temperature=0.8, top_k=0, top_p=1.0), paths=False)
+
+
+def test_sampling_the_first_token_at_the_anchor_position_is_detected():
+    """Power of the test above: the same block with the first draw keyed at the anchor's position (the draw the
+    first verify's resample reuses) gives a joint law the chi-square rejects."""
+    from conftest import tiny_qwen3
+    from support.loop_helpers import V_SMALL, chi_square, exact_joint
+    block, where = own_decoder_block()
+    assert "position=lengths - 1" in block
+    scope: dict = {}
+    exec(compile(block.replace("position=lengths - 1", "position=lengths"), where, "exec"), scope)
+    model = tiny_qwen3(vocab_size=V_SMALL, num_layers=2, seed=3)
+    drafter = fm_dflash(model, V_SMALL - 1, 3, (0, 1))
+    counts = torch.zeros(V_SMALL, V_SMALL, V_SMALL, dtype=torch.float64)
+    for seed in range(600):
+        (row,) = scope["speculative_decode"](model, drafter, [[1, 2, 3]], 3, temperature=0.8, seed=seed)
+        counts[tuple(row[:3])] += 1
+    stat, df = chi_square(counts, exact_joint(model, [1, 2, 3], temperature=0.8, top_k=0, top_p=1.0))
+    assert stat > df + 10 * (2 * df) ** 0.5, (stat, df)
+
+
+def fm_dflash(model, mask_token_id: int = 110, block_size: int = 5, taps=(0, 2)):
     from flashmap_ext.drafters.dflash import DFlashDrafter
     torch.manual_seed(1)
-    return DFlashDrafter.for_target(model, mask_token_id=110, num_hidden_layers=1, block_size=5,
-                                    target_layer_ids=[0, 2], dtype=torch.float32).eval()
+    return DFlashDrafter.for_target(model, mask_token_id=mask_token_id, num_hidden_layers=1, block_size=block_size,
+                                    target_layer_ids=list(taps), dtype=torch.float32).eval()
 
 
 def cli_lines() -> list[str]:

@@ -290,7 +290,10 @@ def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0
            check: bool = True) -> torch.Tensor:
     """Plain (non-speculative) sampler: `verify` with K = 0, the same filters and the RESAMPLE stream.
 
-    Args: logits [B, V] bf16/fp16/fp32; the rest as in `verify` (position = the position sampled).
+    Args: logits [B, V] bf16/fp16/fp32; the rest as in `verify`, position = the absolute position of the token
+        whose logits row this is (the first new token after a prompt of S tokens: S − 1). Its draw is
+        `verify`'s slot-0 draw at that position, so the next round's `verify` at the anchor's position S
+        draws afresh; passing S here would reuse that draw and bias the output.
     Returns: tokens [B] int64 (argmax for temperature 0, lowest index on ties).
     """
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
