@@ -186,6 +186,16 @@ class ReadsTarget:
         return DraftVocab(getattr(self, "d2t", None))
 
 
+def check_anchor_ids(anchor_tokens: torch.Tensor, vocab_size: int) -> None:
+    """ValueError naming `anchor_tokens` when an id lies outside [0, vocab_size) (the target's vocabulary).
+    Values are read for CPU tensors only: on CUDA (no host sync) the embedding lookup asserts."""
+    if anchor_tokens.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    if not bool(((anchor_tokens >= 0) & (anchor_tokens < vocab_size)).all()):
+        raise ValueError(f"anchor_tokens: expected ids in [0, {vocab_size}) (the target's vocabulary), got "
+                         f"{anchor_tokens.tolist()[:8]}")
+
+
 def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:
     """anchor_pos must be [B, A] int64 with entries in [0, T) or −1 (padding); ValueError otherwise."""
     if anchor_pos.dim() != 2 or anchor_pos.shape[0] != batch or anchor_pos.dtype != torch.long:
