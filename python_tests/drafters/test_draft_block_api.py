@@ -93,6 +93,18 @@ def test_draft_block_refuses_an_anchor_outside_the_vocabulary_naming_it(setup, k
         fm.draft_block(drafters[kind], memory, torch.tensor([5, anchor]), seed=0, position=S - 1)
 
 
+@pytest.mark.parametrize("kind, other", [("dflash", "flashmap"), ("dflash2", "flashmap"), ("eagle3", "flashmap"),
+                                         ("flashmap", "dflash"), ("dflash", "eagle3")])
+def test_draft_block_refuses_another_drafters_memory_naming_both_types(setup, kind, other):
+    """A FlashMapMemory given to a DFlash drafter raised "AttributeError: 'FlashMapMemory' object has no
+    attribute 'batch'"; the reverse direction already named `memory`."""
+    model, ids, drafters = setup
+    memory = _memory(model, drafters[other], ids)
+    want, got = type(drafters[kind].new_memory(1, "cpu")).__name__, type(memory).__name__
+    with pytest.raises(TypeError, match=rf"^memory: expected the {want} of drafter.new_memory\(B\) .*got {got}$"):
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1)
+
+
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (0, ValueError), (1.5, TypeError), (True, TypeError)])
 def test_new_memory_refuses_a_bad_batch_size_naming_it(setup, kind, bad, error):

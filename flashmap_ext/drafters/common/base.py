@@ -196,6 +196,15 @@ def check_anchor_ids(anchor_tokens: torch.Tensor, vocab_size: int) -> None:
                          f"{anchor_tokens.tolist()[:8]}")
 
 
+def check_memory_type(drafter: Any, memory: Any) -> None:
+    """TypeError naming `memory` when it is not of the type `drafter.new_memory` makes (`drafter.memory_type`,
+    where the drafter names one): e.g. a FlashMapMemory given to a DFlash drafter, or the reverse."""
+    expected = getattr(drafter, "memory_type", None)
+    if expected is not None and not isinstance(memory, expected):
+        raise TypeError(f"memory: expected the {expected.__name__} of drafter.new_memory(B) (a "
+                        f"{type(drafter).__name__}'s memory, filled by extend_memory), got {type(memory).__name__}")
+
+
 def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:
     """anchor_pos must be [B, A] int64 with entries in [0, T) or −1 (padding); ValueError otherwise."""
     if anchor_pos.dim() != 2 or anchor_pos.shape[0] != batch or anchor_pos.dtype != torch.long:

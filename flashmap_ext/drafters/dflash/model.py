@@ -66,6 +66,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     config_type = DFlashConfig
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count fields
     layer_prefix, depth_fields = "layers.", ("num_hidden_layers", "layer_types")
+    memory_type = DFlashMemory  # what new_memory makes (draft_block refuses another drafter's)
 
     def __init__(self, config: DFlashConfig, target: Any = None):
         super().__init__()

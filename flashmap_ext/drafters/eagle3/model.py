@@ -114,6 +114,8 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     saved, rebuilt from the target by `from_pretrained`.
     """
 
+    memory_type = Eagle3Memory  # what new_memory makes (draft_block refuses another drafter's)
+
     def __init__(self, config: Eagle3Config, target: Any = None):
         super().__init__()
         c = self.config = config

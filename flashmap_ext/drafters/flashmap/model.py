@@ -68,6 +68,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count field
     layer_prefix, depth_fields = "blocks.", ("n_layers",)
+    memory_type = FlashMapMemory  # what new_memory makes (draft_block refuses another drafter's)
 
     def __init__(self, config: FlashMapConfig, target: Any = None):
         super().__init__()
