@@ -168,6 +168,18 @@ class ReadsTarget:
                                "target= first")
         return self._tables
 
+    #: the config fields that must equal the target's embedding rows and hidden size (`check_target`)
+    target_fields: tuple[str, str] = ("vocab_size", "hidden_size")
+    #: whether `config.target_layer_ids` must name layers the target has (`check_target`)
+    checks_tap_layers: bool = True
+
+    def check_target(self, target: Any) -> None:
+        """TargetMismatch (one line naming each mismatching field and both values) unless this drafter was built
+        for `target`'s shapes: what `attach_target` (so `from_pretrained`) and `generate` check."""
+        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), *self.target_fields)
+        if self.checks_tap_layers:
+            self.check_tap_layers(target)
+
     def check_fits(self, shape: tuple[int, int], vocab_field: str, hidden_field: str) -> None:
         """TargetMismatch naming each config field (`vocab_field`: embedding rows, `hidden_field`: hidden
         size) whose value differs from the target's embedding `shape` (rows, hidden)."""

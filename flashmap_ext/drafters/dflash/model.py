@@ -276,8 +276,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     # --- target, construction, checkpoints -----------------------------------------------------------
     def attach_target(self, target: Any) -> "DFlashDrafter":
         """Uses `target`'s frozen embedding and LM head (held by reference, never stored)."""
-        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), "vocab_size", "hidden_size")
-        self.check_tap_layers(target)
+        self.check_target(target)
         parts = TargetTables.from_target(target, self.vocab.target_ids)
         self._tables = parts
         return self

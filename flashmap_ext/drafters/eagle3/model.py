@@ -279,9 +279,8 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     # --- target, construction, checkpoints -------------------------------------------------------
     def attach_target(self, target: Any) -> "Eagle3Drafter":
         """Uses `target`'s frozen embedding (held by reference, never stored)."""
+        self.check_target(target)
         parts = TargetTables.from_target(target)
-        self.check_fits(parts.shape, "vocab_size", "hidden_size")
-        self.check_tap_layers(target)
         self._tables = parts
         return self
 
