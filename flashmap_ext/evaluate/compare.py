@@ -47,12 +47,13 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
 
 def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
-    from flashmap_ext.evaluate.heldout import add_taps, slot_hits
+    from flashmap_ext.evaluate.heldout import add_taps, check_anchors_left, slot_hits
     from flashmap_ext.evaluate.run import load_heldout, spec_drafter
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
     drafters = {name: spec_drafter(target, path, steps, draws) for name, path, steps, draws in specs}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
+    check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), 1, args.max_length)
     add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     counts = {}
     for name, d in drafters.items():

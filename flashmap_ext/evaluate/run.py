@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from flashmap_ext.data.prompts import DOMAINS
-from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize, vocab_coverage
+from flashmap_ext.evaluate.heldout import (
+    HeldoutSequence,
+    add_taps,
+    check_anchors_left,
+    slot_hits,
+    summarize,
+    vocab_coverage,
+)
+from flashmap_ext.evaluate.report import figure
 
 # FlashMap's two checkpoints named apart: flow-n = the flow model at n Euler steps, map-n = the distilled map
 DEFAULT_DRAFTERS = [
@@ -102,7 +110,7 @@ def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, str
         by["all"] = summarize(hits, kk)
         results[name] = {**by, "draft_vocab_coverage": vocab_coverage(drafter, seqs, kk, stride),
                          "wall_s": round(time.perf_counter() - start, 1)}
-        print(f"eval {name}: γ {by['all']['gamma']:.3f}, slot 1 {by['all']['slot_accuracy'][0]:.3f} "
+        print(f"eval {name}: γ {figure(by['all']['gamma'])}, slot 1 {figure(by['all']['slot_accuracy'][0])} "
               f"({results[name]['wall_s']} s)", file=sys.stderr, flush=True)
     return results
 
@@ -121,22 +129,30 @@ def run(args) -> int:
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
     if args.state_probe:
         return run_state_probe(args, target, drafters, seqs, dtype)
+    check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), args.stride,
+                       args.max_length)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
-    agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
-             max(1, sum(s.loss_mask[1:])) for s in seqs]
+    agreement = greedy_agreement(seqs)
     report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
                        "per_domain": args.per_domain, "stride": args.stride, "slots": args.slots,
                        "max_length": args.max_length},
               "heldout": {d: {"sequences": sum(s.domain == d for s in seqs),
                               "answer_tokens": sum(sum(s.loss_mask) for s in seqs if s.domain == d)}
                           for d in DOMAINS},
-              "target_greedy_agreement": sum(agree) / max(1, len(agree)),
+              "target_greedy_agreement": agreement,
               "drafters": {n: {"spec": f"{p}" + (f":{st}" if st else "") + (f"x{dr}" if dr > 1 else "")}
                            for n, p, st, dr in specs},
               "results": results}
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
     return 0
+
+
+def greedy_agreement(seqs: list[HeldoutSequence]) -> float:
+    """Mean over sequences of the share of answer tokens equal to the target's greedy prediction (after `add_taps`)."""
+    agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
+             max(1, sum(s.loss_mask[1:])) for s in seqs]
+    return sum(agree) / max(1, len(agree))
 
 
 def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], dtype: str) -> int:
