@@ -24,7 +24,8 @@ import torch
 @dataclass
 class HeldoutSequence:
     """One held-out sequence. input_ids / loss_mask: [T] (1 on answer tokens); taps: [T, n_taps * d] of
-    the target at `tap_layers` (None until `add_taps`); greedy: [T] target argmax at each position."""
+    the target at `tap_layers` (None until `add_taps`); greedy: [T] target argmax at each position;
+    answered_by: the model that wrote the answer (the record's `target` field), None when not recorded."""
     domain: str
     id: str
     input_ids: list[int]
@@ -32,6 +33,7 @@ class HeldoutSequence:
     taps: torch.Tensor | None = None
     tap_layers: tuple[int, ...] = ()
     greedy: list[int] = field(default_factory=list)
+    answered_by: str | None = None
 
 
 def anchors(seq: HeldoutSequence, k: int, stride: int = 1) -> list[int]:

@@ -63,7 +63,7 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
             ids, mask = ids[:-1], mask[:-1]
         if max_length is not None:
             ids, mask = ids[:max_length], mask[:max_length]
-        out.append(HeldoutSequence(d, r["id"], ids, mask))
+        out.append(HeldoutSequence(d, r["id"], ids, mask, answered_by=r.get("target")))
     return out
 
 
@@ -133,6 +133,7 @@ def run(args) -> int:
                        args.max_length)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
     agreement = greedy_agreement(seqs)
+    warn_foreign_answers(seqs, args.target, agreement)
     report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
                        "per_domain": args.per_domain, "stride": args.stride, "slots": args.slots,
                        "max_length": args.max_length},
@@ -148,11 +149,35 @@ def run(args) -> int:
     return 0
 
 
+#: below this greedy agreement, held-out answers that name no answering model were likely written by another one
+LOW_AGREEMENT = 0.5
+
+
 def greedy_agreement(seqs: list[HeldoutSequence]) -> float:
     """Mean over sequences of the share of answer tokens equal to the target's greedy prediction (after `add_taps`)."""
     agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
              max(1, sum(s.loss_mask[1:])) for s in seqs]
     return sum(agree) / max(1, len(agree))
+
+
+def warn_foreign_answers(seqs: list[HeldoutSequence], target: str, agreement: float) -> None:
+    """One line on stderr when the held-out answers were written by another model than --target (the records'
+    `target` field against the name `flashmap data generate` records for it), or, where no record names its
+    model, when the target's greedy agreement with them is below LOW_AGREEMENT. A warning: the scores stand, but
+    they measure how the drafters predict another model's answers."""
+    from flashmap_ext.assets.models import resolve_target
+    from flashmap_ext.data.generate import target_description
+    answered = sorted({s.answered_by for s in seqs if s.answered_by})
+    name = target_description(resolve_target(target))
+    if answered and answered != [name]:
+        why = f"were written by {', '.join(answered)}, not --target {target} ({name})"
+    elif not answered and agreement < LOW_AGREEMENT:
+        why = f"name no answering model and the target's greedy agrees with them at only {agreement:.4f}"
+    else:
+        return
+    print(f"flashmap eval: warning: the --heldout answers {why}: the scores measure drafting another model's "
+          f"answers (greedy agreement {agreement:.4f}); answer the held-out prompts with this target "
+          f"(flashmap data generate --split heldout --target {target})", file=sys.stderr, flush=True)
 
 
 def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], dtype: str) -> int:

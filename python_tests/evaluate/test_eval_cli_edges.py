@@ -1,5 +1,5 @@
 """`flashmap eval` on a tiny random target: held-out answers with nothing to score are refused or reported as
-such (never NaN, eval.json stays strict JSON)."""
+such (never NaN, eval.json stays strict JSON), and answers another model wrote are pointed out on stderr."""
 import json
 
 import pytest
@@ -59,3 +59,17 @@ def test_a_domain_without_anchors_says_so_and_eval_json_stays_strict(drafter_dir
     assert math["anchors"] > 0 and 1.0 <= math["gamma"] <= 5.0
     row = next(line for line in (tmp_path / "out" / "eval.md").read_text().splitlines() if "| chat |" in line)
     assert "no anchors" in row and "nan" not in row
+    assert "warning" not in capsys.readouterr().err  # the records name this target as their answering model
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"target": "qwen2.5-coder-0.5b-instruct"},
+     "answers were written by qwen2.5-coder-0.5b-instruct, not --target tiny-random (tiny-random)"),
+    ({}, "name no answering model and the target's greedy agrees with them at only 0."),
+])
+def test_eval_warns_when_another_model_answered_the_heldout_set(drafter_dir, tmp_path, capsys, fields, says):
+    """Scoring qwen2.5-coder-0.5b-instruct's answers on tiny-random only said "greedy agrees at 0.0000"."""
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG}, **fields)
+    assert run_eval(drafter_dir, data, tmp_path / "out") == 0  # a warning, not a refusal
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and says in warnings[0] and "greedy agreement 0." in warnings[0], warnings
