@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from flashmap_ext.checks import describe
-from flashmap_ext.drafters.common.base import DraftBlock, check_anchor_ids, check_memory_type, per_row
+from flashmap_ext.drafters.common.base import DraftBlock, check_memory_type, check_token_ids, per_row
 from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
 
@@ -74,7 +74,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
         raise ValueError("position: required (the anchors' absolute positions, [B] int64 or an int)")
     vocab_size = getattr(getattr(drafter, "config", None), "vocab_size", None)
     if vocab_size is not None:
-        check_anchor_ids(anchor_tokens, vocab_size)
+        check_token_ids("anchor_tokens", anchor_tokens, vocab_size)
     B, device = anchor_tokens.shape[0], anchor_tokens.device
     args = dict(num_tokens=num_tokens, seed=per_row(seed, B, device, "seed"),
                 position=per_row(position, B, device, "position"))

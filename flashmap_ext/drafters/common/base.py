@@ -198,14 +198,17 @@ class ReadsTarget:
         return DraftVocab(getattr(self, "d2t", None))
 
 
-def check_anchor_ids(anchor_tokens: torch.Tensor, vocab_size: int) -> None:
-    """ValueError naming `anchor_tokens` when an id lies outside [0, vocab_size) (the target's vocabulary).
-    Values are read for CPU tensors only: on CUDA (no host sync) the embedding lookup asserts."""
-    if anchor_tokens.device.type != "cpu" or torch.compiler.is_compiling():
+def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
+    """TypeError naming `name` for a tensor that does not hold integers, ValueError when an id lies outside
+    [0, vocab_size) (the target's vocabulary). Values are read for CPU tensors only: on CUDA (no host sync)
+    the embedding lookup asserts."""
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name}: expected integer token ids (int64), got {ids.dtype}")
+    if ids.device.type != "cpu" or torch.compiler.is_compiling():
         return
-    if not bool(((anchor_tokens >= 0) & (anchor_tokens < vocab_size)).all()):
-        raise ValueError(f"anchor_tokens: expected ids in [0, {vocab_size}) (the target's vocabulary), got "
-                         f"{anchor_tokens.tolist()[:8]}")
+    if not bool(((ids >= 0) & (ids < vocab_size)).all()):
+        raise ValueError(f"{name}: expected ids in [0, {vocab_size}) (the target's vocabulary), got "
+                         f"{ids.reshape(-1).tolist()[:8]}")
 
 
 def check_memory_type(drafter: Any, memory: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from flashmap_ext.checks import check_int, describe
-from flashmap_ext.drafters.common.base import check_anchor_ids, check_memory_type
+from flashmap_ext.drafters.common.base import check_memory_type, check_token_ids
 
 _INT63 = 2**63
 
@@ -76,7 +76,7 @@ def check_draft_args(drafter, memory, anchor_tokens, steps, noise, seed, positio
             or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
         raise ValueError(f"anchor_tokens: expected a [B={memory.batch_size}] int64 tensor (each row's last "
                          f"committed token id), got {describe(anchor_tokens)}")
-    check_anchor_ids(anchor_tokens, c.vocab_size)
+    check_token_ids("anchor_tokens", anchor_tokens, c.vocab_size)
     B = memory.batch_size
     check_key("seed", seed, B, "a Philox key")
     check_key("position", position, B, "the anchor's absolute position")
