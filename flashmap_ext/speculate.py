@@ -26,6 +26,7 @@ import torch
 
 from flashmap_ext import ops
 from flashmap_ext.batched import embeddable, generate_rows
+from flashmap_ext.drafters.common.base import TargetMismatch
 from flashmap_ext.inputs import as_ids, as_prompts
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, State, Timer
 from flashmap_ext.round_commit import RoundCommit
@@ -87,10 +88,12 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             prompt + max_new_tokens longer (`max_new_tokens`), a sampling parameter out of its range,
             stop ids outside the vocabulary, a per-prompt list of the wrong length, NaN/+inf target
             logits, a tree without a tree drafter (or with several prompts), or `cuda_graphs` with a tree
-            or several prompts.
+            or several prompts; TargetMismatch (a ValueError naming `drafter`): a drafter built for another
+            target (vocabulary, hidden size or tap layers), as `from_pretrained` refuses it.
     """
     target = as_target(target)
     check_drafter(drafter, tree)
+    check_drafter_target(target, drafter)
     check_hooks(on_tokens, timer)
     warn_dtype_mismatch(target, drafter)
     input_ids, batched = as_prompts(input_ids)
@@ -173,15 +176,33 @@ def check_hooks(on_tokens, timer) -> None:
         raise TypeError(f"timer: expected None or a Timer (fm.Timer(), Timer(sync=True)), got {_describe(timer)}")
 
 
-def drafter_dtype(drafter) -> Optional[torch.dtype]:
-    """The floating dtype of a drafter's weights (through wrappers' `inner`); None without weights."""
+def inner_drafter(drafter) -> Optional[torch.nn.Module]:
+    """The drafter module inside wrappers (their `inner`), or None when there is none (a lookup drafter)."""
     for _ in range(8):  # wrappers nest a few deep at most (AutoDrafter(StepsDrafter(FlashMapDrafter)))
         if drafter is None or isinstance(drafter, torch.nn.Module):
             break
         drafter = getattr(drafter, "inner", None)
-    if not isinstance(drafter, torch.nn.Module):
+    return drafter if isinstance(drafter, torch.nn.Module) else None
+
+
+def drafter_dtype(drafter) -> Optional[torch.dtype]:
+    """The floating dtype of a drafter's weights (through wrappers' `inner`); None without weights."""
+    drafter = inner_drafter(drafter)
+    if drafter is None:
         return None
     return next((p.dtype for p in drafter.parameters() if p.is_floating_point()), None)
+
+
+def check_drafter_target(target: Target, drafter) -> None:
+    """TargetMismatch (a ValueError, one line naming `drafter`) when the drafter (through wrappers) was built
+    for another target's shapes: the check `from_pretrained` runs (`ReadsTarget.check_target`)."""
+    module = inner_drafter(drafter)
+    if module is None or not hasattr(module, "check_target"):
+        return
+    try:
+        module.check_target(target)
+    except TargetMismatch as err:
+        raise TargetMismatch(f"drafter: {err}") from None
 
 
 def warn_dtype_mismatch(target: Target, drafter) -> None:

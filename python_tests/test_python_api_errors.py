@@ -282,3 +282,29 @@ def test_demo_explains_a_negative_margin():
     notes = "\n".join(divergence_notes([row], "bf16"))
     assert "target logit margin -0.016" in notes
     assert "negative: that forward ranks FlashMap's token first" in notes
+
+
+def _drafter_for(kind, model):
+    torch.manual_seed(1)
+    if kind == "dflash":
+        return fm.DFlashDrafter.for_target(model, mask_token_id=1, num_hidden_layers=1, block_size=4,
+                                           target_layer_ids=[0, 1], dtype=torch.float32).eval()
+    if kind == "eagle3":
+        return fm.Eagle3Drafter.for_target(model, num_draft_tokens=3, dtype=torch.float32).eval()
+    return fm.FlashMapDrafter.for_target(model, "cpu-tiny", init="random", target_layer_ids=(0, 1)).eval()
+
+
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3", "wrapped"])
+@pytest.mark.parametrize("other, field", [(dict(vocab_size=8), "vocab_size 8 != the target's vocabulary"),
+                                          (dict(hidden_size=32), "!= the target's hidden size 64")])
+def test_generate_refuses_a_drafter_built_for_another_target_as_from_pretrained_does(kind, other, field):
+    """A drafter of a vocab-8 target drafted on a vocab-4 one without complaint (from_pretrained refuses it)."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.draft_shapes.lookup import LookupDrafter
+    from flashmap_ext.drafters.common.base import TargetMismatch
+    built_for = tiny_qwen3(**{"vocab_size": 4, "num_layers": 2, **other})
+    drafter = _drafter_for("flashmap" if kind == "wrapped" else kind, built_for)
+    drafter = LookupDrafter(drafter) if kind == "wrapped" else drafter
+    with pytest.raises(TargetMismatch) as err:
+        fm.generate(tiny_qwen3(vocab_size=4, num_layers=2), drafter, [1, 2, 3], 4)
+    assert field in one_line(err, "drafter: ") and "built for another target" in str(err.value)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from flashmap_ext.checks import describe
-from flashmap_ext.drafters.common.base import DraftBlock, per_row
+from flashmap_ext.drafters.common.base import DraftBlock, check_memory_type, check_token_ids, per_row
 from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
 
@@ -41,8 +41,9 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     steps, noise: FlashMap only (1 or 2 flow-map steps; explicit d-space noise [B, K, d_target]).
     return_logits: also return the logits [B, num_tokens, V_s] fp32 over the draft vocabulary's rows.
     Returns DraftBlock(tokens [B, num_tokens] int64 target ids, logits or None).
-    Raises ValueError naming the argument (TypeError for a non-integer num_tokens); an anchor batch that
-    differs from the memory's is named as such (`anchor_tokens`).
+    Raises ValueError naming the argument (TypeError for a non-integer num_tokens, or a memory another
+    drafter type made); an anchor batch that differs from the memory's, or an anchor id outside the
+    target's vocabulary, is named as such (`anchor_tokens`).
     """
     K = drafter.num_draft_tokens
     num_tokens = K if num_tokens is None else num_tokens
@@ -58,6 +59,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     for name, value in (("anchor_tokens", anchor_tokens), ("position", position), ("seed", seed)):
         if isinstance(value, torch.Tensor) and value.is_meta:
             raise ValueError(f"{name}: a meta tensor (no values): pass a cpu or cuda tensor")
+    check_memory_type(drafter, memory)
     check_batch(memory, anchor_tokens.shape[0])
     if position is not None:
         check_position(memory, per_row(position, anchor_tokens.shape[0], anchor_tokens.device, "position"))
@@ -70,6 +72,9 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
             raise ValueError(f"{name}: only a FlashMapDrafter takes it, not a {type(drafter).__name__}")
     if position is None:
         raise ValueError("position: required (the anchors' absolute positions, [B] int64 or an int)")
+    vocab_size = getattr(getattr(drafter, "config", None), "vocab_size", None)
+    if vocab_size is not None:
+        check_token_ids("anchor_tokens", anchor_tokens, vocab_size)
     B, device = anchor_tokens.shape[0], anchor_tokens.device
     args = dict(num_tokens=num_tokens, seed=per_row(seed, B, device, "seed"),
                 position=per_row(position, B, device, "position"))

@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from flashmap_ext.evaluate.report import figure
+
 
 def load_arms(run: Path) -> list[dict]:
     """[{arm, kind, flags, steps, train_seconds, name, result}] of every arm with both files, by finish time."""
@@ -38,14 +40,14 @@ def markdown(arms: list[dict], baseline: str | None = None) -> str:
     for a in arms:
         r = a["result"]
         doms = [d for d in ("math", "code", "chat") if d in r]
-        slot1 = " / ".join(f"{r[d]['slot_accuracy'][0]:.3f}" for d in doms)
+        slot1 = " / ".join(figure(r[d]["slot_accuracy"][0]) for d in doms)
         first4 = " ".join(f"{x:.3f}".lstrip("0") for x in r["all"]["slot_accuracy"][:4])
-        gammas = " / ".join(f"{r[d]['gamma']:.3f}" for d in [*doms, "all"])
+        gammas = " / ".join(figure(r[d]["gamma"]) for d in [*doms, "all"])
         delta = "" if base is None else f"{r['all']['gamma'] - base['result']['all']['gamma']:+.3f}"
         minutes = "" if a.get("train_seconds") is None else f"{a['train_seconds'] / 60:.1f}"
         flags = f"{a['kind']} {a['flags']}".strip()
         lines.append(f"| {a['arm']} | `{flags}` | {a['steps']} | {minutes} | {slot1} | {first4} | {gammas} | "
-                     f"{delta} | {r.get('draft_vocab_coverage', float('nan')):.3f} |")
+                     f"{delta} | {figure(r.get('draft_vocab_coverage', float('nan')))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -31,8 +31,12 @@ def add_arguments(p) -> None:
 
 
 def check_args(args) -> tuple[list, list[tuple[str, str]]]:
-    """(drafter specs, pairs to report); ValueError naming --drafter or --pair before any model loads."""
+    """(drafter specs, pairs to report); ValueError naming --per-domain, --drafter or --pair before any model
+    loads."""
     from flashmap_ext.evaluate.run import parse_drafter
+    if args.per_domain < 2:
+        raise ValueError(f"--per-domain: must be >= 2 for compare (the paired bootstrap resamples the sequences "
+                         f"within each domain: one has no spread), got {args.per_domain}")
     specs = [parse_drafter(s) for s in args.drafter]
     if len(specs) < 2:
         raise ValueError("--drafter: give two or more (the first is compared with each later one)")
@@ -47,12 +51,13 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
 
 def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
-    from flashmap_ext.evaluate.heldout import add_taps, slot_hits
+    from flashmap_ext.evaluate.heldout import add_taps, check_anchors_left, slot_hits
     from flashmap_ext.evaluate.run import load_heldout, spec_drafter
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
     drafters = {name: spec_drafter(target, path, steps, draws) for name, path, steps, draws in specs}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
+    check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), 1, args.max_length)
     add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     counts = {}
     for name, d in drafters.items():
@@ -63,7 +68,8 @@ def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
 
 
 def paired_deltas(counts: dict, domains: list[str], todo: list[tuple[str, str]]) -> dict:
-    """{"A - B": {delta, interval [lo, hi]}}: the bootstrap resamples sequences within their domain."""
+    """{"A - B": {delta, interval [lo, hi] or None}}: the bootstrap resamples sequences within their domain;
+    None (undefined) when every domain holds a single scored sequence (nothing to resample)."""
     from flashmap_ext.bench.interval import delta_interval
     first = next(iter(counts))
     keep = [i for i in range(len(domains)) if counts[first][i][1]]
@@ -71,16 +77,23 @@ def paired_deltas(counts: dict, domains: list[str], todo: list[tuple[str, str]])
     pairs = {}
     for a, b in todo:
         c = [counts[a][i] + counts[b][i] for i in keep]
-        low, high = delta_interval(c, strata) or (float("nan"), float("nan"))
-        pairs[f"{a} - {b}"] = {"delta": gamma(counts[a]) - gamma(counts[b]), "interval": [low, high]}
+        interval = delta_interval(c, strata)
+        pairs[f"{a} - {b}"] = {"delta": gamma(counts[a]) - gamma(counts[b]),
+                               "interval": None if interval is None else list(interval)}
     return pairs
+
+
+def interval_text(interval: list[float] | None) -> str:
+    """"[lo, hi]", or why there is none: a single scored sequence in every domain leaves nothing to resample."""
+    if interval is None:
+        return "undefined (one scored sequence per domain)"
+    return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
 def markdown(counts: dict, pairs: dict, meta: dict) -> list[str]:
     table = ["| drafter | γ |", "|---|---|"] + [f"| {n} | {gamma(c):.4f} |" for n, c in counts.items()]
     table += ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
-    table += [f"| {k} | {v['delta']:+.4f} | [{v['interval'][0]:+.4f}, {v['interval'][1]:+.4f}] |"
-              for k, v in pairs.items()]
+    table += [f"| {k} | {v['delta']:+.4f} | {interval_text(v['interval'])} |" for k, v in pairs.items()]
     table += ["", f"{meta['sequences']} held-out sequences, {meta['anchors']} anchors; `{meta['command']}`; "
                   f"{meta['cpu']}, {meta['torch_threads']} thread(s), {meta['dtype']}, load {meta['load_average']}; "
                   f"{meta['date']}"]

@@ -100,7 +100,8 @@ def load_point(path: Path, name: str, index: int, p) -> dict:
     r = results[drafter]
     try:
         return {"steps": p["steps"], "cpu_hours": float(p["cpu_hours"]), "epochs": p.get("epochs"),
-                "slot1": {d: float(r[d]["slot_accuracy"][0]) for d in (*DOMAINS, "all") if d in r},
+                "slot1": {d: float(r[d]["slot_accuracy"][0]) for d in (*DOMAINS, "all")
+                          if d in r and r[d]["anchors"]},  # a domain without anchors has no figure
                 "gamma": float(r["all"]["gamma"]), "anchors": r["all"]["anchors"],
                 "date": report.get("meta", {}).get("date", "")}
     except (KeyError, IndexError, TypeError, ValueError) as err:

@@ -24,7 +24,8 @@ import torch
 @dataclass
 class HeldoutSequence:
     """One held-out sequence. input_ids / loss_mask: [T] (1 on answer tokens); taps: [T, n_taps * d] of
-    the target at `tap_layers` (None until `add_taps`); greedy: [T] target argmax at each position."""
+    the target at `tap_layers` (None until `add_taps`); greedy: [T] target argmax at each position;
+    answered_by: the model that wrote the answer (the record's `target` field), None when not recorded."""
     domain: str
     id: str
     input_ids: list[int]
@@ -32,6 +33,7 @@ class HeldoutSequence:
     taps: torch.Tensor | None = None
     tap_layers: tuple[int, ...] = ()
     greedy: list[int] = field(default_factory=list)
+    answered_by: str | None = None
 
 
 def anchors(seq: HeldoutSequence, k: int, stride: int = 1) -> list[int]:
@@ -169,15 +171,25 @@ def _anchor_walk(drafter, seqs, k, stride, seed, device, dtype):
 
 def summarize(hits: Sequence[torch.Tensor], k: int) -> dict:
     """{"anchors", "slot_accuracy" [k] (top-1 accuracy per slot), "gamma" (1 + mean leading run of correct
-    slots), "run_histogram" [k + 1] (share of anchors whose run is 0..k)}; NaNs when there is no anchor."""
+    slots), "run_histogram" [k + 1] (share of anchors whose run is 0..k)}; None in place of each figure when
+    there is no anchor (undefined, and strict JSON: null, never NaN)."""
     h = torch.cat([x.reshape(-1, k) for x in hits]) if hits else torch.zeros(0, k, dtype=torch.bool)
     if h.shape[0] == 0:
-        nan = float("nan")
-        return {"anchors": 0, "slot_accuracy": [nan] * k, "gamma": nan, "run_histogram": [nan] * (k + 1)}
+        return {"anchors": 0, "slot_accuracy": [None] * k, "gamma": None, "run_histogram": [None] * (k + 1)}
     run = h.long().cumprod(1).sum(1)
     return {"anchors": int(h.shape[0]), "slot_accuracy": h.double().mean(0).tolist(),
             "gamma": 1.0 + float(run.double().mean()),
             "run_histogram": (torch.bincount(run, minlength=k + 1).double() / h.shape[0]).tolist()}
+
+
+def check_anchors_left(seqs: Sequence[HeldoutSequence], k: int, stride: int, max_length: int | None) -> None:
+    """ValueError (one line naming --max-length and --slots) when no sequence has a scored anchor for K = k
+    slots (`anchors`): every figure would be undefined."""
+    if not any(anchors(s, k, stride) for s in seqs):
+        crop = f"within --max-length {max_length} " if max_length is not None else ""
+        raise ValueError(f"--max-length: no anchor left to score: no held-out answer keeps {k + 1} answer tokens "
+                         f"in a row (an anchor and its K = {k} labels) {crop}in {len(seqs)} sequence(s); raise "
+                         f"--max-length or --per-domain, or lower --slots")
 
 
 def draft_vocab(drafter) -> torch.Tensor | None:
@@ -192,10 +204,10 @@ def draft_vocab(drafter) -> torch.Tensor | None:
 
 def vocab_coverage(drafter, seqs: Sequence[HeldoutSequence], k: int, stride: int = 1) -> float:
     """Share of the slot-1 labels of the scored anchors that the drafter's draft vocabulary contains (the
-    rest can never be accepted); 1.0 for a full-vocabulary drafter, NaN without an anchor."""
+    rest can never be accepted); 1.0 for a full-vocabulary drafter, None without an anchor."""
     labels = [s.input_ids[a + 1] for s in seqs for a in anchors(s, k, stride)]
     if not labels:
-        return float("nan")
+        return None
     ids = draft_vocab(drafter)
     if ids is None:
         return 1.0

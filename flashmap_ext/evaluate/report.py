@@ -21,6 +21,11 @@ def plot_or_skip(draw: Callable[[dict, Path], None], data: dict, path: Path) -> 
     return True
 
 
+def figure(x: float | None, spec: str = ".3f") -> str:
+    """A figure of a summary row as text: "no anchors" for None (nothing was scored: undefined, not 0)."""
+    return "no anchors" if x is None else format(x, spec)
+
+
 def markdown(report: dict) -> str:
     """The results as a Markdown table, with the command, machine, dtype and date under it."""
     meta, res = report["meta"], report["results"]
@@ -32,9 +37,9 @@ def markdown(report: dict) -> str:
         for dom, s in r.items():
             if not isinstance(s, dict):
                 continue
-            accs = " | ".join(f"{a:.3f}" for a in s["slot_accuracy"][:shown])
-            lines.append(f"| {name} | {dom} | {s['anchors']} | {accs} | {s['gamma']:.3f} |")
-    cover = ", ".join(f"{n} {r['draft_vocab_coverage']:.3f}" for n, r in res.items() if "draft_vocab_coverage" in r)
+            accs = " | ".join(figure(a) for a in s["slot_accuracy"][:shown])
+            lines.append(f"| {name} | {dom} | {s['anchors']} | {accs} | {figure(s['gamma'])} |")
+    cover = ", ".join(f"{n} {figure(r['draft_vocab_coverage'])}" for n, r in res.items() if "draft_vocab_coverage" in r)
     if cover:
         lines += ["", f"Share of slot-1 labels inside each drafter's draft vocabulary (the rest can never be "
                       f"accepted): {cover}."]
@@ -58,12 +63,17 @@ def plot(report: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(domains), figsize=(4 * len(domains), 3.4), sharey=True, squeeze=False)
     for ax, dom in zip(axes[0], domains):
         for name, r in res.items():
+            if not r[dom]["anchors"]:
+                continue  # nothing scored in this domain: no line
             acc = r[dom]["slot_accuracy"]
             ax.plot(range(1, len(acc) + 1), acc, marker="o", label=f"{name} (γ {r[dom]['gamma']:.2f})")
         ax.set_title(dom)
         ax.set_xlabel("slot")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        if ax.get_lines():
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, "no anchors", ha="center", va="center", transform=ax.transAxes)
     axes[0][0].set_ylabel("teacher-forced top-1 accuracy")
     meta = report["meta"]
     fig.suptitle(f"held-out accuracy by slot — {meta['target']} {meta['dtype']}, {meta['cpu']}, "
@@ -74,10 +84,10 @@ def plot(report: dict, path: Path) -> None:
 
 
 def write_reports(report: dict, out: Path) -> list[Path]:
-    """Writes eval.json, eval.md and eval.png (skipped without matplotlib: `plot_or_skip`) into `out`
-    (created); returns the paths written."""
+    """Writes eval.json (strict JSON: an undefined figure is null, a NaN is refused), eval.md and eval.png
+    (skipped without matplotlib: `plot_or_skip`) into `out` (created); returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "eval.json", out / "eval.md", out / "eval.png"]
-    paths[0].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    paths[0].write_text(json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
     paths[1].write_text(markdown(report))
     return paths if plot_or_skip(plot, report, paths[2]) else paths[:2]

@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from flashmap_ext.data.prompts import DOMAINS
-from flashmap_ext.evaluate.heldout import HeldoutSequence, add_taps, slot_hits, summarize, vocab_coverage
+from flashmap_ext.evaluate.heldout import (
+    HeldoutSequence,
+    add_taps,
+    check_anchors_left,
+    slot_hits,
+    summarize,
+    vocab_coverage,
+)
+from flashmap_ext.evaluate.report import figure
 
 # FlashMap's two checkpoints named apart: flow-n = the flow model at n Euler steps, map-n = the distilled map
 DEFAULT_DRAFTERS = [
@@ -55,7 +63,7 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
             ids, mask = ids[:-1], mask[:-1]
         if max_length is not None:
             ids, mask = ids[:max_length], mask[:max_length]
-        out.append(HeldoutSequence(d, r["id"], ids, mask))
+        out.append(HeldoutSequence(d, r["id"], ids, mask, answered_by=r.get("target")))
     return out
 
 
@@ -102,7 +110,7 @@ def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, str
         by["all"] = summarize(hits, kk)
         results[name] = {**by, "draft_vocab_coverage": vocab_coverage(drafter, seqs, kk, stride),
                          "wall_s": round(time.perf_counter() - start, 1)}
-        print(f"eval {name}: γ {by['all']['gamma']:.3f}, slot 1 {by['all']['slot_accuracy'][0]:.3f} "
+        print(f"eval {name}: γ {figure(by['all']['gamma'])}, slot 1 {figure(by['all']['slot_accuracy'][0])} "
               f"({results[name]['wall_s']} s)", file=sys.stderr, flush=True)
     return results
 
@@ -121,22 +129,55 @@ def run(args) -> int:
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
     if args.state_probe:
         return run_state_probe(args, target, drafters, seqs, dtype)
+    check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), args.stride,
+                       args.max_length)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
-    agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
-             max(1, sum(s.loss_mask[1:])) for s in seqs]
+    agreement = greedy_agreement(seqs)
+    warn_foreign_answers(seqs, args.target, agreement)
     report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
                        "per_domain": args.per_domain, "stride": args.stride, "slots": args.slots,
                        "max_length": args.max_length},
               "heldout": {d: {"sequences": sum(s.domain == d for s in seqs),
                               "answer_tokens": sum(sum(s.loss_mask) for s in seqs if s.domain == d)}
                           for d in DOMAINS},
-              "target_greedy_agreement": sum(agree) / max(1, len(agree)),
+              "target_greedy_agreement": agreement,
               "drafters": {n: {"spec": f"{p}" + (f":{st}" if st else "") + (f"x{dr}" if dr > 1 else "")}
                            for n, p, st, dr in specs},
               "results": results}
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
     return 0
+
+
+#: below this greedy agreement, held-out answers that name no answering model were likely written by another one
+LOW_AGREEMENT = 0.5
+
+
+def greedy_agreement(seqs: list[HeldoutSequence]) -> float:
+    """Mean over sequences of the share of answer tokens equal to the target's greedy prediction (after `add_taps`)."""
+    agree = [sum(g == t for g, t, m in zip(s.greedy[:-1], s.input_ids[1:], s.loss_mask[1:]) if m) /
+             max(1, sum(s.loss_mask[1:])) for s in seqs]
+    return sum(agree) / max(1, len(agree))
+
+
+def warn_foreign_answers(seqs: list[HeldoutSequence], target: str, agreement: float) -> None:
+    """One line on stderr when the held-out answers were written by another model than --target (the records'
+    `target` field against the name `flashmap data generate` records for it), or, where no record names its
+    model, when the target's greedy agreement with them is below LOW_AGREEMENT. A warning: the scores stand, but
+    they measure how the drafters predict another model's answers."""
+    from flashmap_ext.assets.models import resolve_target
+    from flashmap_ext.data.generate import target_description
+    answered = sorted({s.answered_by for s in seqs if s.answered_by})
+    name = target_description(resolve_target(target))
+    if answered and answered != [name]:
+        why = f"were written by {', '.join(answered)}, not --target {target} ({name})"
+    elif not answered and agreement < LOW_AGREEMENT:
+        why = f"name no answering model and the target's greedy agrees with them at only {agreement:.4f}"
+    else:
+        return
+    print(f"flashmap eval: warning: the --heldout answers {why}: the scores measure drafting another model's "
+          f"answers (greedy agreement {agreement:.4f}); answer the held-out prompts with this target "
+          f"(flashmap data generate --split heldout --target {target})", file=sys.stderr, flush=True)
 
 
 def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], dtype: str) -> int:

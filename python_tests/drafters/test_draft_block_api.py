@@ -15,8 +15,10 @@ def _drafters(model):
     flash = fm.FlashMapDrafter.for_target(model, "cpu-tiny", init="random", target_layer_ids=(0, 2))
     dflash = fm.DFlashDrafter.for_target(model, mask_token_id=110, num_hidden_layers=1, block_size=6,
                                          target_layer_ids=[0, 2], dtype=torch.float32)
+    dflash2 = fm.DFlash2Drafter.for_target(model, mask_token_id=110, num_hidden_layers=1, block_size=6,
+                                           target_layer_ids=[0, 2], dtype=torch.float32)
     eagle = fm.Eagle3Drafter.for_target(model, num_draft_tokens=4, dtype=torch.float32)
-    return {"flashmap": flash.eval(), "dflash": dflash.eval(), "eagle3": eagle.eval()}
+    return {"flashmap": flash.eval(), "dflash": dflash.eval(), "dflash2": dflash2.eval(), "eagle3": eagle.eval()}
 
 
 def _memory(model, drafter, ids):
@@ -79,6 +81,28 @@ def test_draft_block_refuses_a_position_the_memory_disagrees_with(setup, kind):
     with pytest.raises(ValueError, match=r"position: \[8, 5\] disagrees with the memory's committed lengths \[8, 6\]"):
         fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=torch.tensor([S - 1, S - 4]))
     fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=torch.tensor([S - 1, S - 3]))  # agrees
+
+
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "dflash2", "eagle3"])
+@pytest.mark.parametrize("anchor", [111, -1])
+def test_draft_block_refuses_an_anchor_outside_the_vocabulary_naming_it(setup, kind, anchor):
+    """DFlash's and EAGLE-3's embedding lookup raised a bare "IndexError: index out of range in self"."""
+    model, ids, drafters = setup
+    memory = _memory(model, drafters[kind], ids)
+    with pytest.raises(ValueError, match=r"anchor_tokens: expected ids in \[0, 111\) \(the target's vocabulary\)"):
+        fm.draft_block(drafters[kind], memory, torch.tensor([5, anchor]), seed=0, position=S - 1)
+
+
+@pytest.mark.parametrize("kind, other", [("dflash", "flashmap"), ("dflash2", "flashmap"), ("eagle3", "flashmap"),
+                                         ("flashmap", "dflash"), ("dflash", "eagle3")])
+def test_draft_block_refuses_another_drafters_memory_naming_both_types(setup, kind, other):
+    """A FlashMapMemory given to a DFlash drafter raised "AttributeError: 'FlashMapMemory' object has no
+    attribute 'batch'"; the reverse direction already named `memory`."""
+    model, ids, drafters = setup
+    memory = _memory(model, drafters[other], ids)
+    want, got = type(drafters[kind].new_memory(1, "cpu")).__name__, type(memory).__name__
+    with pytest.raises(TypeError, match=rf"^memory: expected the {want} of drafter.new_memory\(B\) .*got {got}$"):
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1)
 
 
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])

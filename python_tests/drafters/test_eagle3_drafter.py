@@ -311,3 +311,19 @@ def test_eagle3_clear_errors(drafter, tmp_path, target):
         Eagle3Drafter.from_pretrained(write_specforge(tmp_path / "y", weights), target)
     with pytest.raises(ValueError, match="built for another target: hidden_size 64 != the target.s hidden size 32"):
         Eagle3Drafter.from_pretrained(write_specforge(tmp_path / "z"), tiny_qwen3(hidden_size=32, num_layers=6))
+
+
+@pytest.mark.parametrize("ids, error, message", [
+    (torch.tensor([[1, V]]), ValueError, rf"token_ids: expected ids in \[0, {V}\) \(the target's vocabulary\), got \[1, {V}\]"),
+    (torch.tensor([[1, -1]]), ValueError, r"token_ids: expected ids in \[0, "),
+    (torch.tensor([[1.0, 2.0]]), TypeError, r"token_ids: expected integer token ids \(int64\), got torch.float32"),
+    (torch.tensor([1, 2]), ValueError, r"token_ids: expected \[B, T\] int64 token ids, got a tensor of shape \[2\]"),
+])
+def test_eagle3_extend_memory_refuses_what_are_no_token_ids_naming_them(drafter, ids, error, message):
+    """EAGLE-3 embeds the committed tokens: an id outside the vocabulary was a bare IndexError deep in the
+    embedding lookup, a float tensor an embedding dtype error."""
+    _, taps = _ctx(2)
+    memory = drafter.new_memory(1)
+    with pytest.raises(error, match=message):
+        drafter.extend_memory(memory, ids, taps)
+    assert memory.cache.rows == [0] and memory.pending is None  # nothing was written

@@ -10,6 +10,7 @@ from flashmap_ext.evaluate import compare
     (["--drafter", "A=x"], "--drafter: give two or more"),
     (["--drafter", "A"], "--drafter 'A': expected NAME=DIR"),
     (["--drafter", "A=x", "--drafter", "B=y", "--pair", "A,C"], "--pair 'A,C': expected A,B with A and B among"),
+    (["--drafter", "A=x", "--drafter", "B=y", "--per-domain", "1"], "--per-domain: must be >= 2 for compare"),
 ])
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
     assert cli.main(["eval", "compare", *argv]) == 2
@@ -26,3 +27,14 @@ def test_pooled_gamma_and_paired_delta_by_hand():
     pairs = compare.paired_deltas(counts, ["math", "math", "code", "code", "chat"], [("A", "B")])
     lo, hi = pairs["A - B"]["interval"]
     assert pairs["A - B"]["delta"] == pytest.approx(0.5) and lo <= 0.5 <= hi
+
+
+def test_one_scored_sequence_per_domain_gives_an_undefined_interval_in_words():
+    """One sequence per domain printed the interval [+nan, +nan]: nothing to resample within a domain."""
+    counts = {"A": [[3, 2], [4, 4], [0, 0]], "B": [[1, 2], [2, 4], [0, 0]]}
+    pairs = compare.paired_deltas(counts, ["math", "code", "code"], [("A", "B")])
+    assert pairs["A - B"] == {"delta": pytest.approx((7 - 3) / 6), "interval": None}
+    meta = {"sequences": 3, "anchors": 6, "command": "c", "cpu": "cpu", "torch_threads": 1, "dtype": "fp32",
+            "load_average": 0, "date": "d"}
+    row = next(line for line in compare.markdown(counts, pairs, meta) if line.startswith("| A - B"))
+    assert "undefined (one scored sequence per domain)" in row and "nan" not in row

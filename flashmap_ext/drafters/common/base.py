@@ -168,6 +168,18 @@ class ReadsTarget:
                                "target= first")
         return self._tables
 
+    #: the config fields that must equal the target's embedding rows and hidden size (`check_target`)
+    target_fields: tuple[str, str] = ("vocab_size", "hidden_size")
+    #: whether `config.target_layer_ids` must name layers the target has (`check_target`)
+    checks_tap_layers: bool = True
+
+    def check_target(self, target: Any) -> None:
+        """TargetMismatch (one line naming each mismatching field and both values) unless this drafter was built
+        for `target`'s shapes: what `attach_target` (so `from_pretrained`) and `generate` check."""
+        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), *self.target_fields)
+        if self.checks_tap_layers:
+            self.check_tap_layers(target)
+
     def check_fits(self, shape: tuple[int, int], vocab_field: str, hidden_field: str) -> None:
         """TargetMismatch naming each config field (`vocab_field`: embedding rows, `hidden_field`: hidden
         size) whose value differs from the target's embedding `shape` (rows, hidden)."""
@@ -184,6 +196,28 @@ class ReadsTarget:
     def vocab(self) -> DraftVocab:
         """The draft vocabulary (the full vocabulary without a `d2t` buffer)."""
         return DraftVocab(getattr(self, "d2t", None))
+
+
+def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
+    """TypeError naming `name` for a tensor that does not hold integers, ValueError when an id lies outside
+    [0, vocab_size) (the target's vocabulary). Values are read for CPU tensors only: on CUDA (no host sync)
+    the embedding lookup asserts."""
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name}: expected integer token ids (int64), got {ids.dtype}")
+    if ids.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    if not bool(((ids >= 0) & (ids < vocab_size)).all()):
+        raise ValueError(f"{name}: expected ids in [0, {vocab_size}) (the target's vocabulary), got "
+                         f"{ids.reshape(-1).tolist()[:8]}")
+
+
+def check_memory_type(drafter: Any, memory: Any) -> None:
+    """TypeError naming `memory` when it is not of the type `drafter.new_memory` makes (`drafter.memory_type`,
+    where the drafter names one): e.g. a FlashMapMemory given to a DFlash drafter, or the reverse."""
+    expected = getattr(drafter, "memory_type", None)
+    if expected is not None and not isinstance(memory, expected):
+        raise TypeError(f"memory: expected the {expected.__name__} of drafter.new_memory(B) (a "
+                        f"{type(drafter).__name__}'s memory, filled by extend_memory), got {type(memory).__name__}")
 
 
 def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:

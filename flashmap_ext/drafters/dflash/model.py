@@ -66,6 +66,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     config_type = DFlashConfig
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count fields
     layer_prefix, depth_fields = "layers.", ("num_hidden_layers", "layer_types")
+    memory_type = DFlashMemory  # what new_memory makes (draft_block refuses another drafter's)
 
     def __init__(self, config: DFlashConfig, target: Any = None):
         super().__init__()
@@ -275,8 +276,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     # --- target, construction, checkpoints -----------------------------------------------------------
     def attach_target(self, target: Any) -> "DFlashDrafter":
         """Uses `target`'s frozen embedding and LM head (held by reference, never stored)."""
-        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), "vocab_size", "hidden_size")
-        self.check_tap_layers(target)
+        self.check_target(target)
         parts = TargetTables.from_target(target, self.vocab.target_ids)
         self._tables = parts
         return self

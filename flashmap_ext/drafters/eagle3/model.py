@@ -19,9 +19,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from flashmap_ext.checks import check_int
+from flashmap_ext.checks import check_int, describe
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget, config_fits, truncated
+from flashmap_ext.drafters.common.base import ReadsTarget, check_token_ids, config_fits, truncated
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
@@ -114,6 +114,8 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     saved, rebuilt from the target by `from_pretrained`.
     """
 
+    memory_type = Eagle3Memory  # what new_memory makes (draft_block refuses another drafter's)
+
     def __init__(self, config: Eagle3Config, target: Any = None):
         super().__init__()
         c = self.config = config
@@ -183,7 +185,11 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     @torch.no_grad()
     def extend_memory(self, memory: Eagle3Memory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
         """Commits T positions: tokens [B, T] int64 and their taps [B, T, n_taps·d]. Pairs whose next
-        token is now known enter the cache; the last position's g waits in `pending`."""
+        token is now known enter the cache; the last position's g waits in `pending`. The tokens are embedded:
+        ValueError / TypeError naming `token_ids` unless they are [B, T] integer ids of the target's vocabulary."""
+        if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
+            raise ValueError(f"token_ids: expected [B, T] int64 token ids, got {describe(token_ids)}")
+        check_token_ids("token_ids", token_ids, self.config.vocab_size)
         b, t = token_ids.shape
         width = len(self.config.target_layer_ids) * self.config.hidden_size
         if taps is None or taps.shape != (b, t, width) or memory.cache.batch != b:
@@ -277,9 +283,8 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     # --- target, construction, checkpoints -------------------------------------------------------
     def attach_target(self, target: Any) -> "Eagle3Drafter":
         """Uses `target`'s frozen embedding (held by reference, never stored)."""
+        self.check_target(target)
         parts = TargetTables.from_target(target)
-        self.check_fits(parts.shape, "vocab_size", "hidden_size")
-        self.check_tap_layers(target)
         self._tables = parts
         return self
 

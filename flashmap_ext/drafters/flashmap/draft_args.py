@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from flashmap_ext.checks import check_int, describe
-from flashmap_ext.drafters.flashmap.memory import FlashMapMemory
+from flashmap_ext.drafters.common.base import check_memory_type, check_token_ids
 
 _INT63 = 2**63
 
@@ -20,11 +20,9 @@ def _check_not_meta(name: str, t) -> None:
         raise ValueError(f"{name}: a meta tensor (no values): pass a cpu or cuda tensor")
 
 
-def check_memory(memory) -> None:
+def check_memory(drafter, memory) -> None:
     """memory: the FlashMapMemory of `drafter.new_memory(B)`, holding at least one committed position."""
-    if not isinstance(memory, FlashMapMemory):
-        raise TypeError(f"memory: expected the FlashMapMemory of drafter.new_memory(B) (filled by "
-                        f"extend_memory), got {type(memory).__name__}")
+    check_memory_type(drafter, memory)
     _check_not_meta("memory", memory.k)
     if memory.length < 1:
         raise ValueError("memory: empty (length 0): extend_memory with the committed context (at least the "
@@ -73,14 +71,12 @@ def check_draft_args(drafter, memory, anchor_tokens, steps, noise, seed, positio
     if isinstance(steps, bool) or steps not in (1, 2):
         raise ValueError(f"steps: must be 1 or 2, got {steps!r}")
     _check_not_meta("anchor_tokens", anchor_tokens)
-    check_memory(memory)
+    check_memory(drafter, memory)
     if (not isinstance(anchor_tokens, torch.Tensor) or anchor_tokens.dim() != 1
             or anchor_tokens.dtype != torch.int64 or anchor_tokens.shape[0] != memory.batch_size):
         raise ValueError(f"anchor_tokens: expected a [B={memory.batch_size}] int64 tensor (each row's last "
                          f"committed token id), got {describe(anchor_tokens)}")
-    if _readable(anchor_tokens) and not bool(((anchor_tokens >= 0) & (anchor_tokens < c.vocab_size)).all()):
-        raise ValueError(f"anchor_tokens: expected ids in [0, {c.vocab_size}) (the target's vocabulary), got "
-                         f"{anchor_tokens.tolist()[:8]}")  # on CUDA: no host sync; the embedding lookup asserts
+    check_token_ids("anchor_tokens", anchor_tokens, c.vocab_size)
     B = memory.batch_size
     check_key("seed", seed, B, "a Philox key")
     check_key("position", position, B, "the anchor's absolute position")

@@ -68,6 +68,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count field
     layer_prefix, depth_fields = "blocks.", ("n_layers",)
+    memory_type = FlashMapMemory  # what new_memory makes (draft_block refuses another drafter's)
+    target_fields, checks_tap_layers = ("vocab_size", "d_target"), False  # ReadsTarget.check_target
 
     def __init__(self, config: FlashMapConfig, target: Any = None):
         super().__init__()
@@ -165,11 +167,11 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     def attach_target(self, target: Any) -> "FlashMapDrafter":
         """References the target's embedding and LM head (never copied into this module's state)."""
-        self.check_fits(tuple(hf_causal_lm(target).get_input_embeddings().weight.shape), "vocab_size", "d_target")
+        self.check_target(target)
         return self.attach_tables(TargetTables.from_target(target, self.vocab.target_ids))
 
     def attach_tables(self, tables: TargetTables) -> "FlashMapDrafter":
-        self.check_fits(tables.shape, "vocab_size", "d_target")
+        self.check_fits(tables.shape, *self.target_fields)
         self._tables = tables
         self.drop_packed()  # the pack holds the LM head rows of the tables
         return self

@@ -1,0 +1,75 @@
+"""`flashmap eval` on a tiny random target: held-out answers with nothing to score are refused or reported as
+such (never NaN, eval.json stays strict JSON), and answers another model wrote are pointed out on stderr."""
+import json
+
+import pytest
+import torch
+
+from flashmap_ext import cli
+from flashmap_ext.target import load_target
+
+LONG = "The answer is forty-two, since six times seven is forty-two."
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory):
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    target, _ = load_target("tiny-random", "fp32", "cpu")
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("fm")
+    FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4).save_pretrained(folder)
+    return folder
+
+
+def heldout(path, answers: dict, **fields) -> str:
+    """A held-out jsonl: one record per domain, its answer `answers[domain]`, plus `fields` on every record."""
+    with open(path, "w") as f:
+        for i, (domain, answer) in enumerate(answers.items()):
+            messages = [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": answer}]
+            f.write(json.dumps({"id": f"r{i}", "domain": domain, "messages": messages, **fields}) + "\n")
+    return str(path)
+
+
+def run_eval(drafter_dir, data, out, *extra):
+    return cli.main(["eval", "--target", "tiny-random", "--heldout", data, "--drafter", f"fm={drafter_dir}",
+                     "--dtype", "fp32", "--threads", "1", "--out", str(out), *extra])
+
+
+def strict_json(text: str):
+    def refuse(name):
+        raise AssertionError(f"eval.json holds {name}: not strict JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_eval_refuses_in_one_line_when_no_anchor_is_left(drafter_dir, tmp_path, capsys):
+    """--max-length cut off every answer: "γ nan" for every drafter, exit 0 and bare NaN in eval.json."""
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG, "code": LONG}, target="tiny-random")
+    assert run_eval(drafter_dir, data, tmp_path / "out", "--max-length", "16") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("flashmap eval: error: --max-length: no anchor left to score")
+    assert not (tmp_path / "out" / "eval.json").exists()
+
+
+def test_a_domain_without_anchors_says_so_and_eval_json_stays_strict(drafter_dir, tmp_path, capsys):
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG, "chat": "ok"}, target="tiny-random")
+    assert run_eval(drafter_dir, data, tmp_path / "out") == 0
+    report = strict_json((tmp_path / "out" / "eval.json").read_text())
+    chat, math = report["results"]["fm"]["chat"], report["results"]["fm"]["math"]
+    assert chat["anchors"] == 0 and chat["gamma"] is None and chat["slot_accuracy"] == [None] * 4
+    assert math["anchors"] > 0 and 1.0 <= math["gamma"] <= 5.0
+    row = next(line for line in (tmp_path / "out" / "eval.md").read_text().splitlines() if "| chat |" in line)
+    assert "no anchors" in row and "nan" not in row
+    assert "warning" not in capsys.readouterr().err  # the records name this target as their answering model
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"target": "qwen2.5-coder-0.5b-instruct"},
+     "answers were written by qwen2.5-coder-0.5b-instruct, not --target tiny-random (tiny-random)"),
+    ({}, "name no answering model and the target's greedy agrees with them at only 0."),
+])
+def test_eval_warns_when_another_model_answered_the_heldout_set(drafter_dir, tmp_path, capsys, fields, says):
+    """Scoring qwen2.5-coder-0.5b-instruct's answers on tiny-random only said "greedy agrees at 0.0000"."""
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG}, **fields)
+    assert run_eval(drafter_dir, data, tmp_path / "out") == 0  # a warning, not a refusal
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and says in warnings[0] and "greedy agreement 0." in warnings[0], warnings
