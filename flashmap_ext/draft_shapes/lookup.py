@@ -70,12 +70,17 @@ class LookupDrafter:
         self.num_draft_tokens = max(num_lookup_tokens, inner.num_draft_tokens if inner is not None else 0)
         self.target_layer_ids = tuple(inner.target_layer_ids) if inner is not None else ()
 
+    memory_type = LookupMemory  # what new_memory makes (draft_block refuses another drafter's)
+
     def new_memory(self, batch_size: int, device) -> LookupMemory:
         if batch_size != 1:
             raise ValueError(f"LookupDrafter: batch size 1 only (got {batch_size})")
         return LookupMemory(self.inner.new_memory(batch_size, device) if self.inner is not None else None)
 
     def extend_memory(self, memory: LookupMemory, token_ids: torch.Tensor, taps) -> None:
+        if not isinstance(token_ids, torch.Tensor) or token_ids.is_floating_point() or token_ids.dtype == torch.bool:
+            raise TypeError(f"token_ids: expected a [1, T] tensor of integer token ids, got "
+                            f"{getattr(token_ids, 'dtype', type(token_ids).__name__)}")
         if self.inner is not None:
             self.inner.extend_memory(memory.inner, token_ids, taps)
         memory.token_ids.extend(token_ids[0].tolist())

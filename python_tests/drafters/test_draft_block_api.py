@@ -105,6 +105,20 @@ def test_draft_block_refuses_another_drafters_memory_naming_both_types(setup, ki
         fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1)
 
 
+@pytest.mark.parametrize("other", ["flashmap", "dflash"])
+def test_a_lookup_drafter_refuses_another_drafters_memory_and_float_ids(setup, other):
+    """LookupDrafter raised "AttributeError: ... has no attribute 'token_ids'" for a FlashMap or DFlash memory, and
+    its extend_memory took float ids."""
+    from flashmap_ext.draft_shapes.lookup import LookupDrafter
+    model, ids, drafters = setup
+    lookup = LookupDrafter(drafters["flashmap"])
+    memory = _memory(model, drafters[other], ids[:1])
+    with pytest.raises(TypeError, match=rf"^memory: expected the LookupMemory .*got {type(memory).__name__}$"):
+        fm.draft_block(lookup, memory, ids[:1, -1], seed=0, position=S - 1)
+    with pytest.raises(TypeError, match=r"^token_ids: expected .* integer token ids, got torch.float32$"):
+        lookup.extend_memory(lookup.new_memory(1, "cpu"), ids[:1].float(), None)
+
+
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (0, ValueError), (1.5, TypeError), (True, TypeError)])
 def test_new_memory_refuses_a_bad_batch_size_naming_it(setup, kind, bad, error):
