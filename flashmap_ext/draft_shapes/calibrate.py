@@ -66,7 +66,10 @@ def load_or_calibrate(target, drafter=None, *, refresh: bool = False, **kwargs) 
     refresh: measure again and overwrite the cached table (e.g. after one was measured on a busy machine).
     The cache records the load average at calibration; a cached table measured at a load much higher than
     the current one (`busier`) prints a one-line note on stderr and is still used. kwargs go to `calibrate`.
+    `target`: a Target or a Hugging Face causal LM (wrapped); anything else is a TypeError naming it.
     """
+    from flashmap_ext.speculate import as_target
+    target = as_target(target)
     key = fingerprint(target, drafter)
     path = cache_path(key)
     if path.is_file() and not refresh:
@@ -127,8 +130,10 @@ def _verify_times(target, cache, taps, widths, repeats: int, gen) -> dict:
 @torch.inference_mode()
 def calibrate(target, drafter=None, *, widths: Sequence[int] = WIDTHS, context: int = 64, long_context: int = 512,
               repeats: int = 3) -> CostTable:
-    """Measures a CostTable (see the module docstring); `target` a Target, `drafter` a BlockDrafter or None."""
-    from flashmap_ext.speculate import generate
+    """Measures a CostTable (see the module docstring); `target` a Target or a Hugging Face causal LM (wrapped),
+    `drafter` a BlockDrafter or None."""
+    from flashmap_ext.speculate import as_target, generate
+    target = as_target(target)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.vocab_size, (1, context), generator=gen).to(target.device)
     taps = () if drafter is None else tuple(drafter.target_layer_ids)

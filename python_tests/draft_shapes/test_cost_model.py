@@ -114,6 +114,21 @@ def test_calibration_is_cached_per_fingerprint(tmp_path, monkeypatch):
     assert len(calls) == 2 and len(list((tmp_path / "costs").iterdir())) == 2
 
 
+def test_calibration_takes_a_plain_hf_model_and_refuses_anything_else_naming_target(tmp_path, monkeypatch):
+    """load_or_calibrate(plain HF model) raised "AttributeError: 'Qwen3ForCausalLM' object has no attribute
+    'new_cache'": it wraps it as `generate` does (the same cached table as its Target's), and names `target`
+    for what is neither."""
+    from flashmap_ext.draft_shapes import calibrate as cost_calibrate
+    monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path))
+    model = tiny_qwen3()
+    real = cost_calibrate.calibrate
+    monkeypatch.setattr(cost_calibrate, "calibrate", lambda *a, **k: real(*a, repeats=1, **k))
+    assert cost_calibrate.load_or_calibrate(model) == cost_calibrate.load_or_calibrate(Target(model))
+    assert len(list((tmp_path / "costs").iterdir())) == 1
+    with pytest.raises(TypeError, match=r"^target: expected a Target or a Hugging Face causal LM, got"):
+        cost_calibrate.load_or_calibrate("qwen")
+
+
 def test_cached_table_records_its_load_and_a_busier_past_is_noted(tmp_path, monkeypatch, capsys):
     """A table measured on a busy machine was cached for good without a word, and only `bench
     --recalibrate` measured again. The file records the load average; a cached table measured at a much higher
