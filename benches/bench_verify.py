@@ -43,7 +43,7 @@ def test_bench_verify(benchmark, device, B, drafts_kind, impl):
     logits, drafts = _inputs(device, B, drafts_kind)
     seed = torch.arange(B, device=device)
     if impl == "flashmap":
-        fn = lambda: ops.verify(logits, drafts, temperature=1.0, seed=seed, check=False)
+        fn = lambda: ops.verify(logits, drafts, temperature=1.0, seed=seed, position=0, check=False)
     else:
         fn = lambda: verify_composition(logits, drafts, 1.0)
     calls = 20 if device == "cuda" else 1

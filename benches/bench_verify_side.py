@@ -125,7 +125,7 @@ def verify_fn(kernel, logits, drafts, mode, seed):
 
     def call():  # the switch is read at every call: inside the capture, so the graph keeps this kernel
         os.environ["FLASHMAP_VERIFY_KERNEL"] = kernel
-        return ops.verify(logits, drafts, temperature=temperature, top_p=top_p, seed=seed, check=False)
+        return ops.verify(logits, drafts, temperature=temperature, top_p=top_p, seed=seed, position=0, check=False)
     return call
 
 

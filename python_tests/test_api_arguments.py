@@ -40,12 +40,12 @@ def test_verify_scalar_arguments_are_checked(case, kw, error, message):
 def test_verify_huge_top_k_is_off(case):
     logits, drafts = case
     for top_k in (V, 2**31, 2**40):  # >= V is off; above int32 used to overflow
-        out = ops.verify(logits, drafts, temperature=1.0, top_k=top_k, seed=3)
-        assert torch.equal(out.tokens, ops.verify(logits, drafts, temperature=1.0, seed=3).tokens)
+        out = ops.verify(logits, drafts, temperature=1.0, top_k=top_k, seed=3, position=0)
+        assert torch.equal(out.tokens, ops.verify(logits, drafts, temperature=1.0, seed=3, position=0).tokens)
     B = 64  # an int64 [B] tensor is clamped, not wrapped to int32 (2**32 + 1 used to become top-1)
     many = logits[:1].expand(B, -1, -1), torch.full((B, 3), -1)
-    out = ops.verify(*many, temperature=1.0, top_k=torch.full((B,), 2**32 + 1), seed=torch.arange(B))
-    assert torch.equal(out.tokens, ops.verify(*many, temperature=1.0, seed=torch.arange(B)).tokens)
+    out = ops.verify(*many, temperature=1.0, top_k=torch.full((B,), 2**32 + 1), seed=torch.arange(B), position=0)
+    assert torch.equal(out.tokens, ops.verify(*many, temperature=1.0, seed=torch.arange(B), position=0).tokens)
     assert out.tokens[:, 0].unique().numel() > 1
 
 

@@ -208,8 +208,24 @@ def _raise_on_bad_rows(status: torch.Tensor, params: dict) -> None:
     raise ValueError("verify: " + "; ".join(problems or [f"error status {status.tolist()}"]))
 
 
+def _position_or_zero(position: Optional[Scalar], temperature: Scalar) -> Scalar:
+    """`position`, or 0 when it is left out of a greedy call (greedy rows draw no coins); ValueError naming
+    `position` when a sampling call leaves it out. A bad temperature is left to its own check."""
+    if position is not None:
+        return position
+    if isinstance(temperature, torch.Tensor):  # values read on the CPU only (no host sync on CUDA)
+        sampling = temperature.device.type != "cpu" or torch.compiler.is_compiling() or bool((temperature > 0).any())
+    else:
+        sampling = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) and temperature > 0
+    if sampling:
+        raise ValueError("verify: position is required when sampling (temperature > 0): the coins are keyed by "
+                         "(seed, position), so calls without it would all draw the same ones; pass the absolute "
+                         "position of slot 0 (the anchor's)")
+    return 0
+
+
 def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperature: Scalar = 0.0,
-           top_k: Scalar = 0, top_p: Scalar = 1.0, seed: Scalar = 0, position: Scalar = 0,
+           top_k: Scalar = 0, top_p: Scalar = 1.0, seed: Scalar = 0, position: Optional[Scalar] = None,
            draft_probs: Optional[torch.Tensor] = None, valid_vocab: Optional[int] = None,
            uniforms: Optional[torch.Tensor] = None, check: bool = True) -> VerifyOutput:
     """Fused acceptance step of chain speculative decoding (DESIGN.md §3.1).
@@ -241,7 +257,9 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
         position: scalar or [B] int64 — absolute position of slot 0, the anchor (as
             `draft_block`'s position: the row's committed length); slot i's coins use counter
             (position + i, stream), streams ACCEPT = 0 and RESAMPLE = 1 (the drafter owns 2). Never
-            keyed by batch row: a row's output does not depend on its batch-mates.
+            keyed by batch row: a row's output does not depend on its batch-mates. Required when a row
+            samples (temperature > 0; a CUDA [B] temperature always counts as sampling): calls without
+            it would all draw the same coins. Greedy calls may leave it out.
         draft_probs: optional [B, K, V] fp32 — the q each draft was really sampled from. In a sampling
             row, q(x) at each in-range draft x must be in (0, 1], else the row gets status bit 8 (only
             q(x), read by the accept test anyway, is checked; other entries are trusted, a NaN there
@@ -274,7 +292,8 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
         _check_draft_ids(draft_tokens, V)
     params = {name: _per_row(name, value, B, dtype, dev) for name, value, dtype in (
         ("temperature", temperature, torch.float32), ("top_k", top_k, torch.int32),
-        ("top_p", top_p, torch.float32), ("seed", seed, torch.int64), ("position", position, torch.int64))}
+        ("top_p", top_p, torch.float32), ("seed", seed, torch.int64))}
+    params["position"] = _per_row("position", _position_or_zero(position, params["temperature"]), B, torch.int64, dev)
     tensors = [v if isinstance(v, torch.Tensor) else None for v in params.values()]
     values = [_SCALAR_DEFAULTS[k] if isinstance(v, torch.Tensor) else v for k, v in params.items()]
     out = _verify_op(target_logits, draft_tokens, *tensors, *values,
@@ -286,7 +305,7 @@ def verify(target_logits: torch.Tensor, draft_tokens: torch.Tensor, *, temperatu
 
 
 def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0, top_p: Scalar = 1.0,
-           seed: Scalar = 0, position: Scalar = 0, valid_vocab: Optional[int] = None,
+           seed: Scalar = 0, position: Optional[Scalar] = None, valid_vocab: Optional[int] = None,
            check: bool = True) -> torch.Tensor:
     """Plain (non-speculative) sampler: `verify` with K = 0, the same filters and the RESAMPLE stream.
 

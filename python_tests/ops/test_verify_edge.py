@@ -14,6 +14,8 @@ NEG = -math.inf
 
 
 def _verify(device, logits, drafts, **kw):
+    """ops.verify on `device`; one call per case, so its coins' position is 0 unless given."""
+    kw.setdefault("position", 0)
     move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v
     return ops.verify(move(logits), move(drafts), **{k: move(v) for k, v in kw.items()})
 
@@ -198,7 +200,7 @@ def test_verify_top_filters_equal_greedy_when_extreme():
     logits, drafts = random_case(B, K, V, scale=2.0)
     greedy = ops.verify(logits, drafts)
     for kw in (dict(top_k=1), dict(top_p=1e-9), dict(top_p=torch.zeros(B))):  # a scalar 0 is refused
-        out = ops.verify(logits, drafts, temperature=1.0, seed=torch.arange(B), **kw)
+        out = ops.verify(logits, drafts, temperature=1.0, seed=torch.arange(B), position=0, **kw)
         assert torch.equal(out.tokens, greedy.tokens), kw
 
 

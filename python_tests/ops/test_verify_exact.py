@@ -195,6 +195,6 @@ def test_sample_argument_errors_name_sample():
     with pytest.raises(ValueError, match=r"^sample: position must be a python scalar or a \[B\] = \[2\] tensor"):
         sample(torch.zeros(2, 5), position=torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match=r"^sample: logits rows \[1\] hold NaN"):
-        sample(torch.tensor([[0.0, 1.0], [math.nan, 0.0]]), temperature=1.0)
+        sample(torch.tensor([[0.0, 1.0], [math.nan, 0.0]]), temperature=1.0, position=0)
     with pytest.raises(ValueError, match=r"^sample: logits \[B, V\] needs B >= 1 and V >= 1, got \[0, 5\]"):
         sample(torch.zeros(0, 5))

@@ -40,3 +40,23 @@ def test_verify_accepts_the_domain_edges(kw):
     assert solid.sum() >= B // 2, "too few rows decided away from a threshold to compare"
     assert torch.equal(out.tokens[solid], tokens[solid]) and torch.equal(out.num_accepted[solid], num_accepted[solid])
     assert torch.equal(out.status, status) and not status.any()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1e-6, torch.tensor([0.0, 0.8])])
+def test_a_sampling_call_without_position_is_refused(temperature):
+    """Without `position` every sampling call drew the coins of position 0: the same token for the same seed
+    in every round of a loop. A sampling call (any row with temperature > 0) must give it."""
+    logits, drafts = torch.randn(2, 4, 10), torch.zeros(2, 3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^verify: position is required when sampling"):
+        ops.verify(logits, drafts, temperature=temperature)
+    with pytest.raises(ValueError, match=r"^sample: position is required when sampling"):
+        ops.sample(logits[:, 0], temperature=temperature)
+    assert ops.sample(logits[:, 0], temperature=temperature, position=5).shape == (2,)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0, torch.zeros(2)])
+def test_a_greedy_call_needs_no_position(temperature):
+    logits, drafts = torch.randn(2, 4, 10), torch.zeros(2, 3, dtype=torch.int64)
+    out = ops.verify(logits, drafts, temperature=temperature)
+    assert out.tokens[:, 0].tolist() == logits[:, 0].argmax(-1).tolist()  # slot 0: the draft iff it is the argmax
+    assert ops.sample(logits[:, 0], temperature=temperature).tolist() == logits[:, 0].argmax(-1).tolist()
