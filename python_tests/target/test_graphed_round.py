@@ -154,7 +154,7 @@ def round_reads(monkeypatch, drafter_kind: str, device: str = "cpu") -> list:
     that read CPU tensors only (verify's row values, the drafter's anchor ids: skipped on CUDA, where the
     kernels flag bad values) are switched off as on CUDA."""
     monkeypatch.setattr(importlib.import_module("flashmap_ext.ops.verify"), "_check_row_values", lambda *a: None)
-    monkeypatch.setattr(importlib.import_module("flashmap_ext.drafters.flashmap.draft_args"), "_readable",
+    monkeypatch.setattr(importlib.import_module("flashmap_ext.drafters.common.base"), "host_readable",
                         lambda t: False)
     model = tiny_model("qwen3").to(device)
     drafter = fused_flashmap(model) if drafter_kind == "flashmap-fused" else DRAFTERS[drafter_kind](model)

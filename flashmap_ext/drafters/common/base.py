@@ -198,15 +198,19 @@ class ReadsTarget:
         return DraftVocab(getattr(self, "d2t", None))
 
 
+def host_readable(t: torch.Tensor) -> bool:
+    """Whether an argument check may read `t`'s values: CPU tensors outside compilation (on CUDA a read is a host
+    sync, so bad values are left to the kernels and the embedding lookup's assert)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
     """TypeError naming `name` for a tensor that does not hold integers, ValueError when an id lies outside
     [0, vocab_size) (the target's vocabulary). Values are read for CPU tensors only: on CUDA (no host sync)
     the embedding lookup asserts."""
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise TypeError(f"{name}: expected integer token ids (int64), got {ids.dtype}")
-    if ids.device.type != "cpu" or torch.compiler.is_compiling():
-        return
-    if not bool(((ids >= 0) & (ids < vocab_size)).all()):
+    if host_readable(ids) and not bool(((ids >= 0) & (ids < vocab_size)).all()):
         raise ValueError(f"{name}: expected ids in [0, {vocab_size}) (the target's vocabulary), got "
                          f"{ids.reshape(-1).tolist()[:8]}")
 

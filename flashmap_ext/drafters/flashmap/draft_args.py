@@ -6,13 +6,10 @@ from __future__ import annotations
 import torch
 
 from flashmap_ext.checks import check_int, describe
+from flashmap_ext.drafters.common import base
 from flashmap_ext.drafters.common.base import check_memory_type, check_token_ids
 
 _INT63 = 2**63
-
-
-def _readable(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def _check_not_meta(name: str, t) -> None:
@@ -39,7 +36,7 @@ def check_key(name: str, value, batch_size: int, expected: str) -> None:
                 or value.numel() not in (1, batch_size) or value.dim() > 1:
             raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
                              f"{list(value.shape)} {value.dtype}")
-        if not _readable(value):
+        if not base.host_readable(value):
             return
         values = value.reshape(-1).tolist()
     else:
@@ -60,7 +57,7 @@ def check_noise(noise, shape: tuple[int, int, int]) -> None:
         raise TypeError(f"noise: expected a floating tensor (fp32, or fp64 for a reference), got {noise.dtype}")
     if tuple(noise.shape) != shape:
         raise ValueError(f"noise: expected {list(shape)}, got {list(noise.shape)}")
-    if _readable(noise) and not bool(torch.isfinite(noise).all()):
+    if base.host_readable(noise) and not bool(torch.isfinite(noise).all()):
         raise ValueError("noise: holds NaN or inf entries (the draft would be garbage)")
 
 
