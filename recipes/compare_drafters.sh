@@ -13,7 +13,8 @@
 #   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs, default the committed
 #   ones; DFLASH2= empty skips its rows), TARGET (`flashmap bench --target`, default qwen2.5-coder-0.5b).
 # Exit status 1 when a run failed (the others still run; a rerun repeats only the failed ones).
-# Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/compare-*.md (paired Δγ).
+# Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/rows.md (γ of every row per set),
+#   $OUT/T<t>/compare-*.md (paired Δγ).
 set -euo pipefail
 
 FLOW=${FLOW:-checkpoints/flashmap-flow-qwen2.5-coder-0.5b}
@@ -62,10 +63,11 @@ worker() {  # index of CORES: runs every W-th job, pinned to its core; status 1 
     return $failed
 }
 
-compare() {  # paired Δγ of every drafter's rows per temperature (prompts paired by id across runs)
+compare() {  # per temperature: every row's γ, and paired Δγ of the drafters' rows (prompts paired by id)
     local t files pair
     for t in ${TEMPS//,/ }; do
         files=$(ls "$OUT/T$t"/*/results.json 2>/dev/null) || continue
+        $FM bench compare $files --rows > "$OUT/T$t/rows.md" 2>&1 || true
         for pair in "DFlash,FlashMap-1" "DFlash2,DFlash" "DFlash2 selector 32,DFlash2" "DFlash top-k 32,DFlash" \
                     "FlashMap-1 top-k 32,FlashMap-1"; do
             $FM bench compare $files --pair "$pair" > "$OUT/T$t/compare-${pair//[ ,]/_}.md" 2>&1 || true

@@ -3,6 +3,7 @@ shuffle-test Δγ, as Markdown.
 
     flashmap bench compare runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
     flashmap bench compare runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
+    flashmap bench compare runs/*/results.json --rows      # every row's γ per set (bench/row_table.py)
 
 Several results files (one dataset, or one drafter, per core) are pooled when their settings agree and no row
 (method, dataset) is in two; AR, which every run has, is kept from the first file holding each dataset.
@@ -101,7 +102,19 @@ def merge(parts: list[dict], names: list[str]) -> dict:
         records += [r for r in part["records"] if (r["method"], r["dataset"]) not in seen]
         seen.update({row: seen.get(row, name) for row in rows})
     return {**first, "methods": list(dict.fromkeys(m for p in parts for m in p["methods"])), "records": records,
-            "shuffle": {d: v for p in parts for d, v in p.get("shuffle", {}).items()}}
+            "shuffle": {d: v for p in parts for d, v in p.get("shuffle", {}).items()},
+            "projected_h200": _per_row(parts, lambda p: (p.get("projected_h200") or {}).items()),
+            "identical": _per_row(parts, lambda p: ((m, {d: row.get("identical")}) for d, rows in
+                                                    p.get("datasets", {}).items() for m, row in rows.items()))}
+
+
+def _per_row(parts: list[dict], items) -> dict:
+    """{row: {dataset: value}} pooled over the parts' (row, {dataset: value}) items."""
+    out: dict = {}
+    for part in parts:
+        for method, by_set in items(part):
+            out.setdefault(method, {}).update(by_set)
+    return out
 
 
 def fmt(iv) -> str:
@@ -127,6 +140,9 @@ def add_arguments(p) -> None:
     p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
     p.add_argument("--out", help="JSON file for the pairs")
+    p.add_argument("--rows", action="store_true",
+                   help="first a table of every row's pooled γ per dataset, projected H200 speedup and lossless "
+                        "check (bench/row_table.py); with --rows and no --pair, only that table")
 
 
 def parse_pairs(specs: list[str] | None) -> list[tuple[str, str]]:
@@ -156,10 +172,14 @@ def read_results(path: str) -> dict:
 
 def run(args) -> int:
     """Prints the Markdown table of every --pair (and the shuffle rows); writes --out when given."""
-    todo = parse_pairs(args.pair)
+    todo = parse_pairs(args.pair) if args.pair or not args.rows else []
     results = merge([read_results(f) for f in args.results], args.results)
     pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
-    print("\n".join(markdown(results, pairs)))
+    if args.rows:
+        from flashmap_ext.bench.row_table import markdown_rows
+        print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")
+    if todo:
+        print("\n".join(markdown(results, pairs)))
     if args.out:
         Path(args.out).write_text(json.dumps({f"{a} - {b}": v for (a, b), v in pairs.items()}, indent=1) + "\n")
     return 0

@@ -142,3 +142,43 @@ def test_rows_of_one_name_from_two_checkpoints_are_refused():
     b = {**b, "config": {**b["config"], "drafter": "runs/flow-4-layers"}}
     assert bench_delta.pair_delta(bench_delta.merge([a, b], ["a.json", "b.json"]), "FlashMap-1", "DFlash") \
         == bench_delta.pair_delta(res, "FlashMap-1", "DFlash")
+
+
+def test_rows_table_pools_each_row_by_hand(tmp_path, capsys):
+    """--rows: pooled γ per set and over all sets (counts summed by hand), the projected speedup and lossless
+    check of each part kept under its row; without --pair only that table."""
+    a, b = split_by_dataset(results())
+    a["datasets"] = {"gsm8k": {"A": {"identical": "yes"}, "B": {"identical": "yes"}}}
+    b["datasets"] = {"mtbench": {"A": {"identical": "yes"}, "B": {"identical": "no (1 of 2)"}}}
+    a["projected_h200"], b["projected_h200"] = {"A": {"gsm8k": 1.5}}, {"A": {"mtbench": 2.25}}
+    files = [tmp_path / "a.json", tmp_path / "b.json"]
+    for f, part in zip(files, (a, b)):
+        f.write_text(json.dumps(part))
+    assert compare([*map(str, files), "--rows"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("| row | gsm8k | mtbench | all datasets | projected H200 speedup gsm8k / mtbench | "
+                        "identical to AR |")
+    # A: gsm8k 5 accepted / 5 rounds; mtbench 10 / 5; all 15 / 10.  B: 4 / 5; 3 / 6; 7 / 11
+    assert lines[2] == "| A | 2.000 | 3.000 | 2.500 | 1.50× / 2.25× | yes |"
+    assert lines[3] == f"| B | 1.800 | 1.500 | {18 / 11:.3f} | – / – | no (1 of 2), yes |"
+    assert len(lines) == 4
+    assert compare([*map(str, files), "--rows", "--pair", "A,B"]) == 0
+    assert "| A − B | gsm8k | 2.000 | 1.800 | +0.200 |" in capsys.readouterr().out
+
+
+def test_rows_table_matches_what_bench_measured():
+    """On the committed comparison runs, each row's γ per set equals the γ `flashmap bench` wrote at run time."""
+    from pathlib import Path
+    from flashmap_ext.bench.row_table import row_gammas
+    files = sorted(Path(__file__).parents[2].glob("docs/bench/compare/T0/*/results.json"))
+    assert files, "docs/bench/compare/T0 has no results"
+    parts = [json.loads(f.read_text()) for f in files]
+    pooled = bench_delta.merge(parts, [str(f) for f in files])
+    checked = 0
+    for part in parts:
+        for dataset, rows in part["datasets"].items():
+            for method, row in rows.items():
+                if method != "AR":
+                    assert row_gammas(pooled, method)[dataset] == pytest.approx(row["gamma"], rel=1e-12)
+                    checked += 1
+    assert checked == 27
