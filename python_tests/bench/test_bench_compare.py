@@ -169,6 +169,7 @@ def test_rows_table_pools_each_row_by_hand(tmp_path, capsys):
 def test_rows_table_matches_what_bench_measured():
     """On the committed comparison runs, each row's γ per set equals the γ `flashmap bench` wrote at run time."""
     from pathlib import Path
+
     from flashmap_ext.bench.row_table import row_gammas
     files = sorted(Path(__file__).parents[2].glob("docs/bench/compare/T0/*/results.json"))
     assert files, "docs/bench/compare/T0 has no results"
