@@ -105,6 +105,24 @@ def test_draft_block_refuses_another_drafters_memory_naming_both_types(setup, ki
         fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1)
 
 
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "dflash2", "eagle3"])
+def test_a_memory_from_another_drafter_of_the_same_type_is_refused(setup, kind):
+    """A memory filled by another drafter of the same class and shape (other weights) was drafted from silently:
+    its K/V are the other drafter's. Both draft_block and extend_memory now refuse it; the maker still drafts."""
+    model, ids, drafters = setup
+    torch.manual_seed(7)
+    twin = _drafters(model)[kind]
+    memory = _memory(model, twin, ids)
+    with pytest.raises(ValueError, match=rf"^memory: made by another {type(twin).__name__}'s new_memory"):
+        fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1)
+    with torch.no_grad():
+        taps = torch.cat([model(input_ids=ids, output_hidden_states=True).hidden_states[i + 1]
+                          for i in twin.target_layer_ids], dim=-1)
+    with pytest.raises(ValueError, match=r"^memory: made by another"):
+        drafters[kind].extend_memory(memory, ids[:, -1:], taps[:, -1:])
+    assert fm.draft_block(twin, memory, ids[:, -1], seed=0, position=S - 1).tokens.shape[0] == 2
+
+
 @pytest.mark.parametrize("other", ["flashmap", "dflash"])
 def test_a_lookup_drafter_refuses_another_drafters_memory_and_float_ids(setup, other):
     """LookupDrafter raised "AttributeError: ... has no attribute 'token_ids'" for a FlashMap or DFlash memory, and

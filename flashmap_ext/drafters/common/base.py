@@ -14,6 +14,7 @@ Conventions shared by all drafters:
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
@@ -215,13 +216,25 @@ def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
                          f"{ids.reshape(-1).tolist()[:8]}")
 
 
+def own_memory(drafter: Any, memory: Any) -> Any:
+    """Stamps a memory `drafter.new_memory` made with its maker (a weak reference): `check_memory_type` then
+    refuses it for any other drafter, whose weights did not fill it."""
+    memory.owner = weakref.ref(drafter)
+    return memory
+
+
 def check_memory_type(drafter: Any, memory: Any) -> None:
     """TypeError naming `memory` when it is not of the type `drafter.new_memory` makes (`drafter.memory_type`,
-    where the drafter names one): e.g. a FlashMapMemory given to a DFlash drafter, or the reverse."""
+    where the drafter names one): e.g. a FlashMapMemory given to a DFlash drafter, or the reverse. ValueError
+    when another drafter's new_memory made it (`own_memory`): its entries come from that drafter's weights."""
     expected = getattr(drafter, "memory_type", None)
     if expected is not None and not isinstance(memory, expected):
         raise TypeError(f"memory: expected the {expected.__name__} of drafter.new_memory(B) (a "
                         f"{type(drafter).__name__}'s memory, filled by extend_memory), got {type(memory).__name__}")
+    owner = getattr(memory, "owner", None)
+    if owner is not None and owner() is not drafter and not torch.compiler.is_compiling():
+        raise ValueError(f"memory: made by another {type(drafter).__name__}'s new_memory (its entries come from "
+                         "that drafter's weights): use this drafter's new_memory(B), filled by its extend_memory")
 
 
 def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:

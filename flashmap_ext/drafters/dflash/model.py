@@ -18,7 +18,7 @@ from torch import nn
 
 from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget
+from flashmap_ext.drafters.common.base import ReadsTarget, check_memory_type, own_memory
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
@@ -105,8 +105,8 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         in the loop's contract (memory = every committed position except the anchor)."""
         check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c, w = self.config, self.fc.weight
-        return KVCache.empty(len(self.layers), batch_size, c.num_key_value_heads, c.head_dim, w.dtype,
-                             device or w.device)
+        return own_memory(self, KVCache.empty(len(self.layers), batch_size, c.num_key_value_heads, c.head_dim,
+                                              w.dtype, device or w.device))
 
     @torch.no_grad()
     def extend_memory(self, memory: DFlashMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
@@ -114,6 +114,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
 
         token_ids: [B, T] int64 (unused: DFlash context is the taps alone); taps: [B, T, n_taps·d].
         """
+        check_memory_type(self, memory)
         if taps is None:
             raise ValueError("DFlash needs target taps to extend its memory")
         b = memory.batch

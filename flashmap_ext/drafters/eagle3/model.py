@@ -21,7 +21,8 @@ from torch import nn
 
 from flashmap_ext.checks import check_int, describe
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget, check_token_ids, config_fits, truncated
+from flashmap_ext.drafters.common.base import (ReadsTarget, check_memory_type, check_token_ids, config_fits,
+                                               own_memory, truncated)
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
@@ -180,13 +181,14 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c, w = self.config, self.fc.weight
         cache = KVCache.empty(1, batch_size, c.num_key_value_heads, c.head_dim, w.dtype, device or w.device)
-        return Eagle3Memory(cache)
+        return own_memory(self, Eagle3Memory(cache))
 
     @torch.no_grad()
     def extend_memory(self, memory: Eagle3Memory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
         """Commits T positions: tokens [B, T] int64 and their taps [B, T, n_taps·d]. Pairs whose next
         token is now known enter the cache; the last position's g waits in `pending`. The tokens are embedded:
         ValueError / TypeError naming `token_ids` unless they are [B, T] integer ids of the target's vocabulary."""
+        check_memory_type(self, memory)
         if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
             raise ValueError(f"token_ids: expected [B, T] int64 token ids, got {describe(token_ids)}")
         check_token_ids("token_ids", token_ids, self.config.vocab_size)

@@ -19,7 +19,7 @@ from torch import nn
 
 from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget
+from flashmap_ext.drafters.common.base import ReadsTarget, check_memory_type, own_memory
 from flashmap_ext.drafters.common.layers import RMSNorm
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.common.window import window_start
@@ -310,11 +310,13 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c = self.config
         device = self.slot_pos.device if device is None else device
-        return FlashMapMemory.empty(c.n_layers, batch_size, c.heads, c.head_dim, torch.device(device), self.dtype)
+        return own_memory(self, FlashMapMemory.empty(c.n_layers, batch_size, c.heads, c.head_dim,
+                                                     torch.device(device), self.dtype))
 
     @torch.no_grad()
     def extend_memory(self, memory: FlashMapMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
         """Appends committed positions: token_ids [B, T] int64, taps [B, T, n_taps·d_target]."""
+        check_memory_type(self, memory)
         if taps is None:
             raise ValueError("taps: the FlashMap drafter needs the target's tapped hidden states")
         if token_ids.dim() != 2 or token_ids.shape[0] != memory.batch_size:
