@@ -20,18 +20,7 @@ import json
 import os
 from pathlib import Path
 
-ALL = "all datasets"
-
-
-def prompt_counts(rows: list[dict], method: str) -> dict:
-    """{(dataset, prompt): [Σ accepted, rounds]} of one bench row over its records (turns "id#n" merged)."""
-    out: dict = {}
-    for r in rows:
-        if r["method"] == method:
-            c = out.setdefault((r["dataset"], r["prompt_id"].split("#")[0]), [0, 0])
-            c[0] += sum(r["accepted"])
-            c[1] += len(r["accepted"])
-    return out
+from flashmap_ext.bench.row_table import ALL, markdown_rows, prompt_counts
 
 
 def pair_delta(results: dict, a: str, b: str) -> dict:
@@ -176,7 +165,6 @@ def run(args) -> int:
     results = merge([read_results(f) for f in args.results], args.results)
     pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
     if args.rows:
-        from flashmap_ext.bench.row_table import markdown_rows
         print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")
     if todo:
         print("\n".join(markdown(results, pairs)))

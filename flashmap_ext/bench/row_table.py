@@ -6,7 +6,18 @@ pooled as `flashmap bench compare` pools Δγ); "all datasets" pools every recor
 """
 from __future__ import annotations
 
-from flashmap_ext.bench.compare import ALL, prompt_counts
+ALL = "all datasets"
+
+
+def prompt_counts(rows: list[dict], method: str) -> dict:
+    """{(dataset, prompt): [Σ accepted, rounds]} of one bench row over its records (turns "id#n" merged)."""
+    out: dict = {}
+    for r in rows:
+        if r["method"] == method:
+            c = out.setdefault((r["dataset"], r["prompt_id"].split("#")[0]), [0, 0])
+            c[0] += sum(r["accepted"])
+            c[1] += len(r["accepted"])
+    return out
 
 
 def row_gammas(results: dict, method: str) -> dict:

@@ -21,8 +21,14 @@ from torch import nn
 
 from flashmap_ext.checks import check_int, describe
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import (ReadsTarget, check_memory_type, check_token_ids, config_fits,
-                                               own_memory, truncated)
+from flashmap_ext.drafters.common.base import (
+    ReadsTarget,
+    check_memory_type,
+    check_token_ids,
+    config_fits,
+    own_memory,
+    truncated,
+)
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
