@@ -91,14 +91,15 @@ def merge(parts: list[dict], names: list[str]) -> dict:
         records += [r for r in part["records"] if (r["method"], r["dataset"]) not in seen]
         seen.update({row: seen.get(row, name) for row in rows})
     return {**first, "methods": list(dict.fromkeys(m for p in parts for m in p["methods"])), "records": records,
-            "shuffle": {d: v for p in parts for d, v in p.get("shuffle", {}).items()},
-            "projected_h200": _per_row(parts, lambda p: (p.get("projected_h200") or {}).items()),
-            "identical": _per_row(parts, lambda p: ((m, {d: row.get("identical")}) for d, rows in
+            "shuffle": _pooled(parts, lambda p: (p.get("shuffle") or {}).items()),
+            "projected_h200": _pooled(parts, lambda p: (p.get("projected_h200") or {}).items()),
+            "identical": _pooled(parts, lambda p: ((m, {d: row.get("identical")}) for d, rows in
                                                     p.get("datasets", {}).items() for m, row in rows.items()))}
 
 
-def _per_row(parts: list[dict], items) -> dict:
-    """{row: {dataset: value}} pooled over the parts' (row, {dataset: value}) items."""
+def _pooled(parts: list[dict], items) -> dict:
+    """{key: {sub: value}} pooled over the parts' (key, {sub: value}) items: a row's value per dataset, or a
+    dataset's shuffle rows per method, from whichever run holds it."""
     out: dict = {}
     for part in parts:
         for method, by_set in items(part):
@@ -146,8 +147,10 @@ def parse_pairs(specs: list[str] | None) -> list[tuple[str, str]]:
 
 
 def read_results(path: str) -> dict:
-    """One bench results.json; ValueError (FileNotFoundError) naming the file when it is not one."""
+    """One bench results.json; ValueError naming the file when it is missing or not one."""
     p = Path(path)
+    if not p.exists():
+        raise ValueError(f"{path}: no such file (a `flashmap bench --out DIR` run writes DIR/results.json)")
     if p.is_dir():
         raise ValueError(f"{path}: a folder; give its results.json ({p / 'results.json'})")
     try:

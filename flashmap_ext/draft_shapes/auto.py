@@ -97,7 +97,7 @@ class AutoDrafter(LookupDrafter):
         return f"auto: lookup, drafter K / {trees} and two-branch rounds chosen per round ({costs})"
 
     # --- memory: the inner memory only while the drafter is in use; the profiles per request ----------
-    def new_memory(self, batch_size: int, device) -> LookupMemory:
+    def new_memory(self, batch_size: int, device=None) -> LookupMemory:
         if batch_size != 1:
             raise ValueError(f"AutoDrafter: batch size 1 only (got {batch_size})")
         self._pending, self._path, self._rounds_without_drafter = None, [], 0

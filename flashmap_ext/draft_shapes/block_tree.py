@@ -151,7 +151,7 @@ class _BlockTreeBase:
         self.num_draft_tokens = drafter.num_draft_tokens
         self.target_layer_ids = tuple(drafter.target_layer_ids)
 
-    def new_memory(self, batch_size, device):
+    def new_memory(self, batch_size, device=None):
         if batch_size != 1:
             raise ValueError(f"{type(self).__name__}: batch size 1 only (got {batch_size})")
         return self.inner.new_memory(batch_size, device)

@@ -72,7 +72,7 @@ class LookupDrafter:
 
     memory_type = LookupMemory  # what new_memory makes (draft_block refuses another drafter's)
 
-    def new_memory(self, batch_size: int, device) -> LookupMemory:
+    def new_memory(self, batch_size: int, device=None) -> LookupMemory:
         if batch_size != 1:
             raise ValueError(f"LookupDrafter: batch size 1 only (got {batch_size})")
         return LookupMemory(self.inner.new_memory(batch_size, device) if self.inner is not None else None)

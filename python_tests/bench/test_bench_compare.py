@@ -183,3 +183,25 @@ def test_rows_table_matches_what_bench_measured():
                     assert row_gammas(pooled, method)[dataset] == pytest.approx(row["gamma"], rel=1e-12)
                     checked += 1
     assert checked == 27
+
+
+def test_shuffle_rows_of_every_run_are_kept_and_a_missing_file_is_named(tmp_path, capsys, monkeypatch):
+    """Two runs of one set, one drafter each, each with its shuffle row: pooled, only the last file's row was
+    printed (the section was keyed by dataset alone). A missing file was Python's bare "[Errno 2]"."""
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    row = {"shared": 2.0, "per_slot": 1.5, "delta": 0.5, "interval": [0.1, 0.9], "prompts": 2}
+    res = results()
+    a = {**res, "records": [r for r in res["records"] if r["method"] in ("A", "AR")],
+         "shuffle": {"gsm8k": {"A": row}}}
+    b = {**res, "records": [r for r in res["records"] if r["method"] == "B"],
+         "shuffle": {"gsm8k": {"B": {**row, "shared": 1.75}}}}
+    assert bench_delta.merge([a, b], ["a", "b"])["shuffle"] == {"gsm8k": {"A": row, "B": {**row, "shared": 1.75}}}
+    files = [tmp_path / "a.json", tmp_path / "b.json"]
+    for f, part in zip(files, (a, b)):
+        f.write_text(json.dumps(part))
+    assert compare([*map(str, files), "--pair", "A,B"]) == 0
+    out = capsys.readouterr().out
+    assert "| A shared − per-slot noise | gsm8k | 2.000 |" in out and "| B shared − per-slot noise | gsm8k | 1.750 |" in out
+    assert compare([str(files[0]), str(tmp_path / "nope.json"), "--pair", "A,B"]) == 2
+    err = capsys.readouterr().err
+    assert "nope.json: no such file" in err and err.count("\n") == 1, err

@@ -21,12 +21,14 @@ def _drafters(model):
     return {"flashmap": flash.eval(), "dflash": dflash.eval(), "dflash2": dflash2.eval(), "eagle3": eagle.eval()}
 
 
-def _memory(model, drafter, ids):
-    """The drafter's memory of ids[:, :-1], its taps read from HF's own hidden states (tap i = hidden_states[i + 1])."""
+def _memory(model, drafter, ids, device="cpu"):
+    """The drafter's memory of ids[:, :-1], its taps read from HF's own hidden states (tap i = hidden_states[i + 1]);
+    made by new_memory(B, device), or new_memory(B) for device None."""
     with torch.no_grad():
         hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
     taps = torch.cat([hidden[i + 1] for i in drafter.target_layer_ids], dim=-1)
-    memory = drafter.new_memory(ids.shape[0], "cpu")
+    B = ids.shape[0]
+    memory = drafter.new_memory(B) if device is None else drafter.new_memory(B, device)
     drafter.extend_memory(memory, ids[:, :-1], taps[:, :-1])
     return memory
 
@@ -121,6 +123,38 @@ def test_a_memory_from_another_drafter_of_the_same_type_is_refused(setup, kind):
     with pytest.raises(ValueError, match=r"^memory: made by another"):
         drafters[kind].extend_memory(memory, ids[:, -1:], taps[:, -1:])
     assert fm.draft_block(twin, memory, ids[:, -1], seed=0, position=S - 1).tokens.shape[0] == 2
+
+
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])
+@pytest.mark.parametrize("wrapper", ["TopKTreeDrafter", "MultiNoiseDrafter"])
+def test_a_wrapper_drafts_from_its_own_and_its_inner_drafters_memory(setup, kind, wrapper):
+    """A tree wrapper's new_memory is its inner drafter's: draft_block took it for the inner drafter but refused it
+    for the wrapper itself ("made by another TopKTreeDrafter"). Both hold the same entries, so both are taken."""
+    from flashmap_ext.draft_shapes import block_tree
+    model, ids, drafters = setup
+    inner = drafters[kind]
+    wrapped = getattr(block_tree, wrapper)(inner)
+    own = _memory(model, wrapped, ids[:1], None)  # new_memory(1) without a device: the inner drafter's default
+    inner_memory = _memory(model, inner, ids[:1])
+    for drafter, memory in ((wrapped, own), (wrapped, inner_memory), (inner, own)):
+        block = fm.draft_block(drafter, memory, ids[:1, -1], seed=0, position=S - 1)
+        assert block.tokens.shape == (1, inner.num_draft_tokens)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "eagle3"])
+def test_a_memory_filled_before_the_drafter_changed_dtype_is_refused(setup, kind):
+    """DFlash / EAGLE-3 memories hold K/V in the drafter's dtype: after `.to(torch.bfloat16)` an fp32 memory
+    raised torch's "Expected query, key, and value to have the same dtype"; now one line naming `memory`."""
+    import copy
+    model, ids, drafters = setup
+    drafter = copy.deepcopy(drafters[kind])
+    memory = _memory(model, drafter, ids)
+    drafter.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^memory: filled in torch.float32 while the \w+ now runs in "
+                                         r"torch.bfloat16"):
+        fm.draft_block(drafter, memory, ids[:, -1], seed=0, position=S - 1)
+    drafter.float()
+    assert fm.draft_block(drafter, memory, ids[:, -1], seed=0, position=S - 1).tokens.shape[0] == 2
 
 
 @pytest.mark.parametrize("other", ["flashmap", "dflash"])

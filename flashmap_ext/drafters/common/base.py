@@ -223,16 +223,30 @@ def own_memory(drafter: Any, memory: Any) -> Any:
     return memory
 
 
+def _wraps(drafter: Any, owner: Any) -> bool:
+    """Whether `drafter` is `owner` or a wrapper drafting through it (`.inner`, e.g. a tree or lookup drafter)."""
+    while drafter is not None:
+        if drafter is owner:
+            return True
+        drafter = getattr(drafter, "inner", None)
+    return False
+
+
 def check_memory_type(drafter: Any, memory: Any) -> None:
     """TypeError naming `memory` when it is not of the type `drafter.new_memory` makes (`drafter.memory_type`,
     where the drafter names one): e.g. a FlashMapMemory given to a DFlash drafter, or the reverse. ValueError
-    when another drafter's new_memory made it (`own_memory`): its entries come from that drafter's weights."""
+    when another drafter's new_memory made it (`own_memory`): its entries come from that drafter's weights; or
+    when its dtype is not the drafter's `memory_dtype` (where it names one: DFlash, EAGLE-3)."""
     expected = getattr(drafter, "memory_type", None)
     if expected is not None and not isinstance(memory, expected):
         raise TypeError(f"memory: expected the {expected.__name__} of drafter.new_memory(B) (a "
                         f"{type(drafter).__name__}'s memory, filled by extend_memory), got {type(memory).__name__}")
+    made, now = getattr(memory, "dtype", None), getattr(drafter, "memory_dtype", None)
+    if made is not None and now is not None and made != now:
+        raise ValueError(f"memory: filled in {made} while the {type(drafter).__name__} now runs in {now} "
+                         "(moved with .to() since): make a new memory with new_memory(B) and extend_memory")
     owner = getattr(memory, "owner", None)
-    if owner is not None and owner() is not drafter and not torch.compiler.is_compiling():
+    if owner is not None and not _wraps(drafter, owner()) and not torch.compiler.is_compiling():
         raise ValueError(f"memory: made by another {type(drafter).__name__}'s new_memory (its entries come from "
                          "that drafter's weights): use this drafter's new_memory(B), filled by its extend_memory")
 

@@ -34,6 +34,11 @@ class KVCache(RaggedRows):
         return cls([new() for _ in range(layers)], [new() for _ in range(layers)])
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the entries were made in (the drafter's when it filled them)."""
+        return self.key_buffers[0].dtype
+
+    @property
     def batch(self) -> int:
         return self.key_buffers[0].shape[0]
 

@@ -68,6 +68,11 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     layer_prefix, depth_fields = "layers.", ("num_hidden_layers", "layer_types")
     memory_type = DFlashMemory  # what new_memory makes (draft_block refuses another drafter's)
 
+    @property
+    def memory_dtype(self) -> torch.dtype:
+        """The dtype new_memory makes entries in; a memory filled in another one is refused (no cast)."""
+        return self.fc.weight.dtype
+
     def __init__(self, config: DFlashConfig, target: Any = None):
         super().__init__()
         c = self.config = config

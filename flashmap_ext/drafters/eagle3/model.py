@@ -52,6 +52,11 @@ class Eagle3Memory:
     g: torch.Tensor | None = None
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the entries were made in (the drafter's when it filled them)."""
+        return self.cache.dtype
+
+    @property
     def rows(self) -> list:
         """Committed positions per row (Python ints): the pairs, plus the pending position."""
         return [n + (self.pending is not None) for n in self.cache.rows]
@@ -122,6 +127,11 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     """
 
     memory_type = Eagle3Memory  # what new_memory makes (draft_block refuses another drafter's)
+
+    @property
+    def memory_dtype(self) -> torch.dtype:
+        """The dtype new_memory makes entries in; a memory filled in another one is refused (no cast)."""
+        return self.fc.weight.dtype
 
     def __init__(self, config: Eagle3Config, target: Any = None):
         super().__init__()
