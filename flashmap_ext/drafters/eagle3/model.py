@@ -127,11 +127,7 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
     """
 
     memory_type = Eagle3Memory  # what new_memory makes (draft_block refuses another drafter's)
-
-    @property
-    def memory_dtype(self) -> torch.dtype:
-        """The dtype new_memory makes entries in; a memory filled in another one is refused (no cast)."""
-        return self.fc.weight.dtype
+    memory_proj = "fc"  # its weight dtype is the memory's (memory_dtype)
 
     def __init__(self, config: Eagle3Config, target: Any = None):
         super().__init__()
