@@ -80,13 +80,19 @@ def busy_note(load_start: float, load_end: float, cores: int) -> str | None:
             "speedups are noisy; γ and identity to greedy are unaffected.")
 
 
+def _program() -> str:
+    """The command's name as a user types it: `python -m flashmap_ext.cli` runs `flashmap`."""
+    name = os.path.basename(sys.argv[0])
+    return "flashmap" if name in ("cli.py", "__main__.py") else name
+
+
 def describe() -> dict:
     """Machine, date and command line of this run, for every figure that reports a number."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     flags = cpu_flags()
     return {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in [os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": " ".join(shlex.quote(a) for a in [_program()] + sys.argv[1:]),
         "cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average": round(os.getloadavg()[0], 2),
         "bf16_hw": bool(flags & {"avx512_bf16", "amx_bf16"}), "gpu": gpu,

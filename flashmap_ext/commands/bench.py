@@ -41,7 +41,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-peers", action="store_true", help="skip the HF greedy and prompt-lookup rows")
     p.add_argument("--shapes", action="store_true",
                    help="add the draft-shape rows: prompt lookup, lookup hybrids with FlashMap-1 / DFlash, "
-                        "multi-noise FlashMap trees (N = 2, 4) and top-k trees (budgets 8, 16)")
+                        "multi-noise FlashMap trees (N = 2, 4) and top-k trees (budgets 8, 16, 32; "
+                        "DFlash2: its selector trees of 16 and 32)")
     p.add_argument("--methods", default="", help="comma list of row names to run (AR always runs; default all)")
     p.add_argument("--auto", action="store_true",
                    help="add the --auto row (shape picked per round from this machine's measured costs)")

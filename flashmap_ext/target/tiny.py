@@ -41,6 +41,10 @@ class ByteTokenizer:
     decode to private-use characters), so `data regenerate` → `features` trains on what the target said;
     only a multi-byte sequence cut off at the very end decodes to U+FFFD."""
     eos_token_id = BYTE_EOS
+    vocab_size = BYTE_EOS + 1  # bytes 0-255 and EOS, as the tiny-random model's embedding rows
+
+    def __len__(self) -> int:
+        return self.vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
         ids = []
@@ -64,6 +68,14 @@ class ByteTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="flashmap_raw_bytes")
 
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True) -> str:
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True,
+                            return_tensors: str | None = None, return_dict: bool = True, **template_kwargs):
+        """As transformers 5's: with tokenize=False the template's text ("role: content" lines, then
+        "assistant: " with add_generation_prompt); else its ids as a BatchEncoding (return_dict) or a list,
+        [1, S] tensors with return_tensors="pt". Template kwargs (e.g. enable_thinking) change nothing here."""
         turns = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-        return turns + ("assistant: " if add_generation_prompt else "")
+        text = turns + ("assistant: " if add_generation_prompt else "")
+        if not tokenize:
+            return text
+        encoding = self(text, return_tensors=return_tensors)
+        return encoding if return_dict else encoding["input_ids"]

@@ -80,7 +80,7 @@ def read_jsonl(path: str) -> Iterator[dict]:
 
 def _render(tokenizer, messages, generation_prompt: bool, enable_thinking: bool) -> str:
     """Chat-template text. `enable_thinking` reaches templates through HF's template kwargs; a tokenizer
-    whose apply_chat_template takes no extra kwargs (e.g. the tiny-random byte tokenizer) renders without."""
+    whose apply_chat_template takes no extra kwargs renders without."""
     kwargs = {}
     params = inspect.signature(tokenizer.apply_chat_template).parameters
     if "enable_thinking" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):

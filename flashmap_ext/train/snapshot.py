@@ -4,7 +4,7 @@ learning curve.
 `flashmap train --keep-checkpoints 0` keeps every `checkpoints/step-N/model.safetensors` of a run; the run's
 export (`RUN/drafter`) holds the config and the per-tensor dtypes of a finished drafter. This writes OUT with
 that config.json and step N's weights cast to the export's dtypes, so that `flashmap eval` loads it like the
-export (a snapshot of the last step equals the export bit for bit). A run still under way has no export yet:
+export (a snapshot of the last step holds the export's tensors exactly). A run still under way has no export yet:
 `--template DIR` takes the config and dtypes from another drafter folder of the same architecture instead
 (e.g. the weights the run was warm-started from).
 
@@ -24,16 +24,25 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
     export = run / "drafter" if template is None else template
     if not weights.is_file():
         raise FileNotFoundError(f"{weights} is missing (RUN {run}, STEP {step})")
+    where = f"RUN {run}" if template is None else "--template"
     for path in (export / "config.json", export / "model.safetensors"):
         if not path.is_file():
             hint = ("; a run under way has no export yet: pass --template DIR, a drafter folder of the same "
                     "architecture (e.g. its warm-start weights)") if template is None else ""
-            raise FileNotFoundError(f"{path} is missing (RUN {run}){hint}")
+            raise FileNotFoundError(f"{path} is missing ({where}){hint}")
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"OUT {out} exists and is not empty: give a new folder")
     ref = load_file(str(export / "model.safetensors"))
     tensors = load_file(str(weights))
+    source = "the export" if template is None else f"--template {template}"
     if set(tensors) != set(ref):
-        raise ValueError(f"STEP {step}: its checkpoint and the export hold different tensors "
+        raise ValueError(f"STEP {step}: its checkpoint and {source} hold different tensors "
                          f"({sorted(set(tensors) ^ set(ref))[:4]}...)")
+    shapes = [k for k in sorted(ref) if tensors[k].shape != ref[k].shape]
+    if shapes:
+        k = shapes[0]
+        raise ValueError(f"STEP {step}: its checkpoint and {source} differ in shape ({len(shapes)} tensors; "
+                         f"{k}: {tuple(tensors[k].shape)} against {tuple(ref[k].shape)})")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(export / "config.json", out / "config.json")
     save_file({k: v.to(ref[k].dtype) for k, v in tensors.items()}, str(out / "model.safetensors"))
@@ -43,7 +52,7 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
 def add_arguments(p) -> None:
     p.add_argument("run", type=Path, help="a training run's folder (its checkpoints/ and its export drafter/)")
     p.add_argument("step", type=int, help="the optimizer step of the checkpoint to take")
-    p.add_argument("out", type=Path, help="the drafter folder to write (created)")
+    p.add_argument("out", type=Path, help="the drafter folder to write (created; refused if not empty)")
     p.add_argument("--template", type=Path, default=None,
                    help="a drafter folder whose config.json and tensor dtypes to use instead of RUN/drafter "
                         "(for a run that has not exported yet; its tensors must be the checkpoint's)")

@@ -22,3 +22,31 @@ def test_called_on_a_list_and_refusing_ragged_tensors():
     assert tok(["ab", "cd"], return_tensors="pt").input_ids.tolist() == [[97, 98], [99, 100]]
     with pytest.raises(ValueError, match="^text: "):
         tok(["ab", "c"], return_tensors="pt")
+
+
+def test_chat_template_tokenizes_by_default_as_transformers_does():
+    tok = ByteTokenizer()
+    chat = [{"role": "user", "content": "hi"}]
+    text = "user: hi\nassistant: "
+    assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == text
+    assert tok.apply_chat_template(chat, tokenize=False) == "user: hi\n"  # no generation prompt by default
+    want = list(text.encode("utf-8"))
+    assert tok.apply_chat_template(chat, add_generation_prompt=True).input_ids == want
+    assert tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) == want
+    pt = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", enable_thinking=False)
+    assert pt.input_ids.tolist() == [want]
+    assert len(tok) == tok.vocab_size == 257
+
+
+def test_generate_takes_the_chat_template_output_and_matches_greedy():
+    from flashmap_ext import FlashMapDrafter, generate, load_target
+    target, tok = load_target("tiny-random")
+    drafter = FlashMapDrafter.for_target(target, "cpu-tiny")
+    chat = [{"role": "user", "content": "hi"}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
+    res = generate(target, drafter, ids, max_new_tokens=6, temperature=0.0)
+    seq = ids.input_ids.clone()  # plain greedy decoding of the HF model, the reference
+    with torch.no_grad():
+        for _ in range(6):
+            seq = torch.cat([seq, target.model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert list(res.tokens) == seq[0, ids.input_ids.shape[1]:].tolist()

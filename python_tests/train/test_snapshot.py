@@ -62,3 +62,22 @@ def test_a_run_without_export_needs_a_template_and_takes_its_config_and_dtypes(t
     got = load_file(str(out / "model.safetensors"))
     assert got["w"].dtype == torch.bfloat16 and torch.equal(got["w"], w.to(torch.bfloat16))
     assert json.loads((out / "config.json").read_text())["model_type"] == "flashmap"
+
+
+def test_a_template_of_other_shapes_a_missing_template_and_a_used_out_are_refused(tmp_path):
+    run = run_dir(tmp_path, {"w": torch.zeros(2, 3), "d2t": torch.arange(4)})
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(4, 3, dtype=torch.bfloat16), "d2t": torch.zeros(4, dtype=torch.int64)},
+              str(wide / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"--template .*differ in shape.*w: \(2, 3\) against \(4, 3\)"):
+        snap.snapshot(run, 9000, tmp_path / "o1", template=wide)
+    with pytest.raises(FileNotFoundError, match=r"missing \(--template\)"):
+        snap.snapshot(run, 9000, tmp_path / "o2", template=tmp_path / "nowhere")
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not empty"):
+        snap.snapshot(run, 9000, used)
+    assert (used / "keep.txt").read_text() == "x"
