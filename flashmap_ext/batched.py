@@ -78,7 +78,8 @@ class Batch:
         out = self.forward(ids, self.lengths, 1)
         self.anchor = ops.sample(out.logits[:, -1], **self.sampling, position=self.positions(-1))
         if self.memory is not None:
-            self.drafter.extend_memory(self.memory, left_align(ids, self.lengths), left_align(out.taps, self.lengths))
+            taps = None if out.taps is None else left_align(out.taps, self.lengths)  # None: no tap layers
+            self.drafter.extend_memory(self.memory, left_align(ids, self.lengths), taps)
             self.memory.truncate(self.lengths)
         first, took = self.anchor.tolist(), self.timer.now(self.target.device) - t0
         for row, tok in zip(self.rows, first):

@@ -131,3 +131,36 @@ def test_batch_refuses_what_it_cannot_do(model, prompts):
         fm.generate(model, LookupDrafter(None), prompts, 4)
     with pytest.raises(ValueError, match="empty prompt"):
         fm.generate(model, None, [prompts[0], []], 4)
+
+
+class TapFreeOracle(ScheduledOracle):
+    """ScheduledOracle with no tap layers (target_layer_ids = ()): its memory is given taps=None."""
+
+    def __init__(self, model, K=4):
+        super().__init__(model, K)
+        self.target_layer_ids = ()
+
+    def extend_memory(self, memory, token_ids, taps):
+        assert taps is None
+        for row, ids in zip(memory.rows, token_ids.tolist()):
+            row.extend(ids)
+
+
+def _hf_greedy(model, prompt, n):
+    """n tokens of plain greedy decoding: the HF model's full forward over the whole context per token."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt):].tolist()
+
+
+def test_batch_drafter_without_taps_gets_none_and_rows_equal_their_solo_calls(model, prompts):
+    drafter = TapFreeOracle(model)
+    outs = fm.generate(model, drafter, prompts, BUDGETS, temperature=0.0)
+    for prompt, budget, out in zip(prompts, BUDGETS, outs):
+        assert out.tokens == fm.generate(model, drafter, prompt, budget).tokens
+        assert out.tokens == _hf_greedy(model, prompt, budget)
+    sampled = fm.generate(model, drafter, prompts, BUDGETS, temperature=1.0, seed=[3, 5, 7, 11])
+    for prompt, budget, seed, out in zip(prompts, BUDGETS, [3, 5, 7, 11], sampled):
+        assert out.tokens == fm.generate(model, drafter, prompt, budget, temperature=1.0, seed=seed).tokens
