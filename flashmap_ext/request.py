@@ -11,6 +11,8 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from flashmap_ext.checks import check_int
+
 
 @dataclass
 class GenerateStats:
@@ -116,6 +118,8 @@ class Request:
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63) (an int64 Philox key), got {self.seed}")
+        if self.valid_vocab is not None:
+            self.valid_vocab = check_int("valid_vocab", self.valid_vocab, 1)
         dev = self.device
         self.seed_tensor = torch.tensor([self.seed], dtype=torch.int64, device=dev)
         self._tensors = dict(temperature=torch.tensor([self.temperature], dtype=torch.float32, device=dev),

@@ -81,7 +81,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     Raises (one line naming the argument, before any model work except the NaN/+inf check):
         TypeError: a `target` that is neither a Target nor an HF causal LM, a `drafter` that is neither
             None nor a block drafter (e.g. a checkpoint path or 'random': the CLI's names, not drafters),
-            `input_ids` that are text or not integers, non-integer `max_new_tokens`, `seed`, `top_k`,
+            `input_ids` that are text or not integers, non-integer `max_new_tokens`, `seed`, `top_k`, `valid_vocab`,
             `stop_token_ids`, an `on_tokens` that is not callable, a `timer` that is not a Timer.
         ValueError: an empty prompt or an empty list of prompts, an [B, S] tensor with B > 1 (pass a list,
             or the tokenizer's output), ids outside the vocabulary, a prompt longer than the target's context (`input_ids`) or
