@@ -114,7 +114,7 @@ CASES = {
                                                                        dtype=torch.int8),
                             TypeError, "DFlashDrafter.from_pretrained: dtype must be None"),
     "Eagle3Drafter dtype": (lambda m, f: Eagle3Drafter.from_pretrained("checkpoints/eagle3-qwen2.5-coder-0.5b", m,
-                                                                       dtype="bf16"),
+                                                                       dtype="fp8"),
                             TypeError, "Eagle3Drafter.from_pretrained: dtype must be None"),
     "FlashMapDrafter path": (lambda m, f: FlashMapDrafter.from_pretrained("/nonexistent/fm", m), ValueError,
                              "/nonexistent/fm: no such directory"),

@@ -9,6 +9,7 @@ import torch
 import flashmap_ext as fm
 from conftest import tiny_qwen3
 from flashmap_ext.draft_shapes.lookup import LookupDrafter
+from flashmap_ext.speculate import drafter_dtype
 from support.drafter_doubles import greedy_continuation
 
 PROMPT = [5, 9, 2, 7, 5, 9]
@@ -43,3 +44,22 @@ def test_matching_dtypes_and_no_drafter_say_nothing(model):
         warnings.simplefilter("error")
         fm.generate(model, _drafter(model, torch.float32), PROMPT, 4)
         fm.generate(model, None, PROMPT, 4)
+
+
+def _built(model, cls):
+    torch.manual_seed(1)
+    if cls is fm.FlashMapDrafter:
+        return _drafter(model, torch.float32)
+    if cls is fm.Eagle3Drafter:
+        return cls.for_target(model, num_draft_tokens=4, dtype=torch.float32)
+    return cls.for_target(model, mask_token_id=110, num_hidden_layers=1, block_size=5, target_layer_ids=[0, 2],
+                          dtype=torch.float32)
+
+
+@pytest.mark.parametrize("cls", [fm.FlashMapDrafter, fm.DFlashDrafter, fm.Eagle3Drafter])
+def test_from_pretrained_takes_the_dtype_names_the_api_takes(model, tmp_path, cls):
+    _built(model, cls).save_pretrained(tmp_path)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16), ("fp32", torch.float32)):
+        assert drafter_dtype(cls.from_pretrained(tmp_path, model, dtype=name)) == dtype
+    with pytest.raises(TypeError, match=rf"{cls.__name__}.from_pretrained: dtype must be None .* got 'fp8'"):
+        cls.from_pretrained(tmp_path, model, dtype="fp8")

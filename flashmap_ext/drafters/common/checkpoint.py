@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from flashmap_ext.checkpoint_kind import KINDS, config_kind, describe_kind
-from flashmap_ext.target.model import hf_causal_lm
+from flashmap_ext.target.model import hf_causal_lm, resolve_dtype
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -148,16 +148,21 @@ def load_strict(module: nn.Module, weights: dict[str, torch.Tensor], source: str
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def check_load_args(path, dtype, owner: str) -> None:
+def check_load_args(path, dtype, owner: str) -> torch.dtype | None:
     """`from_pretrained(path, ..., dtype=...)`: `path` a str or os.PathLike (a target passed first, with the
-    arguments swapped, is named as such); `dtype` None (as stored) or a floating torch.dtype the drafters
-    run in; TypeError naming the argument otherwise (before reading the checkpoint)."""
+    arguments swapped, is named as such); `dtype` None (as stored), a floating torch.dtype the drafters run
+    in or its name ('fp32', 'bf16', 'fp16', as `resolve_dtype` takes them). Returns the torch.dtype (None
+    for None); TypeError naming the argument otherwise (before reading the checkpoint)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{owner}.from_pretrained: path must be a checkpoint folder (str or os.PathLike), got "
                         f"{type(path).__name__} (the call is from_pretrained(path, target))")
-    if dtype is not None and dtype not in DTYPES.values():
-        raise TypeError(f"{owner}.from_pretrained: dtype must be None (as stored) or one of "
-                        f"torch.float32, torch.bfloat16, torch.float16, got {dtype!r}")
+    if dtype is None:
+        return None
+    try:
+        return resolve_dtype(dtype)
+    except ValueError:
+        raise TypeError(f"{owner}.from_pretrained: dtype must be None (as stored), 'fp32', 'bf16', 'fp16' or "
+                        f"torch.float32, torch.bfloat16, torch.float16, got {dtype!r}") from None
 
 
 def build_loaded(cls, config, weights: dict[str, torch.Tensor], source: str, target=None,

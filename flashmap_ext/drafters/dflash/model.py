@@ -310,13 +310,13 @@ class DFlashDrafter(ReadsTarget, nn.Module):
         return cls(config, target).to(device=weight.device, dtype=dtype or weight.dtype)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
+    def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | str | None = None,
                         device: torch.device | str | None = None) -> "DFlashDrafter":
         """Loads a released-format DFlash checkpoint (config.json + safetensors). Weights keep their
         stored dtype unless `dtype` is given; device defaults to the target's embedding device. A stored
         `lm_head.weight` (the draft vocabulary's head in vLLM's layout, release.py) is not loaded: the head
         is the target's; with `target` given, UnsupportedCheckpoint unless it equals the target's rows."""
-        ckpt.check_load_args(path, dtype, cls.__name__)
+        dtype = ckpt.check_load_args(path, dtype, cls.__name__)
         config = ckpt.load_config(path, cls.kind, cls.parse_config)
         weights = {k.removeprefix("model."): v for k, v in ckpt.read_weights(path, cls.kind).items()
                    if not k.endswith("rotary_emb.inv_freq")}

@@ -328,13 +328,13 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         return drafter.to(device=weight.device, dtype=dtype or weight.dtype).attach_target(target)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | None = None,
+    def from_pretrained(cls, path: str | os.PathLike, target: Any = None, *, dtype: torch.dtype | str | None = None,
                         device: torch.device | str | None = None) -> "Eagle3Drafter":
         """Loads an `LlamaForCausalLMEagle3` (SpecForge / SafeAILab) or `speculators` (vLLM) checkpoint;
         `embed_tokens.weight`, if present, is ignored (the target's embedding is used). Weights keep their
         stored dtype unless `dtype` is given. A `frozen_lm_head` checkpoint takes its head from `target`
         (ValueError without one). Unsupported options: NotImplementedError naming the field."""
-        ckpt.check_load_args(path, dtype, cls.__name__)
+        dtype = ckpt.check_load_args(path, dtype, cls.__name__)
         n_target = hf_causal_lm(target).config.num_hidden_layers if target is not None else None
         speculators = formats.is_speculators(ckpt.read_config(path, "eagle3"))
         parse = formats.config_from_speculators if speculators else Eagle3Config.from_hf_dict

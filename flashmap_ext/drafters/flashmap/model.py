@@ -427,11 +427,11 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, target: Any, *, dtype: torch.dtype | None = None) -> "FlashMapDrafter":
+    def from_pretrained(cls, path: str | Path, target: Any, *, dtype: torch.dtype | str | None = None) -> "FlashMapDrafter":
         """Loads a `save_pretrained` directory onto the target's device and attaches the target's
         embedding and LM head. dtype: cast the weights (default: as stored). A missing, malformed or
         truncated checkpoint raises common.checkpoint.CheckpointError (one line naming the file)."""
-        ckpt.check_load_args(path, dtype, cls.__name__)
+        dtype = ckpt.check_load_args(path, dtype, cls.__name__)
         config = ckpt.load_config(path, "flashmap", FlashMapConfig.from_dict)
         weights = ckpt.read_weights(path, "flashmap")
         device = hf_causal_lm(target).get_input_embeddings().weight.device
