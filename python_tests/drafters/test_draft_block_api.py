@@ -95,6 +95,23 @@ def test_draft_block_refuses_an_anchor_outside_the_vocabulary_naming_it(setup, k
         fm.draft_block(drafters[kind], memory, torch.tensor([5, anchor]), seed=0, position=S - 1)
 
 
+@pytest.mark.parametrize("kind", ["flashmap", "dflash", "dflash2", "eagle3"])
+@pytest.mark.parametrize("ids, error, message", [
+    (lambda ids: ids.float(), TypeError, r"token_ids: expected integer token ids \(int64\), got torch.float32"),
+    (lambda ids: ids.clone().fill_(111), ValueError, r"token_ids: expected ids in \[0, 111\)"),
+    (lambda ids: ids.clone().fill_(-1), ValueError, r"token_ids: expected ids in \[0, 111\)"),
+    (lambda ids: ids.tolist(), ValueError, r"token_ids: expected \[B, T\] int64 token ids, got list"),
+])
+def test_extend_memory_refuses_ids_that_are_no_token_of_the_vocabulary(setup, kind, ids, error, message):
+    model, good, drafters = setup
+    drafter = drafters[kind]
+    with torch.no_grad():
+        hidden = model(input_ids=good, output_hidden_states=True).hidden_states
+    taps = torch.cat([hidden[i + 1] for i in drafter.target_layer_ids], dim=-1)
+    with pytest.raises(error, match=message):
+        drafter.extend_memory(drafter.new_memory(2, "cpu"), ids(good), taps)
+
+
 @pytest.mark.parametrize("kind, other", [("dflash", "flashmap"), ("dflash2", "flashmap"), ("eagle3", "flashmap"),
                                          ("flashmap", "dflash"), ("dflash", "eagle3")])
 def test_draft_block_refuses_another_drafters_memory_naming_both_types(setup, kind, other):

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from flashmap_ext.checks import check_int
+from flashmap_ext.checks import check_int, describe
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.target.model import hf_causal_lm
@@ -222,6 +222,14 @@ def check_token_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:
     if host_readable(ids) and not bool(((ids >= 0) & (ids < vocab_size)).all()):
         raise ValueError(f"{name}: expected ids in [0, {vocab_size}) (the target's vocabulary), got "
                          f"{ids.reshape(-1).tolist()[:8]}")
+
+
+def check_memory_ids(token_ids: Any, vocab_size: int) -> None:
+    """`extend_memory`'s token_ids: ValueError naming `token_ids` unless a [B, T] tensor, then `check_token_ids`
+    (integer ids in [0, vocab_size))."""
+    if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
+        raise ValueError(f"token_ids: expected [B, T] int64 token ids, got {describe(token_ids)}")
+    check_token_ids("token_ids", token_ids, vocab_size)
 
 
 def own_memory(drafter: Any, memory: Any) -> Any:

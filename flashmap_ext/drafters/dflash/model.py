@@ -18,7 +18,7 @@ from torch import nn
 
 from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget, check_memory_type, own_memory
+from flashmap_ext.drafters.common.base import ReadsTarget, check_memory_ids, check_memory_type, own_memory
 from flashmap_ext.drafters.common.config import target_shape
 from flashmap_ext.drafters.common.kv_cache import KVCache
 from flashmap_ext.drafters.common.layers import Attention, RMSNorm, Rotary, init_weights, swiglu
@@ -113,13 +113,14 @@ class DFlashDrafter(ReadsTarget, nn.Module):
     def extend_memory(self, memory: DFlashMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
         """Appends the K/V of T committed positions (at absolute positions L … L+T−1) to every layer.
 
-        token_ids: [B, T] int64 (unused: DFlash context is the taps alone); taps: [B, T, n_taps·d].
+        token_ids: [B, T] int64 ids of the target's vocabulary (checked, else ValueError / TypeError naming
+        `token_ids`; unused otherwise: DFlash context is the taps alone); taps: [B, T, n_taps·d].
         """
         check_memory_type(self, memory)
+        check_memory_ids(token_ids, self.config.vocab_size)
         if taps is None:
             raise ValueError("DFlash needs target taps to extend its memory")
-        b = memory.batch
-        self._check_taps(taps, b, token_ids.shape[1] if token_ids is not None else taps.shape[1])
+        self._check_taps(taps, memory.batch, token_ids.shape[1])
         positions = torch.tensor(memory.rows, device=taps.device)[:, None] + torch.arange(taps.shape[1],
                                                                                           device=taps.device)
         memory.append(self._context_kv(taps, positions))  # row b's from its own length on (ragged rows)

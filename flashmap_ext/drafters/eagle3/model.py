@@ -19,12 +19,12 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from flashmap_ext.checks import check_int, describe
+from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
 from flashmap_ext.drafters.common.base import (
     ReadsTarget,
+    check_memory_ids,
     check_memory_type,
-    check_token_ids,
     config_fits,
     own_memory,
     truncated,
@@ -201,9 +201,7 @@ class Eagle3Drafter(ReadsTarget, nn.Module):
         token is now known enter the cache; the last position's g waits in `pending`. The tokens are embedded:
         ValueError / TypeError naming `token_ids` unless they are [B, T] integer ids of the target's vocabulary."""
         check_memory_type(self, memory)
-        if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2:
-            raise ValueError(f"token_ids: expected [B, T] int64 token ids, got {describe(token_ids)}")
-        check_token_ids("token_ids", token_ids, self.config.vocab_size)
+        check_memory_ids(token_ids, self.config.vocab_size)
         b, t = token_ids.shape
         width = len(self.config.target_layer_ids) * self.config.hidden_size
         if taps is None or taps.shape != (b, t, width) or memory.cache.batch != b:

@@ -19,7 +19,7 @@ from torch import nn
 
 from flashmap_ext.checks import check_int
 from flashmap_ext.drafters.common import checkpoint as ckpt
-from flashmap_ext.drafters.common.base import ReadsTarget, check_memory_type, own_memory
+from flashmap_ext.drafters.common.base import ReadsTarget, check_memory_ids, check_memory_type, own_memory
 from flashmap_ext.drafters.common.layers import RMSNorm
 from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.drafters.common.window import window_start
@@ -315,8 +315,10 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     @torch.no_grad()
     def extend_memory(self, memory: FlashMapMemory, token_ids: torch.Tensor, taps: torch.Tensor | None) -> None:
-        """Appends committed positions: token_ids [B, T] int64, taps [B, T, n_taps·d_target]."""
+        """Appends committed positions: token_ids [B, T] int64, taps [B, T, n_taps·d_target]. ValueError /
+        TypeError naming `token_ids` unless they are integer ids of the target's vocabulary."""
         check_memory_type(self, memory)
+        check_memory_ids(token_ids, self.config.vocab_size)
         if taps is None:
             raise ValueError("taps: the FlashMap drafter needs the target's tapped hidden states")
         if token_ids.dim() != 2 or token_ids.shape[0] != memory.batch_size:
