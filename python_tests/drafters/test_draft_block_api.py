@@ -223,6 +223,17 @@ def test_for_target_takes_a_preset_or_explicit_sizes_and_never_guesses():
     assert (c.d_target, c.vocab_size) == (64, 111)
 
 
+@pytest.mark.parametrize("build", [
+    lambda model: fm.FlashMapDrafter.for_target(model, "cpu-tiny", target_layer_ids=[7]),
+    lambda model: fm.DFlashDrafter.for_target(model, mask_token_id=110, num_hidden_layers=1, target_layer_ids=[7]),
+])
+def test_for_target_refuses_tap_layers_the_target_lacks(build):
+    model = tiny_qwen3()
+    assert model.config.num_hidden_layers == 4
+    with pytest.raises(ValueError, match=r"target_layer_ids \[7\] outside .*\b4\)? .*layers"):
+        build(model)
+
+
 def test_for_target_init_zero_drafts_one_id_random_drafts_many():
     model = tiny_qwen3()
     ids = torch.randint(0, 100, (1, S), generator=torch.Generator().manual_seed(4))

@@ -124,7 +124,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
             drafter proposes one id everywhere; the start of training) or "random" (random gates, so
             every input matters: experiments and plumbing runs, as `--drafter random`).
         fields: any FlashMapConfig field. d_target, vocab_size and 5 tap layers spread from 1 to L−3 come
-            from the target unless given.
+            from the target unless given; TargetMismatch (a ValueError) for target_layer_ids the target lacks.
         """
         if init not in ("zero", "random"):
             raise ValueError(f"init: expected 'zero' or 'random', got {init!r}")
@@ -134,6 +134,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         shape = dict(d_target=emb.shape[1], vocab_size=emb.shape[0],
                      target_layer_ids=default_tap_layers(cfg.num_hidden_layers))
         drafter = cls(FlashMapConfig(**{**shape, **shape_fields(preset, fields)}))
+        drafter.check_tap_layers(target)
         if init == "random":
             drafter.reset_parameters(zero_init=False)
         return drafter.to(emb.device).attach_target(target)
