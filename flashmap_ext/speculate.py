@@ -102,6 +102,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     if batched:
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
+    check_one_seed(seed)
     prompt = check_prompt(target, input_ids, max_new_tokens)
     if cuda_graphs:
         target = _static(target, drafter, prompt.shape[1] + max_new_tokens)
@@ -234,6 +235,13 @@ def per_prompt(value, batch: int, name: str) -> list:
             raise ValueError(f"{name}: expected one value per prompt ({batch}), got {len(value)}")
         return list(value)
     return [value] * batch
+
+
+def check_one_seed(seed) -> None:
+    """ValueError naming `seed` for a list of seeds with one prompt: each seed is a row's, one prompt each."""
+    if isinstance(seed, (list, tuple)):
+        raise ValueError(f"seed: a list of seeds needs one prompt per seed (one row each): got {len(seed)} seeds "
+                         f"for 1 prompt; pass {len(seed)} prompts, or one int seed")
 
 
 def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,

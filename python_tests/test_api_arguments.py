@@ -89,6 +89,8 @@ def model():
     (([1, 2], 3), dict(temperature=math.inf), ValueError, "temperature must be finite"),
     (([1, 2], 3), dict(seed=2**70), ValueError, r"seed must be in \[0, 2\*\*63\)"),
     (([1, 2], 3), dict(seed=0.5), TypeError, "seed must be an integer"),
+    (([1, 2], 8), dict(seed=[1, 2]), ValueError,
+     r"seed: a list of seeds needs one prompt per seed \(one row each\): got 2 seeds for 1 prompt"),
     (([1, 2], 3), dict(valid_vocab=2.5), TypeError, "valid_vocab must be an integer, got 2.5"),
     (([1, 2], 3), dict(valid_vocab=True), TypeError, "valid_vocab must be an integer, got True"),
     (([[1, 2], [3]], 3), dict(valid_vocab=2.5), TypeError, "valid_vocab must be an integer, got 2.5"),
