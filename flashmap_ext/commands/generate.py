@@ -49,6 +49,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     add_sampling_arguments(p)
     p.add_argument("--seed", type=seed_arg, default=0)
+    machine.add_threads_argument(p)
     p.add_argument("--max-new-tokens", type=non_negative_int, default=128)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
@@ -93,6 +94,7 @@ def run(args) -> int:
     if args.prompt == "" and not args.chat:
         raise ValueError("--prompt: empty (give some text; with --chat the template alone is a prompt)")
     dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
+    machine.set_threads(args.threads)
     target, tokenizer = load_target(args.target, dtype, args.device)
     window = KEEP if args.context_window is None else (args.context_window or None)
     drafter = (load_drafter(args.drafter, target, args.drafter_type, steps=args.steps, draws=args.draws,

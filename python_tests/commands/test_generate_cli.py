@@ -189,3 +189,16 @@ def test_generate_help_says_which_drafters_draw_trees(capsys):
     start = text.rindex("--tree DEPTH,TOPK,NODES")   # the option's entry, not the usage line
     tree_help = text[start:text.index("--steps", start)]
     assert "--block-tree" in tree_help and "--lookup" in tree_help and "EAGLE-3 drafters)" not in tree_help
+
+
+def test_threads_sets_torchs_intra_op_threads_and_is_checked(capsys):
+    import torch
+    before = torch.get_num_threads()
+    try:
+        out, _ = run_cli(BASE + ["--threads", "1"], capsys)
+        assert out and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--target", "tiny-random", "--prompt", "hi", "--threads", "-2"])
+    assert "--threads" in capsys.readouterr().err
