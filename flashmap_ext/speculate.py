@@ -102,7 +102,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     if batched:
         return _generate_batch(target, drafter, input_ids, max_new_tokens, temperature, top_k, top_p, seed,
                                stop_token_ids, tree, valid_vocab, on_tokens, timer)
-    check_one_seed(seed)
+    check_one_row("seed", seed)
+    check_one_row("max_new_tokens", max_new_tokens)
     prompt = check_prompt(target, input_ids, max_new_tokens)
     if cuda_graphs:
         target = _static(target, drafter, prompt.shape[1] + max_new_tokens)
@@ -237,11 +238,12 @@ def per_prompt(value, batch: int, name: str) -> list:
     return [value] * batch
 
 
-def check_one_seed(seed) -> None:
-    """ValueError naming `seed` for a list of seeds with one prompt: each seed is a row's, one prompt each."""
-    if isinstance(seed, (list, tuple)):
-        raise ValueError(f"seed: a list of seeds needs one prompt per seed (one row each): got {len(seed)} seeds "
-                         f"for 1 prompt; pass {len(seed)} prompts, or one int seed")
+def check_one_row(name: str, value) -> None:
+    """ValueError naming `name` for a list of values (seeds, budgets) with one prompt: each is a row's, one
+    prompt each."""
+    if isinstance(value, (list, tuple)):
+        raise ValueError(f"{name}: a list needs one prompt per value (one row each): got {len(value)} values "
+                         f"for 1 prompt; pass {len(value)} prompts, or one int {name}")
 
 
 def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids,
