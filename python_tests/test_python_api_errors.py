@@ -204,6 +204,34 @@ def test_load_target_refuses_what_is_no_name(tmp_path):
     assert "model name or path" in one_line(err, "--target")
 
 
+def test_load_target_refuses_an_uncached_hub_name_at_once_without_network(monkeypatch):
+    """Without network the hub client retries a missing name for most of a minute; the loader asks the
+    resolver once and refuses in one line. A cached name goes on to the loader (here: a stub that fails)."""
+    import socket
+
+    from flashmap_ext.target import load as load_mod
+
+    def no_network(host, port, *args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        fm.load_target("no-such-org/no-such-model", "fp32", "cpu")
+    assert time.perf_counter() - start < 10
+    assert "not in the Hugging Face cache" in one_line(err, "--target no-such-org/no-such-model")
+    from transformers import AutoTokenizer
+
+    def stub(name, **kw):
+        raise OSError("stub loader")
+    monkeypatch.setattr(load_mod, "in_hub_cache", lambda name: True)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", stub)
+    with pytest.raises(ValueError) as err:
+        fm.load_target("no-such-org/no-such-model", "fp32", "cpu")
+    assert "cannot load it (stub loader)" in one_line(err, "--target no-such-org/no-such-model")
+
+
 def test_auto_dtype_is_public_and_loadable():
     assert fm.auto_dtype() in ("bf16", "fp32") and "auto_dtype" in fm.__all__
     target, _ = fm.load_target("tiny-random", fm.auto_dtype(), "cpu")

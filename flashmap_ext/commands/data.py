@@ -42,7 +42,9 @@ def add_parser(subparsers) -> None:
     r.add_argument("--thinking", action="store_true", help="enable_thinking=True in the chat template")
     r.add_argument("--limit", type=positive_int, help="only the first N input conversations")
     r.add_argument("--seed", type=seed_below(2**32, "seed·2**32 + crc32(id) seeds torch per batch"), default=0)
-    r.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
+    r.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="default: bf16 on a GPU, else fp32 (data generate: also bf16 on a CPU with "
+                   "avx512_bf16 / amx_bf16)")
     r.add_argument("--device", choices=["cpu", "cuda"])
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(func=run_regenerate)

@@ -228,7 +228,9 @@ def add_arguments(p) -> None:
     p.add_argument("--bucket-window", type=positive_int, default=256, help="prompts sorted by length in windows of N")
     p.add_argument("--records-per-part", type=positive_int, default=1000)
     p.add_argument("--flush-every", type=positive_int, default=16, help="records per fsynced gzip member")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="default: bf16 on a GPU or a CPU with avx512_bf16 / amx_bf16, else fp32 "
+                   "(data regenerate: bf16 on a GPU, else fp32)")
     p.add_argument("--engine", choices=ENGINES, default="flashmap",
                    help="who answers: flashmap (the refill-batch engine, default) or vllm (vLLM's offline "
                         "LLM.generate on the same token prompts; needs a Python with vLLM, e.g. .venv-vllm)")

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoTokenizer
@@ -41,6 +43,7 @@ def load_target(spec: str | os.PathLike, dtype="fp32",
         if Path(name).is_dir() and not (Path(name) / "config.json").is_file():
             raise ValueError(f"--target {name}: not a model directory (no config.json)")
     check_not_a_drafter(name)
+    check_hub_reachable(name)
     try:
         if name.endswith(".gguf"):
             path = Path(name).resolve()
@@ -70,6 +73,30 @@ def check_not_a_drafter(target) -> None:
         raise ValueError(f"--target {target}: this is {KINDS[kind]} drafter checkpoint, not a target model "
                          f"(were the target and the drafter swapped? a drafter loads with --drafter, in Python "
                          f"with fm.{cls}.from_pretrained(path, target))")
+
+
+def check_hub_reachable(name: str) -> None:
+    """ValueError naming --target when `name` is neither a local path nor in the Hugging Face cache and the
+    hub's host cannot even be resolved (no network): the hub client would otherwise retry for most of a
+    minute before saying so. Offline mode (HF_HUB_OFFLINE) is left to the hub client, which fails at once."""
+    from huggingface_hub import constants
+    if os.path.exists(name) or constants.HF_HUB_OFFLINE or in_hub_cache(name):
+        return
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    try:
+        socket.getaddrinfo(host, 443)
+    except (socket.gaierror, UnicodeError):
+        raise ValueError(f"--target {name}: not a local path, not in the Hugging Face cache, and {host} cannot be "
+                         f"reached (no network): pass a model directory, a .gguf file or '{TINY}'") from None
+
+
+def in_hub_cache(name: str) -> bool:
+    """Whether the Hugging Face cache holds `name`'s config.json (False for a name that is no repo id)."""
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except ValueError:  # HFValidationError: not a repo id
+        return False
 
 
 def check_device(device) -> torch.device:

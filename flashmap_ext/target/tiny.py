@@ -9,6 +9,7 @@ from transformers import BatchEncoding, Qwen3Config, Qwen3ForCausalLM
 
 TINY = "tiny-random"
 BYTE_EOS = 256
+EOS_TEXT = "<|endoftext|>"  # how decode(skip_special_tokens=False) shows EOS; encode reads it back as EOS
 
 
 def tiny_random_model(dtype: torch.dtype = torch.float32, seed: int = 0):
@@ -39,7 +40,8 @@ class ByteTokenizer:
 
     decode → encode gives back the same ids, also for the invalid UTF-8 a random model emits (its bytes
     decode to private-use characters), so `data regenerate` → `features` trains on what the target said;
-    only a multi-byte sequence cut off at the very end decodes to U+FFFD."""
+    only a multi-byte sequence cut off at the very end decodes to U+FFFD. EOS shows as "<|endoftext|>" unless
+    decode skips special tokens, and encode reads that text back as EOS, as a Hugging Face tokenizer does."""
     eos_token_id = BYTE_EOS
     vocab_size = BYTE_EOS + 1  # bytes 0-255 and EOS, as the tiny-random model's embedding rows
 
@@ -47,6 +49,14 @@ class ByteTokenizer:
         return self.vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
+        parts = text.split(EOS_TEXT)
+        ids = self._encode_bytes(parts[0])
+        for part in parts[1:]:
+            ids += [BYTE_EOS] + self._encode_bytes(part)
+        return ids
+
+    @staticmethod
+    def _encode_bytes(text: str) -> list:
         ids = []
         for ch in text:
             code = ord(ch)
@@ -65,8 +75,25 @@ class ByteTokenizer:
         mask = [[1] * len(i) for i in ids] if ids and isinstance(ids[0], list) else [1] * len(ids)
         return BatchEncoding({"input_ids": ids, "attention_mask": mask}, tensor_type=return_tensors)
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="flashmap_raw_bytes")
+    def decode(self, ids, skip_special_tokens: bool = False) -> str | list:
+        """As a Hugging Face tokenizer decodes: an id, a sequence of ids (list or 1-D tensor) gives its text,
+        a batch (list of lists or 2-D tensor) a list of texts; EOS is dropped with skip_special_tokens."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        ids = [ids] if isinstance(ids, int) else list(ids)
+        if ids and isinstance(ids[0], (list, tuple)):
+            return [self.decode(row, skip_special_tokens) for row in ids]
+        if any(not 0 <= i <= BYTE_EOS for i in ids):
+            raise ValueError(f"ids: expected ids in 0..{BYTE_EOS}, got {min(ids)}..{max(ids)}")
+        pieces, run = [], []
+        for i in ids + [None]:
+            if i is not None and i < BYTE_EOS:
+                run.append(i)
+                continue
+            pieces.append(bytes(run).decode("utf-8", errors="flashmap_raw_bytes"))
+            run = []
+            if i == BYTE_EOS and not skip_special_tokens:
+                pieces.append(EOS_TEXT)
+        return "".join(pieces)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True,
                             return_tensors: str | None = None, return_dict: bool = True, **template_kwargs):

@@ -8,6 +8,7 @@ import torch
 from transformers import AutoTokenizer
 
 from flashmap_ext import cli
+from flashmap_ext.target import load as target_load
 
 TINY = ["--target", "tiny-random"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +26,7 @@ def test_unknown_hub_name_offline(monkeypatch, capsys):
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find "
                       f"them in the cached files.\nCheck your internet connection or see how to run ... {name}")
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
+    monkeypatch.setattr(target_load, "in_hub_cache", lambda name: True)  # reach the hub client's own error
     err = one_line_error(["generate", "--target", "nobody/nomodel", "--prompt", "x"], capsys)
     assert "--target nobody/nomodel" in err and "couldn't connect" in err
 
@@ -58,6 +60,7 @@ def test_bench_target_not_in_the_offline_cache(monkeypatch, capsys):
         raise OSError(f"We couldn't connect to 'https://huggingface.co'.\nCheck your connection ({name})")
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", offline)
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
+    monkeypatch.setattr(target_load, "in_hub_cache", lambda name: True)  # reach the hub client's own error
     err = one_line_error(["bench", "--target", "nobody/nomodel", "--n", "1", "--no-peers"], capsys)
     assert "--target nobody/nomodel" in err and "couldn't connect" in err
 

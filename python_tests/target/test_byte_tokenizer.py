@@ -50,3 +50,18 @@ def test_generate_takes_the_chat_template_output_and_matches_greedy():
         for _ in range(6):
             seq = torch.cat([seq, target.model(seq).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert list(res.tokens) == seq[0, ids.input_ids.shape[1]:].tolist()
+
+
+def test_decode_takes_tensors_and_batches_and_shows_eos_unless_skipped():
+    """As transformers 5's decode: a 2-D tensor or list of lists gives one text per row, EOS is shown by default
+    and dropped with skip_special_tokens; the expected texts are Python's own UTF-8 decoding."""
+    tok = ByteTokenizer()
+    rows = torch.tensor([list(b"ab") + [256], list(b"cd") + [256]])
+    assert tok.decode(rows) == ["ab<|endoftext|>", "cd<|endoftext|>"]
+    assert tok.decode(rows.tolist(), skip_special_tokens=True) == ["ab", "cd"]
+    assert tok.decode(rows[0]) == "ab<|endoftext|>" and tok.decode(104) == "h"
+    assert tok.encode("ab<|endoftext|>cd") == [97, 98, 256, 99, 100]  # read back as EOS, not 13 bytes
+    cut = list("€".encode("utf-8"))[:2] + [256] + list("é".encode("utf-8"))
+    assert tok.decode(cut) == "\ufffd<|endoftext|>é"
+    with pytest.raises(ValueError, match="^ids: "):
+        tok.decode([1, 300])
