@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 TRIPLE, MIN_GAIN = 3.0, 0.02
@@ -193,7 +194,9 @@ def plot(curve: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     handles, names = axes[0][0].get_legend_handles_labels()  # one legend under the panels, clear of the lines
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=7, frameon=False)
-    fig.suptitle(curve["title"] or "learning curve (held-out, teacher-forced)", fontsize=9)
+    title = curve["title"] or "learning curve (held-out, teacher-forced)"
+    per_line = int(fig.get_figwidth() * 72 / (9 * 0.6))  # characters of a 9-point font across the figure
+    fig.suptitle(textwrap.fill(title, per_line), fontsize=9)  # one long line ran past both edges of the figure
     fig.tight_layout(rect=(0, 0.025 * ((len(names) + 2) // 3) + 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -67,6 +67,23 @@ def test_epochs_column_and_panel_where_points_give_them(tmp_path):
     assert wide[0] > 1.4 * plain[0]  # a third column of panels
 
 
+def test_a_long_title_stays_inside_the_figure(tmp_path, monkeypatch):
+    """A one-line title of a few hundred characters ran past both edges of the plot; it now wraps."""
+    import matplotlib.figure
+    boxes = []
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        save(fig, *args, **kwargs)
+        boxes.append((fig._suptitle.get_window_extent(fig.canvas.get_renderer()), fig.bbox.width))
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    c = curve.load_series(fixture(tmp_path))
+    c["title"] = "a long title about the run, its machine and its corpus; " * 7
+    curve.plot(c, tmp_path / "curve.png")
+    box, width = boxes[0]
+    assert 0 <= box.x0 and box.x1 <= width, (box, width)
+
+
 def test_missing_drafter_is_named(tmp_path):
     path = fixture(tmp_path)
     spec = json.loads(path.read_text())
