@@ -125,4 +125,6 @@ def as_ids(value, what: str = "input_ids") -> torch.Tensor:
                         f"or a tokenizer's output), got {what} = {describe(value)}") from None
     if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
         raise TypeError(f"input_ids: expected integer token ids, got {what} of dtype {ids.dtype}")
+    if ids.is_meta:
+        raise ValueError(f"input_ids: {what} is a meta tensor (no values): pass a cpu or cuda tensor")
     return ids

@@ -63,7 +63,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         stop_token_ids: generation ends right after the first of these (it is included); ids in
             [0, target.vocab_size); a single id or None also work.
         tree: None (chain drafting) or a `TreeSpec(depth, topk, num_nodes)`: tree drafting, which needs a
-            drafter with `draft_tree` (Eagle3Drafter); one prompt at a time, reference acceptance path.
+            drafter with `draft_tree` (Eagle3Drafter, or a LookupDrafter / TopKTreeDrafter / MultiNoiseDrafter
+            wrapper); one prompt at a time, reference acceptance path.
         valid_vocab: ids >= valid_vocab are padding rows and are never emitted (default: all).
         on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
         timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each

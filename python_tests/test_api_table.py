@@ -104,6 +104,11 @@ CASES = {
                                 "anchor_tokens: a meta tensor"),
     "draft_block meta position": (lambda m, f: _draft(f, position=torch.tensor([3], device="meta")), ValueError,
                                   "position: a meta tensor"),
+    "draft_block position float": (lambda m, f: _draft(f, position=3.0), ValueError,
+                                   "position: expected an int or a .* got float 3.0"),
+    "draft_block position bool": (lambda m, f: _draft(f, position=True), ValueError, "position: expected an int"),
+    "generate meta input_ids": (lambda m, f: generate(m, None, torch.tensor([1, 2], device="meta"), 3), ValueError,
+                                "input_ids: .* is a meta tensor"),
     # loaders
     "load_target device": (lambda m, f: load_target("tiny-random", device="tpu"), ValueError, "--device 'tpu'"),
     "load_target dtype": (lambda m, f: load_target("tiny-random", dtype="fp8"), ValueError, "dtype must be one of"),

@@ -56,7 +56,7 @@ def threads_arg(text: str) -> int:
 
 
 def add_threads_argument(p) -> None:
-    """--threads of generate, bench, demo and data generate, checked by argparse (exit 2, before any model loads)."""
+    """--threads of generate, bench, demo and data generate / regenerate, checked by argparse (exit 2, before any model loads)."""
     p.add_argument("--threads", type=threads_arg, default=0,
                    help="torch intra-op threads (0 = auto: 1 on a busy machine, where it is far faster; "
                         "else torch's default)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flashmap_ext.bench.machine import positive_int
+from flashmap_ext.bench.machine import add_threads_argument, positive_int
 from flashmap_ext.checks import check_input_path, check_output_path
 from flashmap_ext.commands import io_parser
 from flashmap_ext.commands.generate import non_negative_float, probability
@@ -47,6 +47,7 @@ def add_parser(subparsers) -> None:
                    "avx512_bf16 / amx_bf16)")
     r.add_argument("--device", choices=["cpu", "cuda"])
     r.add_argument("--no-progress", action="store_true")
+    add_threads_argument(r)
     r.set_defaults(func=run_regenerate)
     from flashmap_ext.data import generate
     g = actions.add_parser("generate", help="grow the self-answered corpus (math/code/chat, refill batches, "
@@ -58,12 +59,14 @@ def add_parser(subparsers) -> None:
 
 
 def run_regenerate(args) -> int:
+    from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.target import load_target
     from flashmap_ext.train.regenerate import regenerate
     from flashmap_ext.train.runner import target_placement
     args.target_dtype = args.dtype
     check_input_path("--data", args.data)
     check_output_path("--out", args.out, folder=False)
+    set_threads(args.threads)
     target, tokenizer = load_target(args.target, *target_placement(args))
     n = regenerate(target.model, tokenizer, args.data, args.out, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

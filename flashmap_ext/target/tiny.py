@@ -42,7 +42,9 @@ class ByteTokenizer:
     decode to private-use characters), so `data regenerate` → `features` trains on what the target said;
     only a multi-byte sequence cut off at the very end decodes to U+FFFD. EOS shows as "<|endoftext|>" unless
     decode skips special tokens, and encode reads that text back as EOS, as a Hugging Face tokenizer does."""
-    eos_token_id = BYTE_EOS
+    eos_token_id = pad_token_id = BYTE_EOS
+    eos_token = pad_token = EOS_TEXT
+    padding_side = "right"
     vocab_size = BYTE_EOS + 1  # bytes 0-255 and EOS, as the tiny-random model's embedding rows
 
     def __len__(self) -> int:
@@ -63,22 +65,33 @@ class ByteTokenizer:
             ids.extend([code - _RAW_BYTE] if _RAW_BYTE <= code < _RAW_BYTE + 256 else ch.encode("utf-8"))
         return ids
 
-    def __call__(self, text, return_tensors: str | None = None, add_special_tokens: bool = True) -> BatchEncoding:
-        """As a Hugging Face tokenizer is called: `input_ids` (and an all-ones `attention_mask`) of one text or
-        of a list of texts; `return_tensors="pt"` needs texts of one length in bytes (no padding here)."""
+    def __call__(self, text, return_tensors: str | None = None, add_special_tokens: bool = True,
+                 padding: bool | str = False) -> BatchEncoding:
+        """As a Hugging Face tokenizer is called: `input_ids` and `attention_mask` of one text or of a list of
+        texts; padding=True (or "longest") pads with EOS on `padding_side`, mask 0 there. Without padding,
+        `return_tensors="pt"` needs texts of one length in bytes."""
         texts = [text] if isinstance(text, str) else list(text)
         ids = [self.encode(t) for t in texts]
+        masks = [[1] * len(i) for i in ids]
+        if padding not in (False, "do_not_pad"):
+            if padding not in (True, "longest"):
+                raise ValueError(f"padding: expected True, False or 'longest', got {padding!r}")
+            width = max(map(len, ids), default=0)
+            pad = [width - len(i) for i in ids]
+            left = self.padding_side == "left"
+            ids = [[BYTE_EOS] * n + i if left else i + [BYTE_EOS] * n for i, n in zip(ids, pad)]
+            masks = [[0] * n + m if left else m + [0] * n for m, n in zip(masks, pad)]
         if return_tensors is not None and len({len(i) for i in ids}) > 1:
-            raise ValueError("text: texts of different lengths cannot make one tensor (the byte tokenizer does "
-                             "not pad); call it once per text")
-        ids = ids[0] if isinstance(text, str) and return_tensors is None else ids
-        mask = [[1] * len(i) for i in ids] if ids and isinstance(ids[0], list) else [1] * len(ids)
-        return BatchEncoding({"input_ids": ids, "attention_mask": mask}, tensor_type=return_tensors)
+            raise ValueError("text: texts of different lengths cannot make one tensor without padding "
+                             "(padding=True pads them)")
+        if isinstance(text, str) and return_tensors is None:
+            ids, masks = ids[0], masks[0]
+        return BatchEncoding({"input_ids": ids, "attention_mask": masks}, tensor_type=return_tensors)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str | list:
         """As a Hugging Face tokenizer decodes: an id, a sequence of ids (list or 1-D tensor) gives its text,
         a batch (list of lists or 2-D tensor) a list of texts; EOS is dropped with skip_special_tokens."""
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # tensors and numpy arrays
         ids = [ids] if isinstance(ids, int) else list(ids)
         if ids and isinstance(ids[0], (list, tuple)):
             return [self.decode(row, skip_special_tokens) for row in ids]
@@ -94,6 +107,10 @@ class ByteTokenizer:
             if i == BYTE_EOS and not skip_special_tokens:
                 pieces.append(EOS_TEXT)
         return "".join(pieces)
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = False) -> list:
+        """One text per sequence of ids, as `decode` gives it."""
+        return [self.decode(seq, skip_special_tokens) for seq in sequences]
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True,
                             return_tensors: str | None = None, return_dict: bool = True, **template_kwargs):

@@ -23,7 +23,9 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
     weights = run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"
     export = run / "drafter" if template is None else template
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights} is missing (RUN {run}, STEP {step})")
+        steps = sorted(int(d.name[5:]) for d in (run / "checkpoints").glob("step-*") if d.name[5:].isdigit())
+        have = f"steps saved: {', '.join(map(str, steps))}" if steps else "no step saved yet"
+        raise FileNotFoundError(f"{weights} is missing (RUN {run}, STEP {step}; {have})")
     where = f"RUN {run}" if template is None else "--template"
     for path in (export / "config.json", export / "model.safetensors"):
         if not path.is_file():

@@ -65,3 +65,25 @@ def test_decode_takes_tensors_and_batches_and_shows_eos_unless_skipped():
     assert tok.decode(cut) == "\ufffd<|endoftext|>é"
     with pytest.raises(ValueError, match="^ids: "):
         tok.decode([1, 300])
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padding_pads_with_eos_on_the_padding_side_and_masks_it(side):
+    tok = ByteTokenizer()
+    tok.padding_side = side
+    enc = tok(["ab", "cde"], padding=True, return_tensors="pt")
+    pad, short = [256], [97, 98]
+    assert enc.input_ids.tolist() == [short + pad if side == "right" else pad + short, [99, 100, 101]]
+    assert enc.attention_mask.tolist() == [[1, 1, 0] if side == "right" else [0, 1, 1], [1, 1, 1]]
+    assert tok.pad_token_id == tok.eos_token_id == 256 and tok.encode(tok.eos_token) == [256]
+    with pytest.raises(ValueError, match="^padding: "):
+        tok(["a"], padding="max_length")
+
+
+def test_decode_takes_numpy_arrays_and_batch_decode_gives_one_text_per_row():
+    import numpy as np
+    tok = ByteTokenizer()
+    rows = np.array([[72, 105], [111, 256]])
+    assert tok.decode(rows) == ["Hi", "o<|endoftext|>"] == tok.batch_decode(rows)
+    assert tok.batch_decode(rows, skip_special_tokens=True) == ["Hi", "o"]
+    assert tok.decode(np.int64(72)) == "H"

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from flashmap_ext.cli import build_parser, main
 from flashmap_ext.commands.features import tap_layers
@@ -72,8 +73,11 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
                                                      {"role": "assistant", "content": "?"}]}) + "\n"
                             for w in ("one", "two", "three", "four", "five")))
     common = ["--target", "tiny-random", "--no-progress"]
+    threads = torch.get_num_threads()
     assert main(["data", "regenerate", *common, "--data", str(conv), "--out", str(tmp_path / "regen.jsonl"),
-                 "--max-new-tokens", "24", "--batch-size", "3"]) == 0
+                 "--max-new-tokens", "24", "--batch-size", "3", "--threads", "1"]) == 0
+    assert torch.get_num_threads() == 1  # --threads reached torch
+    torch.set_num_threads(threads)
     assert len((tmp_path / "regen.jsonl").read_text().splitlines()) == 5
     assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "f")]) == 0
     train_args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2"]

@@ -67,13 +67,16 @@ def per_row(value: torch.Tensor | int, batch_size: int, device: torch.device,
             name: str = "seed/position") -> torch.Tensor:
     """A seed or position as [B] int64 on `device`: a tensor ([B] or [1]) is moved there (no copy when
     it already lives there), an int is filled in on the device (no host-to-device transfer).
-    Raises ValueError naming `name` for a non-integer tensor or one that is neither [B] nor [1]."""
+    Raises ValueError naming `name` for a non-integer value or tensor, or one that is neither [B] nor [1]."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool \
                 or value.numel() not in (1, batch_size) or value.dim() > 1:
             raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
                              f"{list(value.shape)} {value.dtype}")
         return value.to(device=device, dtype=torch.int64).reshape(-1).expand(batch_size)
+    if isinstance(value, bool) or not hasattr(value, "__index__"):  # 10.0 or "10" would be taken as 10
+        raise ValueError(f"{name}: expected an int or a [B={batch_size}] (or [1]) integer tensor, got "
+                         f"{type(value).__name__} {value!r}")
     return torch.full((batch_size,), int(value), dtype=torch.int64, device=device)
 
 
