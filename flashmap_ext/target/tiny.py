@@ -97,16 +97,14 @@ class ByteTokenizer:
             return [self.decode(row, skip_special_tokens) for row in ids]
         if any(not 0 <= i <= BYTE_EOS for i in ids):
             raise ValueError(f"ids: expected ids in 0..{BYTE_EOS}, got {min(ids)}..{max(ids)}")
-        pieces, run = [], []
-        for i in ids + [None]:
-            if i is not None and i < BYTE_EOS:
-                run.append(i)
-                continue
-            pieces.append(bytes(run).decode("utf-8", errors="flashmap_raw_bytes"))
-            run = []
-            if i == BYTE_EOS and not skip_special_tokens:
-                pieces.append(EOS_TEXT)
-        return "".join(pieces)
+        runs = [[]]  # the byte runs between EOS ids, joined back with EOS's text or nothing
+        for i in ids:
+            if i == BYTE_EOS:
+                runs.append([])
+            else:
+                runs[-1].append(i)
+        texts = [bytes(run).decode("utf-8", errors="flashmap_raw_bytes") for run in runs]
+        return ("" if skip_special_tokens else EOS_TEXT).join(texts)
 
     def batch_decode(self, sequences, skip_special_tokens: bool = False) -> list:
         """One text per sequence of ids, as `decode` gives it."""
