@@ -69,9 +69,16 @@ class TargetTables:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> logits [..., V_s] over `rows` in the head's dtype."""
-        return nn.functional.linear(hidden.to(self.head_weight.dtype), self.head_weight, self.head_bias)
+        return nn.functional.linear(_dense(hidden, self.head_weight.dtype), self.head_weight, self.head_bias)
 
     def full_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> logits [..., V] over every row in the head's dtype."""
-        return nn.functional.linear(hidden.to(self.full_head_weight.dtype), self.full_head_weight,
+        return nn.functional.linear(_dense(hidden, self.full_head_weight.dtype), self.full_head_weight,
                                     self.full_head_bias)
+
+
+def _dense(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`hidden` in `dtype`, contiguous: a strided view (a block's first slots, [B, K, d][:, :k]) sends torch's
+    CPU linear to a slow path (for [8, 8, 896] × [8192, 896]ᵀ on one thread of a Xeon with AMX, torch 2.13:
+    287 ms against 2.9 ms dense in bf16, 59 ms against 11 ms in fp32), far slower than the copy."""
+    return hidden.to(dtype).contiguous()
