@@ -66,7 +66,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             drafter with `draft_tree` (Eagle3Drafter, or a LookupDrafter / TopKTreeDrafter / MultiNoiseDrafter
             wrapper); one prompt at a time, reference acceptance path.
         valid_vocab: ids >= valid_vocab are padding rows and are never emitted (default: all).
-        on_tokens: called with each committed run of new tokens (a list of ints), for streaming.
+        on_tokens: called with each committed run of new tokens (a list of ints), for streaming; one prompt
+            only (a batch with on_tokens is refused).
         timer: a `Timer` marking every round phase; Timer(sync=True) synchronises the device around each
             phase so that the stats' times are exact on a GPU.
         cuda_graphs: run the target as a `StaticTarget` (target/static.py): static KV buffers, rollback a
@@ -110,6 +111,7 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
         target = _static(target, drafter, prompt.shape[1] + max_new_tokens)
     req = Request(temperature, top_k, top_p, seed, valid_vocab, max_new_tokens,
                   _stop_set(stop_token_ids, target.vocab_size), on_tokens, target.device)
+    _check_valid_vocab(req.valid_vocab, target.vocab_size)
     round_fn = static_round if cuda_graphs else _round_function(drafter, tree)
     timer = timer or Timer()
     stats = GenerateStats(prompt_tokens=prompt.shape[1])
@@ -259,6 +261,7 @@ def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k
     stop = _stop_set(stop_token_ids, target.vocab_size)
     requests = [Request(temperature, top_k, top_p, s, valid_vocab, m, stop, None, target.device)
                 for s, m in zip(seeds, budgets)]
+    _check_valid_vocab(requests[0].valid_vocab, target.vocab_size)
     return generate_rows(target, drafter, checked, requests, timer or Timer())
 
 
@@ -360,6 +363,12 @@ def _round_function(drafter, tree: Optional[TreeSpec]) -> Callable:
                          f"wrapped in LookupDrafter, MultiNoiseDrafter or TopKTreeDrafter from "
                          f"flashmap_ext.draft_shapes), got {type(drafter).__name__}")
     return functools.partial(tree_round, spec=tree)
+
+
+def _check_valid_vocab(valid_vocab: Optional[int], vocab_size: int) -> None:
+    """ValueError naming valid_vocab when it exceeds the target's logit width (checked before any model work)."""
+    if valid_vocab is not None and valid_vocab > vocab_size:
+        raise ValueError(f"valid_vocab must be in [1, {vocab_size}] (the target's logit width), got {valid_vocab}")
 
 
 def _stop_set(stop_token_ids, vocab_size: int) -> frozenset:

@@ -151,6 +151,16 @@ def test_generate_refuses_a_stop_id_outside_the_vocabulary(target):
     assert fm.generate(target, None, [1, 2, 3], 2, stop_token_ids=[target.vocab_size - 1]).tokens  # the edge runs
 
 
+def test_generate_refuses_a_valid_vocab_above_the_logit_width_before_the_target_runs(target, monkeypatch):
+    monkeypatch.setattr(target, "forward", lambda *a, **k: pytest.fail("the target ran before the check"))
+    for prompts in ([1, 2, 3], [[1, 2, 3], [4, 5]]):
+        with pytest.raises(ValueError) as err:
+            fm.generate(target, None, prompts, N, valid_vocab=target.vocab_size + 1)
+        assert f"[1, {target.vocab_size}]" in one_line(err, "valid_vocab")
+    monkeypatch.undo()
+    assert fm.generate(target, None, [1, 2, 3], 2, valid_vocab=target.vocab_size).tokens  # the edge runs
+
+
 def test_generate_names_max_new_tokens_when_only_the_budget_is_too_long(target):
     prompt = [1, 2, 3, 4, 5, 6]
     with pytest.raises(ValueError) as err:

@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
     p.add_argument("--target", default="qwen2.5-coder-0.5b")
     p.add_argument("--heldout", default="data/qwen2.5-coder-0.5b-instruct/heldout")
     p.add_argument("--per-domain", type=int, default=8)
-    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--slots", type=int, default=8, help="K: slots scored, as in flashmap eval --slots")
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",

@@ -9,8 +9,9 @@ correct slots) tokens, so the expected acceptance length implied is
 
     γ = 1 + E_a[ max{ r ≤ K : slots 1..r all correct } ]
 
-(the bonus token included, as in `GenerateStats.acceptance_length`). It depends on the drafter, the data and
-the dtype only: no timing, the same figure on every machine.
+(the bonus token included, as in `GenerateStats.acceptance_length`). It depends on the drafter, the data,
+K and the dtype: no timing. In bf16 the batch's shape also changes how batched products round, so a near-tie
+draft can flip with `batch_size` (a few anchors in hundreds).
 """
 from __future__ import annotations
 

@@ -254,7 +254,9 @@ def add_arguments(p) -> None:
                    help="held-out corpus folder or jsonl(.gz) (self-answered, never trained on)")
     p.add_argument("--per-domain", type=int, default=8, help="held-out sequences per domain (math, code, chat)")
     p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS[xDRAWS]] (repeatable; xDRAWS: FlashMap's best of DRAWS noise draws); default: the committed four (FlashMap as flow-1, map-1, map-2; DFlash; EAGLE-3)")
-    p.add_argument("--slots", type=int, default=8, help="K: slots scored (at most each drafter's draft tokens)")
+    p.add_argument("--slots", type=int, default=8, help="K: slots scored (at most each drafter's draft tokens). An anchor is scored "
+                   "when its K next tokens are answer tokens, so another K scores other anchors; γ implied "
+                   "counts at most K accepted")
     p.add_argument("--stride", type=int, default=1, help="score every N-th answer position as an anchor")
     p.add_argument("--max-length", type=int, default=512, help="crop sequences to N tokens")
     p.add_argument("--batch-size", type=int, default=8, help="sequences drafted together")

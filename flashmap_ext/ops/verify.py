@@ -117,7 +117,8 @@ def _per_row(name: str, value: Scalar, B: int, dtype: torch.dtype, device) -> to
         raise ValueError(f"verify: {name} must be a python scalar or a [B] = [{B}] tensor, "
                          f"got shape {tuple(value.shape)}")
     if value.dtype.is_floating_point != dtype.is_floating_point or value.dtype == torch.bool:
-        raise TypeError(f"verify: {name} must be {dtype} (got {value.dtype})")
+        kind = "a floating-point" if dtype.is_floating_point else "an integer"
+        raise TypeError(f"verify: {name} must be {kind} tensor (got {value.dtype})")
     if value.device != torch.device(device):
         raise ValueError(f"verify: {name} is on {value.device}, target_logits on {device}")
     if name == "top_k" and value.dtype == torch.int64:  # no wrap-around: keep the sign, clamp like scalars

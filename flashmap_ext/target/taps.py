@@ -25,8 +25,11 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList):
+        inner = getattr(model, "model", None)
+        hint = (f"; this {type(model).__name__} wraps a Hugging Face model: pass its .model"
+                if hasattr(inner, "get_decoder") else "")
         raise TypeError(f"{type(model).__name__}: cannot find the decoder layers "
-                        "(expected get_decoder().layers)")
+                        f"(expected get_decoder().layers){hint}")
     return layers
 
 

@@ -132,7 +132,8 @@ def test_a_memory_from_another_drafter_of_the_same_type_is_refused(setup, kind):
     torch.manual_seed(7)
     twin = _drafters(model)[kind]
     memory = _memory(model, twin, ids)
-    with pytest.raises(ValueError, match=rf"^memory: made by another {type(twin).__name__}'s new_memory"):
+    name = type(twin).__name__
+    with pytest.raises(ValueError, match=rf"^memory: made by another {name} \(its new_memory\), not by this {name}:"):
         fm.draft_block(drafters[kind], memory, ids[:, -1], seed=0, position=S - 1)
     with torch.no_grad():
         taps = torch.cat([model(input_ids=ids, output_hidden_states=True).hidden_states[i + 1]
@@ -140,6 +141,15 @@ def test_a_memory_from_another_drafter_of_the_same_type_is_refused(setup, kind):
     with pytest.raises(ValueError, match=r"^memory: made by another"):
         drafters[kind].extend_memory(memory, ids[:, -1:], taps[:, -1:])
     assert fm.draft_block(twin, memory, ids[:, -1], seed=0, position=S - 1).tokens.shape[0] == 2
+
+
+def test_a_dflash_memory_given_to_a_dflash2_drafter_names_its_maker(setup):
+    """DFlash2's memory is DFlash's type, so only its maker tells them apart: the message names that class."""
+    model, ids, drafters = setup
+    memory = _memory(model, drafters["dflash"], ids)
+    with pytest.raises(ValueError, match=r"^memory: made by a DFlashDrafter \(its new_memory\), not by this "
+                                         r"DFlash2Drafter:"):
+        fm.draft_block(drafters["dflash2"], memory, ids[:, -1], seed=0, position=S - 1)
 
 
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3"])

@@ -30,6 +30,13 @@ def test_capture_taps_are_hf_hidden_states(model):
         pass
 
 
+def test_capture_taps_of_the_target_wrapper_says_to_pass_its_model(model):
+    from flashmap_ext.target import Target
+    with pytest.raises(TypeError, match=r"^Target: cannot find the decoder layers .*wraps a Hugging Face model: "
+                                        r"pass its \.model$"), capture_taps(Target(model), (0,)):
+        pass
+
+
 def test_cache_kwarg_is_the_name_the_forward_takes(model):
     """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns, and goes in 5.40); 5.17-5.23
     know only `past_key_values`. `cache_kwarg` gives the forward's own name, and a forward called with it

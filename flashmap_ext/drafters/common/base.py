@@ -266,8 +266,12 @@ def check_memory_type(drafter: Any, memory: Any) -> None:
                          "(moved with .to() since): make a new memory with new_memory(B) and extend_memory")
     owner = getattr(memory, "owner", None)
     if owner is not None and not _wraps(drafter, owner()) and not torch.compiler.is_compiling():
-        raise ValueError(f"memory: made by another {type(drafter).__name__}'s new_memory (its entries come from "
-                         "that drafter's weights): use this drafter's new_memory(B), filled by its extend_memory")
+        maker = owner()
+        who = ("a drafter that no longer exists" if maker is None else
+               f"{'another' if type(maker) is type(drafter) else 'a'} {type(maker).__name__}")
+        raise ValueError(f"memory: made by {who} (its new_memory), not by this {type(drafter).__name__}: its "
+                         "entries come from that drafter's weights; use this drafter's new_memory(B), filled by "
+                         "its extend_memory")
 
 
 def check_anchors(anchor_pos: torch.Tensor, batch: int, length: int) -> None:
