@@ -126,9 +126,14 @@ def test_batch_refuses_what_it_cannot_do(model, prompts):
         fm.generate(model, None, prompts, [4, 4])
     with pytest.raises(ValueError, match="tree"):
         fm.generate(model, None, prompts, 4, tree=fm.TreeSpec(2, 2, 4))
+    from flashmap_ext.draft_shapes.block_tree import TopKTreeDrafter
     from flashmap_ext.draft_shapes.lookup import LookupDrafter
-    with pytest.raises(ValueError, match="batch size 1"):  # its memory (the context's ids) holds one row
+    from support.drafter_doubles import random_flashmap
+    one_row = r"^batch_size: a {} drafts one sequence at a time, got {} \(generate: pass one prompt\)$"
+    with pytest.raises(ValueError, match=one_row.format("LookupDrafter", len(prompts))):  # its memory holds one row
         fm.generate(model, LookupDrafter(None), prompts, 4)
+    with pytest.raises(ValueError, match=one_row.format("TopKTreeDrafter", 2)):
+        TopKTreeDrafter(random_flashmap(model, 4, [0, 1])).new_memory(2)
     with pytest.raises(ValueError, match="empty prompt"):
         fm.generate(model, None, [prompts[0], []], 4)
 

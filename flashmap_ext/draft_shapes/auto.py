@@ -27,7 +27,13 @@ from typing import Optional
 import torch
 
 from flashmap_ext.checks import check_int, check_real
-from flashmap_ext.draft_shapes.block_tree import SelectorRanks, block_top_k, has_block_log_probs, merge_chains
+from flashmap_ext.draft_shapes.block_tree import (
+    SelectorRanks,
+    block_top_k,
+    check_one_sequence,
+    has_block_log_probs,
+    merge_chains,
+)
 from flashmap_ext.draft_shapes.cost_model import AcceptanceProfile, CostTable, Shape, best_shape
 from flashmap_ext.draft_shapes.lookup import LookupDrafter, LookupMemory
 from flashmap_ext.draft_shapes.tree_plan import RankProfile, chain_plan, plan_tokens
@@ -98,8 +104,7 @@ class AutoDrafter(LookupDrafter):
 
     # --- memory: the inner memory only while the drafter is in use; the profiles per request ----------
     def new_memory(self, batch_size: int, device=None) -> LookupMemory:
-        if batch_size != 1:
-            raise ValueError(f"AutoDrafter: batch size 1 only (got {batch_size})")
+        check_one_sequence(self, batch_size)
         self._pending, self._path, self._rounds_without_drafter = None, [], 0
         self.lookup_profile.decay(self.carry)
         self.drafter_profile.decay(self.carry)

@@ -31,6 +31,13 @@ from flashmap_ext.drafters.flashmap import FlashMapDrafter
 NOISE_SEED_STRIDE = 0x9E3779B1
 
 
+def check_one_sequence(drafter, batch_size) -> None:
+    """ValueError naming batch_size unless it is 1: tree and lookup drafters draft one sequence at a time."""
+    if batch_size != 1:
+        raise ValueError(f"batch_size: a {type(drafter).__name__} drafts one sequence at a time, got {batch_size} "
+                         "(generate: pass one prompt)")
+
+
 def merge_chains(chains: Sequence[Sequence[int]], scores: Optional[Sequence[Sequence[float]]] = None, *,
                  num_nodes: int, depth: int) -> DraftTree:
     """Prefix tree of `chains` (token id lists; each cut at `depth` and at its first negative id).
@@ -152,8 +159,7 @@ class _BlockTreeBase:
         self.target_layer_ids = tuple(drafter.target_layer_ids)
 
     def new_memory(self, batch_size, device=None):
-        if batch_size != 1:
-            raise ValueError(f"{type(self).__name__}: batch size 1 only (got {batch_size})")
+        check_one_sequence(self, batch_size)
         return self.inner.new_memory(batch_size, device)
 
     def extend_memory(self, memory, token_ids, taps):

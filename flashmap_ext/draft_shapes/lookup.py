@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from flashmap_ext.checks import check_int
-from flashmap_ext.draft_shapes.block_tree import merge_chains
+from flashmap_ext.draft_shapes.block_tree import check_one_sequence, merge_chains
 from flashmap_ext.drafters.eagle3.tree import DraftTree
 
 
@@ -73,8 +73,7 @@ class LookupDrafter:
     memory_type = LookupMemory  # what new_memory makes (draft_block refuses another drafter's)
 
     def new_memory(self, batch_size: int, device=None) -> LookupMemory:
-        if batch_size != 1:
-            raise ValueError(f"LookupDrafter: batch size 1 only (got {batch_size})")
+        check_one_sequence(self, batch_size)
         return LookupMemory(self.inner.new_memory(batch_size, device) if self.inner is not None else None)
 
     def extend_memory(self, memory: LookupMemory, token_ids: torch.Tensor, taps) -> None:
