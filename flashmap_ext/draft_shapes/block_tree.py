@@ -34,8 +34,9 @@ NOISE_SEED_STRIDE = 0x9E3779B1
 def check_one_sequence(drafter, batch_size) -> None:
     """ValueError naming batch_size unless it is 1: tree and lookup drafters draft one sequence at a time."""
     if batch_size != 1:
-        raise ValueError(f"batch_size: a {type(drafter).__name__} drafts one sequence at a time, got {batch_size} "
-                         "(generate: pass one prompt)")
+        name = type(drafter).__name__
+        raise ValueError(f"batch_size: {'an' if name[0] in 'AEIOU' else 'a'} {name} drafts one sequence at a time, "
+                         f"got {batch_size} (generate: pass one prompt)")
 
 
 def merge_chains(chains: Sequence[Sequence[int]], scores: Optional[Sequence[Sequence[float]]] = None, *,
