@@ -11,7 +11,8 @@
 # Knobs (env): OUT (default runs/compare), CORES (default 0), TEMPS (default 0,1), DATASETS (default
 #   gsm8k,humaneval,mtbench), N (prompts per dataset, default 16; MT-Bench gets N/2 questions, two turns
 #   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs, default the committed
-#   ones; DFLASH2= empty skips its rows), TARGET (`flashmap bench --target`, default qwen2.5-coder-0.5b).
+#   ones; DFLASH2= empty skips its rows), TARGET (`flashmap bench --target`, default qwen2.5-coder-0.5b),
+#   TREES (tree sizes beside each chain, default 16,32; TREES= empty: chains only, about half the time).
 # Exit status 1 when a run failed (the others still run; a rerun repeats only the failed ones).
 # Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/rows.md (γ of every row per set),
 #   $OUT/T<t>/compare-*.md (paired Δγ).
@@ -22,15 +23,18 @@ DFLASH=${DFLASH:-checkpoints/dflash-qwen2.5-coder-0.5b}
 DFLASH2=${DFLASH2-checkpoints/dflash2-qwen2.5-coder-0.5b}
 OUT=${OUT:-runs/compare}; CORES=${CORES:-0}; TEMPS=${TEMPS:-0,1}
 DATASETS=${DATASETS:-gsm8k,humaneval,mtbench}; N=${N:-16}; TOKENS=${TOKENS:-64}
-TARGET=${TARGET:-qwen2.5-coder-0.5b}
+TARGET=${TARGET:-qwen2.5-coder-0.5b}; TREES=${TREES-16,32}
 FM=.venv/bin/flashmap
 
-rows() {  # drafter -> its bench flags and rows
+rows() {  # drafter -> its bench flags and rows: the chain, then one tree per size in TREES
+    local flags methods tree n
     case $1 in
-        flow) echo "--drafter $FLOW --methods FlashMap-1,FlashMap-1 top-k 16,FlashMap-1 top-k 32" ;;
-        dflash) echo "--dflash $DFLASH --methods DFlash,DFlash top-k 16,DFlash top-k 32" ;;
-        dflash2) echo "--dflash $DFLASH2 --methods DFlash2,DFlash2 selector 16,DFlash2 selector 32" ;;
+        flow) flags="--drafter $FLOW"; methods=FlashMap-1; tree="FlashMap-1 top-k" ;;
+        dflash) flags="--dflash $DFLASH"; methods=DFlash; tree="DFlash top-k" ;;
+        dflash2) flags="--dflash $DFLASH2"; methods=DFlash2; tree="DFlash2 selector" ;;
     esac
+    for n in ${TREES//,/ }; do methods="$methods,$tree $n"; done
+    echo "$flags --methods $methods"
 }
 
 jobs() {  # one line per run: temperature drafter dataset
@@ -93,4 +97,4 @@ main() {
     echo "done: $OUT"
 }
 
-main "$@"
+[ "${BASH_SOURCE[0]}" != "$0" ] || main "$@"   # sourced (tests): functions only
