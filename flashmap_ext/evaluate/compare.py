@@ -31,15 +31,15 @@ def add_arguments(p) -> None:
 
 
 def check_args(args) -> tuple[list, list[tuple[str, str]]]:
-    """(drafter specs, pairs to report); ValueError naming --per-domain, --drafter or --pair before any model
-    loads."""
-    from flashmap_ext.evaluate.run import parse_drafter
+    """(drafter specs, pairs to report); ValueError naming --per-domain, --drafter (as `flashmap eval`: a repeated
+    NAME too) or --pair before any model loads."""
+    from flashmap_ext.evaluate.run import check_specs
     if args.per_domain < 2:
         raise ValueError(f"--per-domain: must be >= 2 for compare (the paired bootstrap resamples the sequences "
                          f"within each domain: one has no spread), got {args.per_domain}")
-    specs = [parse_drafter(s) for s in args.drafter]
-    if len(specs) < 2:
+    if len(args.drafter) < 2:
         raise ValueError("--drafter: give two or more (the first is compared with each later one)")
+    specs = check_specs(args.drafter)
     names = [n for n, *_ in specs]
     pairs = []
     for pair in args.pair or []:

@@ -226,7 +226,6 @@ def check_args(args) -> list[tuple[str, str, int | None, int]]:
     """The parsed --drafter specs, after checking every argument without loading a model: ValueError
     (one line, naming the option) for counts out of range, a missing --heldout path, a bad or repeated NAME=DIR:STEPS
     or a drafter checkpoint whose config.json is missing or invalid (CheckpointError)."""
-    from flashmap_ext.drafters.load import check_drafter
     for opt, value, low in (("--per-domain", args.per_domain, 1), ("--slots", args.slots, 1),
                             ("--stride", args.stride, 1), ("--max-length", args.max_length, 2),
                             ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 0)):
@@ -235,10 +234,17 @@ def check_args(args) -> list[tuple[str, str, int | None, int]]:
     if not Path(args.heldout).exists():
         raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
                          f".jsonl(.gz); recipes/grow_corpus.sh or flashmap data generate --split heldout writes one)")
-    specs = [parse_drafter(s) for s in (args.drafter or DEFAULT_DRAFTERS)]
+    return check_specs(args.drafter or DEFAULT_DRAFTERS)
+
+
+def check_specs(raw: list[str]) -> list[tuple[str, str, int | None, int]]:
+    """The parsed --drafter specs NAME=DIR[:STEPS[xDRAWS]]; ValueError naming --drafter for a malformed spec, a
+    repeated NAME, STEPS other than 1 or 2, DRAWS < 1, or a checkpoint whose config.json is missing or invalid."""
+    from flashmap_ext.drafters.load import check_drafter
+    specs = [parse_drafter(s) for s in raw]
     for i, (name, path, steps, draws) in enumerate(specs):
         if name in (n for n, *_ in specs[:i]):
-            raise ValueError(f"--drafter {(args.drafter or DEFAULT_DRAFTERS)[i]}: NAME {name} is already used "
+            raise ValueError(f"--drafter {raw[i]}: NAME {name} is already used "
                              "(each drafter needs its own name: it is the report's column)")
         if steps is not None and steps not in (1, 2):
             raise ValueError(f"--drafter {name}={path}:{steps}: STEPS must be 1 or 2")

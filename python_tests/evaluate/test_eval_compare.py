@@ -8,9 +8,12 @@ from flashmap_ext.evaluate import compare
 
 @pytest.mark.parametrize("argv, message", [
     (["--drafter", "A=x"], "--drafter: give two or more"),
-    (["--drafter", "A"], "--drafter 'A': expected NAME=DIR"),
-    (["--drafter", "A=x", "--drafter", "B=y", "--pair", "A,C"], "--pair 'A,C': expected A,B with A and B among"),
+    (["--drafter", "A", "--drafter", "B=random"], "--drafter 'A': expected NAME=DIR"),
+    (["--drafter", "A=random", "--drafter", "B=random", "--pair", "A,C"],
+     "--pair 'A,C': expected A,B with A and B among"),
     (["--drafter", "A=x", "--drafter", "B=y", "--per-domain", "1"], "--per-domain: must be >= 2 for compare"),
+    (["--drafter", "a=random", "--drafter", "a=random:1"], "--drafter a=random:1: NAME a is already used"),
+    (["--drafter", "A=random", "--drafter", "B=no/such/dir"], "--drafter no/such/dir"),
 ])
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
     assert cli.main(["eval", "compare", *argv]) == 2
