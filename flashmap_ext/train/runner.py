@@ -70,8 +70,8 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                    help="crop sequences to this many tokens (>= 2: an anchor and the token it predicts)")
     g.add_argument("--context-window", type=window_arg, metavar="W",
                    help="FlashMap/DFlash: the drafter reads the last W committed positions only, in training and "
-                        "inference (recorded in its config.json); 'none': all of them; default: --max-length, "
-                        "the longest context training shows it")
+                        "inference (recorded in its config.json); 'none': all of them; default: the longest "
+                        "context training shows it, --max-length or the --features cache's shorter crop")
     g.add_argument("--save-every", type=int, help="steps between checkpoints (0: only at the end)")
     g.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
                    help="checkpoints kept in <out>/checkpoints, the newest N (0: all, e.g. for a learning curve; "
@@ -244,6 +244,16 @@ def check_supervised(cache: FeatureCache, max_length: int | None, path: str) -> 
                      f"{shortest}); raise --max-length")
 
 
+def fit_context_window(drafter: torch.nn.Module, crop: int | None, args) -> None:
+    """Without --context-window the window is --max-length, the longest context training shows the drafter;
+    a cache whose sequences `flashmap features --max-length` cropped shorter (`crop`) shows it no more than
+    that, so the window becomes the crop."""
+    config = getattr(drafter, "config", None)
+    window = getattr(config, "context_window", None)
+    if getattr(args, "context_window", None) is None and crop and window and int(crop) < window:
+        config.context_window = int(crop)
+
+
 def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name: str,
               num_labels: int | None = None, target=None) -> dict:
     """Trains `drafter` (fp32 master weights) on --features and exports `<out>/drafter`; returns last metrics.
@@ -254,6 +264,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     cache = open_features(args.features, drafter.target_layer_ids)
     check_cache(cache.meta, args.features, getattr(args, "loss", "ce"))
     check_supervised(cache, run.get("max_length"), args.features)
+    fit_context_window(drafter, cache.meta.get("max_length"), args)
     drafter = drafter.float()
     optional = {k: run[k] for k in ("betas", "grad_clip", "weight_decay") if k in run}
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],

@@ -266,3 +266,20 @@ def test_a_second_trainer_on_one_out_is_refused_while_the_first_runs(tmp_path, c
         assert err.count("\n") == 1 and not (run / "run.json").exists()
     assert main(argv) == 0  # the lock went with its holder
     assert (run / "drafter" / "model.safetensors").is_file()
+
+
+def test_context_window_is_the_cache_crop_when_shorter(tmp_path):
+    """A cache that `flashmap features --max-length 40` cropped shows training at most 40 positions, so the
+    default window (--max-length, 256 in cpu-tiny) is 40; an explicit --context-window is kept."""
+    conv = tmp_path / "conv.jsonl"
+    conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w} twice"},
+                                                     {"role": "assistant", "content": f"{w} {w}, {w} {w}"}]}) + "\n"
+                            for w in ("one", "two", "three")))
+    common = ["--target", "tiny-random", "--no-progress"]
+    assert main(["features", *common, "--data", str(conv), "--out", str(tmp_path / "f"), "--max-length", "40"]) == 0
+    train = ["train", "flow", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1",
+             "--batch-size", "1", "--draft-vocab", "64"]
+    assert main([*train, "--out", str(tmp_path / "a")]) == 0
+    assert json.loads((tmp_path / "a" / "drafter" / "config.json").read_text())["context_window"] == 40
+    assert main([*train, "--out", str(tmp_path / "b"), "--context-window", "100"]) == 0
+    assert json.loads((tmp_path / "b" / "drafter" / "config.json").read_text())["context_window"] == 100
