@@ -91,8 +91,9 @@ def record(root: Path, paths: list[str]) -> None:
 
 
 def publish(root: Path, name: str, src: Path, message: str) -> None:
-    """checkpoints/NAME := SRC (config.json as is; floating tensors cast to bf16, the dtype the committed
-    drafters are evaluated and shipped in), committed, recorded in the manifest, then out of the tree."""
+    """checkpoints/NAME := SRC (floating tensors cast to bf16, the dtype the committed drafters are evaluated
+    and shipped in; config.json as is, its `torch_dtype` where it has one saying bfloat16), committed, recorded
+    in the manifest, then out of the tree."""
     import shutil
 
     import torch
@@ -102,7 +103,12 @@ def publish(root: Path, name: str, src: Path, message: str) -> None:
             raise SystemExit(f"checkpoints publish: SRC_DIR {src} has no {f}")
     dest = root / "checkpoints" / name
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src / "config.json", dest / "config.json")
+    config = json.loads((src / "config.json").read_text())
+    if "torch_dtype" in config:
+        config["torch_dtype"] = "bfloat16"
+        (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    else:
+        shutil.copyfile(src / "config.json", dest / "config.json")
     tensors = load_file(str(src / "model.safetensors"))
     save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()},
               str(dest / "model.safetensors"))

@@ -127,7 +127,7 @@ def test_publish_casts_to_bf16_commits_records_and_untracks(repo, tmp_path, monk
     root, _, _ = repo
     src = tmp_path / "drafter"
     src.mkdir()
-    (src / "config.json").write_text('{"model_type": "tiny"}')
+    (src / "config.json").write_text('{"model_type": "tiny", "torch_dtype": "float32"}')
     weight = torch.linspace(-1, 1, 12, dtype=torch.float32).reshape(3, 4)
     save_file({"w": weight, "d2t": torch.arange(5)}, str(src / "model.safetensors"))
     before = int(git(root, "rev-list", "--count", "HEAD"))
@@ -136,6 +136,8 @@ def test_publish_casts_to_bf16_commits_records_and_untracks(repo, tmp_path, monk
     out = load_file(str(root / "checkpoints" / "fresh" / "model.safetensors"))
     assert out["w"].dtype == torch.bfloat16 and torch.equal(out["w"], weight.to(torch.bfloat16))
     assert out["d2t"].dtype == torch.int64 and out["d2t"].tolist() == [0, 1, 2, 3, 4]
+    config = json.loads((root / "checkpoints" / "fresh" / "config.json").read_text())
+    assert config == {"model_type": "tiny", "torch_dtype": "bfloat16"}, "the config names the weights' dtype"
     tracked = git(root, "ls-files", "checkpoints/fresh").split()
     assert tracked == ["checkpoints/fresh/config.json"], "the weights leave the tree"
     entries = {e["path"]: e for e in json.loads((root / "checkpoints" / "MANIFEST.json").read_text())["files"]}
