@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from flashmap_ext.bench.machine import positive_int
-from flashmap_ext.checks import check_input_path, check_output_path
+from flashmap_ext.checks import check_input_path, check_int, check_output_path
 from flashmap_ext.commands import io_parser
 
 
@@ -125,7 +125,8 @@ def run_store(args, target, tokenizer, layers) -> int:
 
 
 def tap_layers(spec: str, num_layers: int) -> list[int]:
-    """--layers: 'flashmap' | 'eagle3' | a comma list of 0-based ids. Raises ValueError otherwise."""
+    """--layers: 'flashmap' | 'eagle3' | a comma list of 0-based ids in [0, num_layers). Raises ValueError
+    otherwise."""
     from flashmap_ext.drafters.eagle3.config import eagle3_layer_ids
     from flashmap_ext.drafters.flashmap.config import default_tap_layers
     if spec == "flashmap":
@@ -133,6 +134,7 @@ def tap_layers(spec: str, num_layers: int) -> list[int]:
     if spec == "eagle3":
         return list(eagle3_layer_ids(num_layers))
     try:
-        return [int(x) for x in spec.split(",")]
+        ids = [int(x) for x in spec.split(",")]
     except ValueError:
         raise ValueError(f"--layers: expected 'flashmap', 'eagle3' or ids like 1,9,17 (got {spec!r})") from None
+    return [check_int("--layers", i, 0, num_layers) for i in ids]

@@ -89,8 +89,8 @@ class FeatureWriter:
         root: the cache directory (created if missing).
         meta: manifest fields; `target_layer_ids`, `feature_dim` and `dtype` ("bf16"|"fp16"|"fp32") are
             required; `topk` (k >= 1) adds the soft-label shards; `max_length` (optional) is the crop the
-            sequences were rendered with. An existing cache must have the same values for these, else
-            ValueError.
+            sequences were rendered with. An existing cache holding sequences must have the same values for
+            these, else ValueError; the manifest of one holding none is replaced.
         shard_tokens: rows per shard file before a new shard starts.
     """
 
@@ -117,7 +117,7 @@ class FeatureWriter:
 
     def _check_or_write_manifest(self):
         path = os.path.join(self.root, "manifest.json")
-        if os.path.exists(path):
+        if os.path.exists(path) and next(_read_index(self.root), None) is not None:
             with open(path) as f:
                 old = json.load(f)
             for key in ("format_version", "target_layer_ids", "feature_dim", "dtype", "topk", "max_length"):

@@ -104,3 +104,13 @@ def test_a_plain_run_does_not_write_through_a_store_link(tmp_path, monkeypatch, 
         assert f"--out {out}:" in err and "use --store, or another folder" in err
     assert {p: os.path.getsize(os.path.join(view, p)) for p in os.listdir(view)} == sizes
     assert len(FeatureCache(view)) == 2
+
+
+def test_a_layer_the_target_lacks_is_refused_before_the_cache_is_written(tmp_path, capsys):
+    a, out = tmp_path / "a.jsonl", tmp_path / "f"
+    conversations(a, ["one", "two"])
+    err = one_line_error(features(a, out, "--layers", "10"), capsys)
+    assert err.startswith("flashmap features: error: --layers must be in [0, 4), got 10")
+    assert not (out / "manifest.json").exists()
+    assert cli.main(features(a, out, "--layers", "1")) == 0
+    assert FeatureCache(str(out)).meta["target_layer_ids"] == [1]

@@ -94,6 +94,14 @@ def test_resume_after_interruption_matches_straight_run(tiny_target, tmp_path):
         cache_features(tiny_target, data, str(resumed), [1], progress=False)
 
 
+def test_a_failed_first_call_leaves_no_settings_behind(tiny_target, tmp_path):
+    """A cache holding no sequence yet takes the next call's settings (its manifest is replaced)."""
+    with pytest.raises(ValueError, match="target_layer_ids: 4"):
+        cache_features(tiny_target, samples(2), str(tmp_path), [4], progress=False)
+    assert cache_features(tiny_target, samples(2), str(tmp_path), [1], progress=False) == 2
+    assert FeatureCache(str(tmp_path)).meta["target_layer_ids"] == [1]
+
+
 def _rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
