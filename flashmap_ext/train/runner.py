@@ -212,15 +212,20 @@ def make_collate(num_anchors: int, k: int, max_length: int | None, taps_dtype: t
     return collate_fn
 
 
-def open_features(path: str, layer_ids) -> FeatureCache:
+def open_features(path: str, layer_ids, target=None) -> FeatureCache:
     """The cache at `path`, viewed as the taps of `layer_ids` (the drafter's; a subset of the cache's taps,
-    so one cache of the union serves several drafters). ValueError when a layer is missing or it is empty."""
+    so one cache of the union serves several drafters). ValueError when a layer is missing, it is empty, or
+    its taps are not `target`'s hidden size wide (a cache of another model)."""
     try:
         cache = FeatureCache(path, layers=[int(i) for i in layer_ids])
     except ValueError as err:
         raise ValueError(f"--features {err}") from None
     if len(cache) == 0:
         raise ValueError(f"--features {path} holds no sequence")
+    width = cache.meta["feature_dim"] // len(cache.meta["target_layer_ids"])
+    if target is not None and width != target.hidden_size:
+        raise ValueError(f"--features {path}: its taps are {width} wide (cached from {cache.meta.get('target')}), "
+                         f"the target's hidden size is {target.hidden_size}; cache them with this --target")
     return cache
 
 
@@ -261,7 +266,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     num_labels: K of the batch labels (default: the drafter's num_draft_tokens). target: the Target the
     drafter was built for (needed by --init-from, which loads the warm-start checkpoint against it)."""
     device = device_of(args)
-    cache = open_features(args.features, drafter.target_layer_ids)
+    cache = open_features(args.features, drafter.target_layer_ids, target)
     check_cache(cache.meta, args.features, getattr(args, "loss", "ce"))
     check_supervised(cache, run.get("max_length"), args.features)
     fit_context_window(drafter, cache.meta.get("max_length"), args)

@@ -127,3 +127,21 @@ def test_max_length_without_a_supervised_label_is_refused_before_training(tmp_pa
     assert main(["train", "flow", *args, "--out", str(tmp_path / "ok"), "--max-length", str(shortest)]) == 0
     logged = json.loads((tmp_path / "ok" / "metrics.jsonl").read_text().splitlines()[-1])
     assert logged["tokens"] >= 1 and logged["loss"] > 0
+
+
+def test_a_cache_of_another_hidden_size_is_refused_naming_both_widths(tmp_path):
+    """A cache whose taps are 32 wide (another model's) against the tiny random target (hidden size 64)."""
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.target import load_target
+    with FeatureWriter(str(tmp_path / "f"), {"target_layer_ids": [1], "feature_dim": 32, "dtype": "fp32"}) as w:
+        w.add("s0", list(range(8)), [0, 0, 1, 1, 1, 1, 1, 1], torch.zeros(8, 32))
+    target, _ = load_target("tiny-random", "fp32", "cpu")
+    FlashMapDrafter.for_target(target, "cpu-tiny", target_layer_ids=[1], two_time=False).save_pretrained(tmp_path / "teacher")
+    common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1"]
+    for stage in (["train", "flow"], ["train", "dflash", "--mask-token-id", "0"], ["train", "eagle3"],
+                  ["distill", "--teacher", str(tmp_path / "teacher")]):
+        out = tmp_path / stage[1]
+        with pytest.raises(ValueError, match=rf"^--features {tmp_path / 'f'}: its taps are 32 wide .*the "
+                                             r"target's hidden size is 64"):
+            main([*stage, *common, "--tap-layers", "1", "--out", str(out)])
+        assert not out.exists()
