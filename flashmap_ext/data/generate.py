@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from flashmap_ext.assets.prompt_sets import PROMPT_SETS
 from flashmap_ext.bench.machine import add_threads_argument, positive_int
+from flashmap_ext.checks import check_output_path
 from flashmap_ext.data.engine import EngineStats, Job, generate_refill, length_sorted
 from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 from flashmap_ext.train.store import ShardWriter
@@ -139,6 +140,10 @@ def vllm_environment(threads: int) -> None:
 def run(args) -> int:
     from flashmap_ext.assets.models import resolve_target
     from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    try:
+        check_output_path("--out", args.out, folder=True)
+    except ValueError as err:
+        raise ValueError(f"{err}; give a corpus folder: a new one, or a corpus to append to") from None
     threads = set_threads(args.threads)
     if args.engine == "vllm":
         vllm_environment(threads)

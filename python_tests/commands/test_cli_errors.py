@@ -485,6 +485,15 @@ def test_data_and_out_paths_are_checked_before_the_target_loads(command, out_is,
     assert f"--out {a_file / 'sub'}: {a_file} is a file, not a folder" in err, err
 
 
+def test_data_generate_into_a_file_names_out_before_the_target_loads(tmp_path, capsys, monkeypatch):
+    from flashmap_ext.data import generate
+    monkeypatch.setattr(generate, "load_engine", lambda *a, **k: pytest.fail("the target loaded before the check"))
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    (tmp_path / "f.jsonl").write_text("x")
+    err = one_line_error(["data", "generate", *TINY, "--out", str(tmp_path / "f.jsonl")], capsys)
+    assert f"--out {tmp_path / 'f.jsonl'}: a file is there (expected a folder); give a corpus folder" in err, err
+
+
 @pytest.mark.parametrize("config, kind", [({"model_type": "flashmap_drafter"}, "a FlashMap"),
                                           ({"architectures": ["DFlashDraftModel"]}, "a DFlash")])
 def test_a_drafter_passed_as_target_is_named(config, kind, tmp_path, capsys, no_loads):
