@@ -17,9 +17,13 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from flashmap_ext.checks import check_int
+
 
 def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> Path:
-    """Writes OUT (config.json of RUN's export, or of `template`, and STEP's weights in its dtypes); returns it."""
+    """Writes OUT (config.json of RUN's export, or of `template`, and STEP's weights in its dtypes); returns it.
+    ValueError for a negative STEP."""
+    check_int("STEP", step, 0)
     weights = run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"
     export = run / "drafter" if template is None else template
     if not weights.is_file():
