@@ -28,6 +28,7 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
             raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
                              f"{type(drafter).__name__}")
         added = drafter.warm_start_added
+    check_same_time_kind(drafter.config, source.config, path)
     mine, theirs = drafter.state_dict(), source.state_dict()
     kept = [k for k in mine if k not in theirs and any(a in k for a in added)]
     grown = _added_layers(drafter, source, path) if add_layers else []
@@ -57,6 +58,19 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     if grown:
         note += f" (layers {_depth(source)}..{_depth(drafter) - 1} added, each starting as the identity)"
     print(f"warm start: weights from {path}{note}")
+
+
+def check_same_time_kind(mine, theirs, path: str) -> None:
+    """ValueError naming --init-from when one FlashMap config is a distilled map (two_time) and the other a
+    flow model: `train flow` always builds a flow model, `distill` a map, and neither converts the other."""
+    if getattr(theirs, "two_time", None) is None or mine.two_time == theirs.two_time:
+        return
+    if theirs.two_time:
+        raise ValueError(f"--init-from {path}: a distilled map (two_time=True) cannot warm-start the flow model; "
+                         "give a flow checkpoint (`flashmap train flow`), or continue the map with "
+                         "`flashmap distill --init-from`")
+    raise ValueError(f"--init-from {path}: a flow model (two_time=False) cannot warm-start the distilled map; "
+                     "give it to `flashmap distill --teacher`, whose student starts from its weights")
 
 
 def _layers(drafter):

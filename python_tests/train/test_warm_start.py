@@ -198,3 +198,22 @@ def test_size_and_rate_flags_are_refused_in_one_line(tmp_path, capsys, flags, me
                  "--steps", "1", "--out", str(tmp_path / "o"), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_a_map_and_a_flow_model_do_not_warm_start_each_other(tmp_path):
+    """`train flow` builds a flow model (two_time=False) and `distill` a map (two_time=True): no flag turns
+    one into the other, so each refuses the other's checkpoint saying what to give instead."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.train.distill import make_student
+    target = tiny_qwen3()
+    flow = FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4, target_layer_ids=[0, 2],
+                                     two_time=False)
+    flow.save_pretrained(tmp_path / "flow")
+    make_student(flow).save_pretrained(tmp_path / "map")
+    with pytest.raises(ValueError, match=r"^--init-from \S+map: a distilled map \(two_time=True\) cannot "
+                                         r"warm-start the flow model; give a flow checkpoint .*distill --init-from"):
+        runner.warm_start(flow, str(tmp_path / "map"), target)
+    with pytest.raises(ValueError, match=r"^--init-from \S+flow: a flow model \(two_time=False\) cannot "
+                                         r"warm-start the distilled map; give it to `flashmap distill --teacher`"):
+        runner.warm_start(make_student(flow), str(tmp_path / "flow"), target)
