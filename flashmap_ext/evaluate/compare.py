@@ -94,10 +94,19 @@ def markdown(counts: dict, pairs: dict, meta: dict) -> list[str]:
     table = ["| drafter | γ |", "|---|---|"] + [f"| {n} | {gamma(c):.4f} |" for n, c in counts.items()]
     table += ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
     table += [f"| {k} | {v['delta']:+.4f} | {interval_text(v['interval'])} |" for k, v in pairs.items()]
-    table += ["", f"{meta['sequences']} held-out sequences, {meta['anchors']} anchors; `{meta['command']}`; "
+    table += ["", f"{meta['sequences']} held-out sequences, {anchors_text(counts)}; `{meta['command']}`; "
                   f"{meta['cpu']}, {meta['torch_threads']} thread(s), {meta['dtype']}, load {meta['load_average']}; "
                   f"{meta['date']}"]
     return table
+
+
+def anchors_text(counts: dict) -> str:
+    """"N anchors" when every drafter was scored on as many, else each drafter's count: an anchor needs K
+    answer tokens after it, so drafters of another K are scored on other anchors."""
+    n = {name: sum(c[1] for c in seqs) for name, seqs in counts.items()}
+    if len(set(n.values())) == 1:
+        return f"{next(iter(n.values()))} anchors"
+    return f"anchors {', '.join(f'{name} {k}' for name, k in n.items())} (another K, other anchors)"
 
 
 def run(args) -> int:
@@ -109,7 +118,8 @@ def run(args) -> int:
     domains = [s.domain for s in seqs]
     pairs = paired_deltas(counts, domains, todo)
     meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
-            "sequences": len(seqs), "anchors": sum(c[1] for c in next(iter(counts.values()))), "domains": domains}
+            "sequences": len(seqs), "anchors": {name: sum(c[1] for c in seqs) for name, seqs in counts.items()},
+            "domains": domains}
     table = markdown(counts, pairs, meta)
     print("\n".join(table))
     if args.out:

@@ -41,3 +41,13 @@ def test_one_scored_sequence_per_domain_gives_an_undefined_interval_in_words():
             "load_average": 0, "date": "d"}
     row = next(line for line in compare.markdown(counts, pairs, meta) if line.startswith("| A - B"))
     assert "undefined (one scored sequence per domain)" in row and "nan" not in row
+
+
+def test_the_footer_counts_each_drafters_anchors_when_they_differ():
+    """Drafters of another K are scored on other anchors: the footer names each one's count."""
+    meta = {"sequences": 2, "anchors": {"A": 6, "B": 4}, "command": "c", "cpu": "cpu", "torch_threads": 1,
+            "dtype": "fp32", "load_average": 0, "date": "d"}
+    same = {"A": [[3, 2], [4, 4]], "B": [[1, 2], [2, 4]]}
+    other_k = {"A": [[3, 2], [4, 4]], "B": [[1, 1], [2, 3]]}
+    assert "2 held-out sequences, 6 anchors;" in compare.markdown(same, {}, meta)[-1]
+    assert "2 held-out sequences, anchors A 6, B 4 (another K, other anchors);" in compare.markdown(other_k, {}, meta)[-1]
