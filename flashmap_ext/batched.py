@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashmap_ext import ops
+from flashmap_ext.checks import with_article
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, Timer
 from flashmap_ext.target import Target
 from flashmap_ext.target.ragged import left_align, left_pad, ragged_inputs, rollback_rows
@@ -61,7 +62,7 @@ class Batch:
         self.memory = None if drafter is None else drafter.new_memory(len(rows), dev)
         if self.memory is not None and not hasattr(self.memory, "truncate"):
             raise ValueError(f"drafter: a list of prompts needs a drafter whose memory holds rows of different "
-                             f"lengths (FlashMap, DFlash, EAGLE-3); a {type(drafter).__name__} does not: generate "
+                             f"lengths (FlashMap, DFlash, EAGLE-3); {with_article(type(drafter).__name__)} does not: generate "
                              f"one prompt at a time")
         self.prefill(prompts)
 

@@ -54,6 +54,11 @@ def check_output_path(flag: str, path: str, folder: bool) -> None:
         raise ValueError(f"{flag} {path}: {parent} is a file, not a folder")
 
 
+def with_article(word: str) -> str:
+    """`word` after its indefinite article: 'an Eagle3Drafter' before a vowel, else 'a LookupDrafter'."""
+    return f"{'an' if word[:1].upper() in tuple('AEIOU') else 'a'} {word}"
+
+
 def describe(value) -> str:
     """What an argument is, for an error message: 'a tensor of shape [2, 1] and dtype torch.int64' for a
     tensor (anything with shape and dtype), else its type and repr ('int 5', cut at 40 characters)."""

@@ -332,6 +332,15 @@ def _drafter_for(kind, model):
     return fm.FlashMapDrafter.for_target(model, "cpu-tiny", init="random", target_layer_ids=(0, 1)).eval()
 
 
+def test_flashmap_only_arguments_name_the_drafter_with_its_article():
+    from conftest import tiny_qwen3
+    model = tiny_qwen3()
+    drafter = _drafter_for("eagle3", model)
+    memory = drafter.new_memory(1)
+    with pytest.raises(ValueError, match=r"^steps: only a FlashMapDrafter takes it, not an Eagle3Drafter$"):
+        fm.draft_block(drafter, memory, torch.tensor([1]), position=0, steps=2)
+
+
 @pytest.mark.parametrize("kind", ["flashmap", "dflash", "eagle3", "wrapped"])
 @pytest.mark.parametrize("other, field", [(dict(vocab_size=8), "vocab_size 8 != the target's vocabulary"),
                                           (dict(hidden_size=32), "!= the target's hidden size 64")])

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from flashmap_ext.checks import with_article
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.eagle3.tree import DraftTree
@@ -34,8 +35,7 @@ NOISE_SEED_STRIDE = 0x9E3779B1
 def check_one_sequence(drafter, batch_size) -> None:
     """ValueError naming batch_size unless it is 1: tree and lookup drafters draft one sequence at a time."""
     if batch_size != 1:
-        name = type(drafter).__name__
-        raise ValueError(f"batch_size: {'an' if name[0] in 'AEIOU' else 'a'} {name} drafts one sequence at a time, "
+        raise ValueError(f"batch_size: {with_article(type(drafter).__name__)} drafts one sequence at a time, "
                          f"got {batch_size} (generate: pass one prompt)")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from flashmap_ext.checks import describe
+from flashmap_ext.checks import describe, with_article
 from flashmap_ext.drafters.common.base import DraftBlock, check_memory_type, check_token_ids, per_row
 from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
@@ -69,7 +69,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
         return DraftBlock(block.tokens[:, :num_tokens], None if block.logits is None else block.logits[:, :num_tokens])
     for name, value in (("steps", steps), ("noise", noise)):
         if value is not None:
-            raise ValueError(f"{name}: only a FlashMapDrafter takes it, not a {type(drafter).__name__}")
+            raise ValueError(f"{name}: only a FlashMapDrafter takes it, not {with_article(type(drafter).__name__)}")
     if position is None:
         raise ValueError("position: required (the anchors' absolute positions, [B] int64 or an int)")
     vocab_size = getattr(getattr(drafter, "config", None), "vocab_size", None)
@@ -81,7 +81,7 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     if not return_logits:
         return DraftBlock(drafter.draft(memory, anchor_tokens, **args), None)
     if not hasattr(drafter, "draft_with_logits"):
-        raise ValueError(f"return_logits: a {type(drafter).__name__} gives no logits")
+        raise ValueError(f"return_logits: {with_article(type(drafter).__name__)} gives no logits")
     tokens, logits = drafter.draft_with_logits(memory, anchor_tokens, **args)
     return DraftBlock(tokens, logits.float())
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashmap_ext.checks import with_article
+
 
 @dataclass
 class LayerWeights:
@@ -56,7 +58,7 @@ def layer_weights(layer: nn.Module) -> LayerWeights:
              [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
     missing = [n for owner, n in needed if not isinstance(getattr(owner, n, None), nn.Linear)]
     if missing or not hasattr(layer, "input_layernorm") or not hasattr(layer, "post_attention_layernorm"):
-        raise TypeError(f"StaticTarget: a {type(layer).__name__} is not a Qwen3/Qwen2/Llama decoder layer "
+        raise TypeError(f"StaticTarget: {with_article(type(layer).__name__)} is not a Qwen3/Qwen2/Llama decoder layer "
                         f"(missing {', '.join(missing) or 'its layer norms'})")
     if any(getattr(mlp, n).bias is not None for n in ("gate_proj", "up_proj", "down_proj")):
         raise TypeError("StaticTarget: MLP biases are not supported (mlp_bias=True)")

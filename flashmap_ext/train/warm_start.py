@@ -6,6 +6,8 @@ import dataclasses
 
 import torch
 
+from flashmap_ext.checks import with_article
+
 
 def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool = False) -> None:
     """Copies the weights of the drafter checkpoint at `path` into `drafter` (in place, its dtype kept).
@@ -25,8 +27,8 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     added = ()
     if type(source) is not type(drafter):
         if type(source) is not getattr(drafter, "warm_start_base", None):
-            raise ValueError(f"--init-from {path}: a {type(source).__name__} checkpoint, this stage trains a "
-                             f"{type(drafter).__name__}")
+            raise ValueError(f"--init-from {path}: {with_article(type(source).__name__)} checkpoint, this stage "
+                             f"trains {with_article(type(drafter).__name__)}")
         added = drafter.warm_start_added
     check_same_time_kind(drafter.config, source.config, path)
     mine, theirs = drafter.state_dict(), source.state_dict()
@@ -86,7 +88,7 @@ def _depth(drafter) -> int:
 def _added_layers(drafter, source, path: str) -> list[str]:
     """The state-dict keys of `drafter`'s layers beyond the checkpoint's (--add-layers)."""
     if _layers(drafter) is None or not hasattr(drafter, "identity_layer_init"):
-        raise ValueError(f"--add-layers: a {type(drafter).__name__} cannot be deepened")
+        raise ValueError(f"--add-layers: {with_article(type(drafter).__name__)} cannot be deepened")
     if _depth(drafter) <= _depth(source):
         raise ValueError(f"--add-layers: --init-from {path} has {_depth(source)} layers, this run's drafter "
                          f"{_depth(drafter)}; --layers must be larger")

@@ -217,3 +217,15 @@ def test_a_map_and_a_flow_model_do_not_warm_start_each_other(tmp_path):
     with pytest.raises(ValueError, match=r"^--init-from \S+flow: a flow model \(two_time=False\) cannot "
                                          r"warm-start the distilled map; give it to `flashmap distill --teacher`"):
         runner.warm_start(make_student(flow), str(tmp_path / "flow"), target)
+
+
+def test_a_drafter_class_is_named_with_its_article(tmp_path):
+    """'an' before a vowel: an Eagle3Drafter (here warm-started from a FlashMap checkpoint)."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    target = tiny_qwen3()
+    FlashMapDrafter.for_target(target, "cpu-tiny", target_layer_ids=[0, 2]).save_pretrained(tmp_path / "fm")
+    eagle = Eagle3Drafter.for_target(target, num_draft_tokens=3, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"a FlashMapDrafter checkpoint, this stage trains an Eagle3Drafter$"):
+        runner.warm_start(eagle, str(tmp_path / "fm"), target)
