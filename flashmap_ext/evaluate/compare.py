@@ -55,7 +55,7 @@ def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     from flashmap_ext.evaluate.run import load_heldout, spec_drafter
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
-    drafters = {name: spec_drafter(target, path, steps, draws) for name, path, steps, draws in specs}
+    drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, args.drafter)}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
     check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), 1, args.max_length)
     add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from flashmap_ext.checks import with_article
 from flashmap_ext.data.prompts import DOMAINS
 from flashmap_ext.evaluate.heldout import (
     HeldoutSequence,
@@ -81,15 +82,16 @@ def parse_drafter(spec: str) -> tuple[str, str, int | None, int]:
     return name, path, int(m[1]), int(m[2] or 1)
 
 
-def spec_drafter(target, path: str, steps: int | None, draws: int):
+def spec_drafter(target, path: str, steps: int | None, draws: int, given: str | None = None):
     """The drafter a parsed --drafter spec names, drafting at `steps` (FlashMap) and, with draws > 1, the best
-    of `draws` noise draws."""
+    of `draws` noise draws. given: the --drafter text, for the error of STEPS on another drafter."""
     from flashmap_ext.bench.methods import BestOfDrafter, StepsDrafter
     from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
     from flashmap_ext.drafters.load import load_drafter
     d = load_drafter(path, target)
     if steps is not None and not isinstance(d, FlashMapDrafter):
-        raise ValueError(f"--drafter {path}:{steps}: STEPS (and DRAWS) apply to FlashMap drafters only")
+        raise ValueError(f"--drafter {given or f'{path}:{steps}'}: STEPS (and DRAWS) apply to FlashMap drafters "
+                         f"only, not {with_article(type(d).__name__)}")
     if draws > 1:
         return BestOfDrafter(d, steps, draws)
     return StepsDrafter(d, steps) if steps is not None else d
@@ -122,10 +124,11 @@ def run(args) -> int:
     from flashmap_ext.evaluate.report import write_reports
     from flashmap_ext.target import load_target
     specs = check_args(args)  # argument errors before any model loads
+    given = args.drafter or DEFAULT_DRAFTERS
     set_threads(args.threads)
     dtype = args.dtype or auto_dtype()
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
-    drafters = {name: spec_drafter(target, path, steps, draws) for name, path, steps, draws in specs}
+    drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, given)}
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
     if args.state_probe:
         return run_state_probe(args, target, drafters, seqs, dtype)
@@ -141,8 +144,7 @@ def run(args) -> int:
                               "answer_tokens": sum(sum(s.loss_mask) for s in seqs if s.domain == d)}
                           for d in DOMAINS},
               "target_greedy_agreement": agreement,
-              "drafters": {n: {"spec": f"{p}" + (f":{st}" if st else "") + (f"x{dr}" if dr > 1 else "")}
-                           for n, p, st, dr in specs},
+              "drafters": {spec[0]: {"spec": text.partition("=")[2]} for spec, text in zip(specs, given)},
               "results": results}
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
@@ -247,9 +249,9 @@ def check_specs(raw: list[str]) -> list[tuple[str, str, int | None, int]]:
             raise ValueError(f"--drafter {raw[i]}: NAME {name} is already used "
                              "(each drafter needs its own name: it is the report's column)")
         if steps is not None and steps not in (1, 2):
-            raise ValueError(f"--drafter {name}={path}:{steps}: STEPS must be 1 or 2")
+            raise ValueError(f"--drafter {raw[i]}: STEPS must be 1 or 2")
         if draws < 1:
-            raise ValueError(f"--drafter {name}={path}:{steps}x{draws}: DRAWS must be >= 1")
+            raise ValueError(f"--drafter {raw[i]}: DRAWS must be >= 1")
         check_drafter(path)
     return specs
 

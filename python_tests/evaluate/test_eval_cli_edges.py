@@ -73,3 +73,25 @@ def test_eval_warns_when_another_model_answered_the_heldout_set(drafter_dir, tmp
     assert run_eval(drafter_dir, data, tmp_path / "out") == 0  # a warning, not a refusal
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and says in warnings[0] and "greedy agreement 0." in warnings[0], warnings
+
+
+def test_eval_echoes_each_drafter_spec_as_given(drafter_dir, tmp_path, capsys):
+    from flashmap_ext.drafters.dflash import DFlashDrafter
+    target, _ = load_target("tiny-random", "fp32", "cpu")
+    DFlashDrafter.for_target(target, mask_token_id=0, num_hidden_layers=1, block_size=4,
+                             target_layer_ids=[0, 1]).save_pretrained(tmp_path / "df")
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG}, target="tiny-random")
+
+    def run(*specs):
+        argv = ["eval", "--target", "tiny-random", "--heldout", data, "--dtype", "fp32", "--threads", "1",
+                "--out", str(tmp_path / "out")]
+        return cli.main([*argv, *(x for s in specs for x in ("--drafter", s))])
+    assert run(f"fm={drafter_dir}:1x1") == 0
+    assert json.loads((tmp_path / "out" / "eval.json").read_text())["drafters"]["fm"]["spec"] == f"{drafter_dir}:1x1"
+    capsys.readouterr()
+    for spec, says in ((f"fm={drafter_dir}:3x4", "STEPS must be 1 or 2"),
+                       (f"df={tmp_path / 'df'}:1x4", "STEPS (and DRAWS) apply to FlashMap drafters only, not a "
+                                                     "DFlashDrafter")):
+        assert run(spec) == 2
+        err = capsys.readouterr().err
+        assert err == f"flashmap eval: error: --drafter {spec}: {says}\n", err
