@@ -36,8 +36,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
                    help="auto: bf16 on a GPU or a CPU with avx512_bf16, else fp32")
     p.add_argument("--shuffle-n", type=int, default=2,
-                   help="prompts per dataset for the shuffle test, capped at --n (it reuses their runs; K drafter "
-                        "calls per round; Δγ gets a 95%% bootstrap interval from 2 prompts on; 0 = skip)")
+                   help="prompts per dataset for the shuffle test, capped at --n; it probes their first turn "
+                        "only (on multi-turn sets such as mtbench, the later turns are not probed): the main runs' "
+                        "first turn against a per-slot-noise decode of it (K drafter calls per round); Δγ gets a "
+                        "95%% bootstrap interval from 2 prompts on; 0 = skip")
     p.add_argument("--no-peers", action="store_true", help="skip the HF greedy and prompt-lookup rows")
     p.add_argument("--shapes", action="store_true",
                    help="add the draft-shape rows: prompt lookup, lookup hybrids with FlashMap-1 / DFlash, "
