@@ -25,7 +25,8 @@ from flashmap_ext.commands import io_parser
 def add_parser(subparsers) -> None:
     p = io_parser(subparsers, "features", "cache the target's hidden-state taps for training", __doc__,
                   "flashmap features --target Qwen/Qwen3-8B --data regen.jsonl --out feats/",
-                  "conversations jsonl (e.g. from `flashmap data regenerate`)",
+                  "conversations: a jsonl file (e.g. from `flashmap data regenerate`), or a corpus folder or "
+                  ".jsonl.gz part of `flashmap data generate`",
                   "cache directory (created; resumed if it exists)")
     p.add_argument("--layers", default="flashmap",
                    help="0-based decoder layers to tap, e.g. 1,9,17,25,33; or 'flashmap' (default: 5 spread "
