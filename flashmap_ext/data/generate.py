@@ -159,11 +159,8 @@ def run(args) -> int:
     records = per_domain(prompt_records(args), args.per_domain)
     todo = [r for r in records if r["id"] not in writer.done]  # read before the clock starts
     print(f"generate: {len(writer.done)} already answered in {args.out}, {len(todo)} to go", file=sys.stderr)
-    todo = todo[:args.limit] if args.limit is not None else todo
-    jobs = [Job(r, prompt_ids(tokenizer, r["messages"])) for r in todo]
-    skipped = [j.key["id"] for j in jobs if len(j.prompt) > args.max_prompt_tokens]
-    report_skipped(skipped, len(jobs), args.max_prompt_tokens)
-    jobs = [j for j in jobs if len(j.prompt) <= args.max_prompt_tokens]
+    jobs, skipped = fitting_jobs(todo, tokenizer, args.max_prompt_tokens, args.limit)
+    report_skipped(skipped, len(jobs) + len(skipped), args.max_prompt_tokens)
     stats = EngineStats()
     answered = answer(jobs, stops, stats)
     settings = generation_settings(args, engine_version)
@@ -188,6 +185,22 @@ def run(args) -> int:
                       "skipped_long_prompts": len(skipped), "done": True}),
           file=sys.stderr, flush=True)
     return 0
+
+
+def fitting_jobs(todo: list[dict], tokenizer, max_tokens: int, limit: int | None) -> tuple[list[Job], list]:
+    """(jobs of the first `limit` prompts of `todo` within `max_tokens` (None: all of them), the ids of the
+    longer prompts met before them): --limit counts the prompts answered, not the ones skipped."""
+    jobs: list[Job] = []
+    skipped = []
+    for record in todo:
+        if limit is not None and len(jobs) == limit:
+            break
+        job = Job(record, prompt_ids(tokenizer, record["messages"]))
+        if len(job.prompt) <= max_tokens:
+            jobs.append(job)
+        else:
+            skipped.append(record["id"])
+    return jobs, skipped
 
 
 def report_skipped(skipped: list, total: int, limit: int) -> None:
@@ -225,7 +238,9 @@ def add_arguments(p) -> None:
                         "problems, arithmetic and algebra); see data/README.md")
     p.add_argument("--prompts", help="answer this jsonl of {id, messages[, domain, source, licence]} instead")
     p.add_argument("--per-domain", type=positive_int, help="at most N prompts of each domain (math, code, chat)")
-    p.add_argument("--limit", type=positive_int, help="answer at most N new prompts in this run")
+    p.add_argument("--limit", type=positive_int,
+                   help="answer at most N new prompts in this run (prompts skipped by --max-prompt-tokens do "
+                        "not count)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--max-prompt-tokens", type=positive_int, default=256, help="skip longer prompts")
     p.add_argument("--batch-size", type=positive_int, default=48, help="rows decoded together")

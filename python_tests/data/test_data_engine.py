@@ -101,6 +101,22 @@ def test_generate_command_writes_records_and_resumes(tmp_path):
     assert sorted(p.read_bytes() for p in (tmp_path / "out").iterdir()) == before
 
 
+def test_generate_limit_counts_the_prompts_answered_not_the_ones_skipped(tmp_path, capsys):
+    """--limit 3 with every other prompt over --max-prompt-tokens: three records, the long ones named."""
+    import json
+
+    from flashmap_ext.cli import main
+    from flashmap_ext.train.store import read_records
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "domain": "math", "messages": [
+        {"role": "user", "content": "x" * 300 if i % 2 else f"what is {i} plus {i}?"}]}) + "\n" for i in range(8)))
+    assert main(["data", "generate", "--target", "tiny-random", "--prompts", str(prompts), "--out",
+                 str(tmp_path / "out"), "--max-new-tokens", "2", "--max-prompt-tokens", "100", "--limit", "3",
+                 "--threads", "1", "--no-progress", "--dtype", "fp32"]) == 0
+    assert sorted(r["id"] for r in read_records(tmp_path / "out")) == ["q0", "q2", "q4"]
+    assert "2 of 5 prompts skipped (longer than --max-prompt-tokens 100): q1, q3" in capsys.readouterr().err
+
+
 def test_corpus_folder_feeds_features_and_flow_training(tmp_path):
     """The recipe's path (recipes/train_real_drafters.sh): generate → features on the corpus folder → train
     flow with the slot-decay and head options."""
