@@ -6,7 +6,9 @@ to memory-mappable shards in --out (bf16 by default, ~n_taps·d·2 bytes per tok
 prefilled in length-sorted, right-padded batches of --batch-tokens. Safe to interrupt: rerun the same command
 and it skips the sequences already cached. A rerun is refused when --max-length, --layers, --dtype or --topk
 differ from the cache's, or when a cached sequence has other tokens now (its conversation was edited); the
-cache may hold the sequences of other --data files too (run once per file into one --out).
+cache may hold the sequences of other --data files too (run once per file into one --out). The manifest
+records a fingerprint of the target's weights (whatever their dtype): `flashmap train` and `flashmap distill`
+refuse the cache with a --target of other weights.
 
 With --store the features go to the feature store under the asset cache (`train.feature_store`: one cache
 per corpus part, keyed by the part, the target, the taps and the settings), extended with the new sequences

@@ -3,7 +3,8 @@
 One target forward per sequence (no KV cache; the LM head only with --topk; `target.taps.compute_taps`) with tap hooks on
 the decoder layers in `target_layer_ids`, concatenated in id order into `taps [T, n_taps·d]`. Layout of a cache directory:
 
-    manifest.json        format version, target, target_layer_ids, hidden_size, feature_dim, dtype, extra meta
+    manifest.json        format version, target, target_identity, target_layer_ids, hidden_size, feature_dim, dtype,
+                         extra meta
     index.jsonl          one line per sequence: {"id", "shard", "offset", "length"}  (offsets in tokens)
     taps-NNNNN.bin       raw [tokens, feature_dim] rows in `dtype` (bf16 stored as its 16 bits)
     ids-NNNNN.bin        int32 token ids;  mask-NNNNN.bin  uint8 loss mask
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 from typing import Iterable, Iterator, Sequence
@@ -68,6 +70,19 @@ def writer_lock(root: str, what: str = "feature cache",
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def target_identity(model: torch.nn.Module) -> str:
+    """A fingerprint of a target's weights that does not depend on the dtype they are loaded in: every
+    parameter's name and shape and the signs of its first 4,096 values (fp32, bf16 and fp16 copies of one
+    checkpoint have the same signs, a value that underflows to zero keeping its sign bit). `model`: an HF
+    causal LM or an adapter exposing it as `.model`. A cache's manifest records it as "target_identity"
+    (`cache_features`), and training refuses a cache of another target (`runner.open_features`)."""
+    h = hashlib.sha256()
+    for name, p in hf_causal_lm(model).named_parameters():
+        h.update(f"{name}{tuple(p.shape)}".encode())
+        h.update(np.packbits(torch.signbit(p.detach().reshape(-1)[:4096]).cpu().numpy()).tobytes())
+    return h.hexdigest()[:16]
 
 
 def _shard_paths(root: str, shard: int, topk: int = 0) -> dict[str, str]:
@@ -340,13 +355,14 @@ def cache_features(model: torch.nn.Module, samples: Iterable, root: str, layer_i
     a batch gives each sample's unbatched taps up to rounding. The defaults (1, 1) run one sequence at a
     time in the given order; `flashmap features` batches (--batch-tokens, windows of 256). topk > 0 also stores the target's top-`topk`
     next-token log-probabilities per position (soft labels; the LM head runs in the model's dtype, the
-    softmax in fp32). Returns the number of sequences written by this call. The progress bar counts
-    tokens, so its rate is tokens/s.
+    softmax in fp32). The manifest records the target's `target_identity`. Returns the number of sequences
+    written by this call. The progress bar counts tokens, so its rate is tokens/s.
     """
     model = hf_causal_lm(model)
     hidden = model.get_input_embeddings().weight.shape[1]
-    meta = {**(meta or {}), "target_layer_ids": list(layer_ids), "hidden_size": hidden,
-            "feature_dim": hidden * len(layer_ids), "dtype": dtype, **({"topk": int(topk)} if topk else {})}
+    meta = {**(meta or {}), "target_identity": target_identity(model), "target_layer_ids": list(layer_ids),
+            "hidden_size": hidden, "feature_dim": hidden * len(layer_ids), "dtype": dtype,
+            **({"topk": int(topk)} if topk else {})}
     written = 0
     with FeatureWriter(root, meta, shard_tokens) as writer, \
             tqdm(desc="features", unit="tok", unit_scale=True, disable=not progress) as bar:

@@ -23,7 +23,7 @@ from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import candidate_anchors, collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
-from flashmap_ext.train.features import FeatureCache, writer_lock
+from flashmap_ext.train.features import FeatureCache, target_identity, writer_lock
 from flashmap_ext.train.presets import PRESETS, preset
 from flashmap_ext.train.soft_labels import LOSSES, check_cache
 from flashmap_ext.train.trainer import TrainConfig, train
@@ -215,7 +215,9 @@ def make_collate(num_anchors: int, k: int, max_length: int | None, taps_dtype: t
 def open_features(path: str, layer_ids, target=None) -> FeatureCache:
     """The cache at `path`, viewed as the taps of `layer_ids` (the drafter's; a subset of the cache's taps,
     so one cache of the union serves several drafters). ValueError when a layer is missing, it is empty, or
-    its taps are not `target`'s hidden size wide (a cache of another model)."""
+    it is a cache of another model: its taps are not `target`'s hidden size wide, or its manifest's
+    "target_identity" is not `target`'s (`features.target_identity`: the weights, whatever their dtype; a
+    cache written before manifests recorded it is not checked)."""
     try:
         cache = FeatureCache(path, layers=[int(i) for i in layer_ids])
     except ValueError as err:
@@ -226,6 +228,13 @@ def open_features(path: str, layer_ids, target=None) -> FeatureCache:
     if target is not None and width != target.hidden_size:
         raise ValueError(f"--features {path}: its taps are {width} wide (cached from {cache.meta.get('target')}), "
                          f"the target's hidden size is {target.hidden_size}; cache them with this --target")
+    cached = cache.meta.get("target_identity")
+    ours = target_identity(target) if target is not None and cached is not None else cached
+    if ours != cached:
+        built = f"--target {cache.meta['target']}" if cache.meta.get("target") else "another target"
+        raise ValueError(f"--features {path}: cached from {built} (target fingerprint {cached}), not from this "
+                         f"--target (fingerprint {ours}: other weights of the same width); "
+                         "cache the features with this --target, or train with the target that built them")
     return cache
 
 

@@ -145,3 +145,52 @@ def test_a_cache_of_another_hidden_size_is_refused_naming_both_widths(tmp_path):
                                              r"target's hidden size is 64"):
             main([*stage, *common, "--tap-layers", "1", "--out", str(out)])
         assert not out.exists()
+
+
+def _tiny_cache(root, model, meta=None) -> None:
+    """Two answered byte sequences run through `model`, their layer-1 taps cached in `root`."""
+    from types import SimpleNamespace
+
+    from flashmap_ext.train.features import cache_features
+    texts = [b"say one, two, three", b"say four, five"]
+    seqs = [SimpleNamespace(id=f"s{i}", input_ids=list(t), loss_mask=[0] * 4 + [1] * (len(t) - 4))
+            for i, t in enumerate(texts)]
+    cache_features(model, seqs, str(root), [1], dtype="fp32", meta=meta, progress=False)
+
+
+def test_a_cache_of_another_target_of_the_same_width_is_refused_naming_the_one_that_built_it(tmp_path):
+    """A plain `flashmap features` cache of another 64-wide target (the tiny Qwen3 of seed 1) trained every stage
+    against --target tiny-random (seed 0) as if its taps were tiny-random's."""
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.target import load_target, tiny_random_model
+    _tiny_cache(tmp_path / "f", tiny_random_model(seed=1), meta={"target": "tiny-seed-1"})
+    target, _ = load_target("tiny-random", "fp32", "cpu")
+    teacher = FlashMapDrafter.for_target(target, "cpu-tiny", target_layer_ids=[1], two_time=False)
+    teacher.save_pretrained(tmp_path / "teacher")
+    common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1",
+              "--no-progress"]
+    for stage in (["train", "flow"], ["train", "dflash", "--mask-token-id", "0"], ["train", "eagle3"],
+                  ["distill", "--teacher", str(tmp_path / "teacher")]):
+        out = tmp_path / stage[1]
+        with pytest.raises(ValueError, match=rf"^--features {tmp_path / 'f'}: cached from --target tiny-seed-1 "
+                                             r"\(target fingerprint [0-9a-f]{16}\), not from this --target "):
+            main([*stage, *common, "--tap-layers", "1", "--out", str(out)])
+        assert not out.exists()
+
+
+def test_the_target_check_ignores_the_dtype_and_skips_caches_without_a_fingerprint(tmp_path):
+    """The same weights in bf16 or fp16 are the same target; a manifest written before it held the target's
+    fingerprint is read as before."""
+    from flashmap_ext.target import Target, tiny_random_model
+    from flashmap_ext.train.runner import open_features
+    _tiny_cache(tmp_path / "f", tiny_random_model())
+    manifest = json.loads((tmp_path / "f" / "manifest.json").read_text())
+    assert len(manifest["target_identity"]) == 16
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert len(open_features(str(tmp_path / "f"), [1], Target(tiny_random_model(dtype)))) == 2
+    other = Target(tiny_random_model(seed=1))
+    with pytest.raises(ValueError, match="cached from another target"):
+        open_features(str(tmp_path / "f"), [1], other)
+    del manifest["target_identity"]
+    (tmp_path / "f" / "manifest.json").write_text(json.dumps(manifest))
+    assert len(open_features(str(tmp_path / "f"), [1], other)) == 2
