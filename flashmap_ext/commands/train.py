@@ -106,7 +106,9 @@ def add_dflash_args(parser):
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary as for `train flow` (drafts and loss on these LM-head rows only)")
     shape.add_argument("--mask-token-id", type=int,
-                       help="embedding row used as the mask token (default: the first row past the tokenizer)")
+                       help="embedding row used as the mask token of the draft slots: a token the training data "
+                            "never uses (a warning counts its uses in --features). Default: the first row past the "
+                            "tokenizer; a tokenizer that fills the embedding table (tiny-random's) needs this option")
     add_slot_decay(parser, "auto", "default auto (DFlash's rule)")
     return shape
 
@@ -245,6 +247,7 @@ def run_dflash(args) -> int:
     from flashmap_ext.target import load_target
     target, tokenizer = load_target(args.target, *runner.target_placement(args))
     layer_ids = runner.tap_layers(args, runner.FeatureCache(args.features).meta["target_layer_ids"])
+    warn_mask_token_in_data(args)
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
     from flashmap_ext.target import hf_causal_lm
     ids = draft_vocab(args.draft_vocab, runner.FeatureCache(args.features),
@@ -261,6 +264,22 @@ def run_dflash(args) -> int:
         return dflash_loss(model, batch, generator, gamma=gamma, **options, **selector)
     metrics = runner.run_stage(drafter, loss_fn, args, run, stage, target=target)
     return runner.finish(stage, metrics, args)
+
+
+def warn_mask_token_in_data(args) -> None:
+    """One line on stderr when the --mask-token-id token occurs in the sequences of --features: the drafter's
+    masked slots then share their input embedding with a token of the data. Counted over the cached token
+    ids (`FeatureCache.count_token`); nothing without --mask-token-id (the default row is past the tokenizer)."""
+    import os
+    import sys
+    token = getattr(args, "mask_token_id", None)
+    if token is None or int(os.environ.get("RANK", "0")) != 0:
+        return
+    n = runner.FeatureCache(args.features).count_token(token)
+    if n:
+        print(f"train {args.stage}: warning: --mask-token-id {token} occurs {n} times in the sequences of --features "
+              f"{args.features}; the masked draft slots then look like that token to the drafter: give a row the "
+              "data never uses", file=sys.stderr, flush=True)
 
 
 def run_eagle3(args) -> int:

@@ -280,6 +280,16 @@ class FeatureCache(torch.utils.data.Dataset):
         shard, offset, length = (int(x) for x in self.locations[i])
         return np.array(self._map(shard, "ids", np.int32)[offset:offset + length])
 
+    def count_token(self, token: int) -> int:
+        """How often token id `token` occurs in the cached sequences, from the ids shards only (4 bytes a token,
+        one vectorised pass per shard; rows past the last indexed sequence of a shard are not counted)."""
+        if not len(self):
+            return 0
+        ends = np.zeros(int(self.locations[:, 0].max()) + 1, dtype=np.int64)
+        np.maximum.at(ends, self.locations[:, 0], self.locations[:, 1] + self.locations[:, 2])
+        return sum(int(np.count_nonzero(self._map(int(s), "ids", np.int32)[:ends[s]] == token))
+                   for s in np.flatnonzero(ends))
+
     def loss_mask(self, i: int) -> torch.Tensor:
         """[T] bool: the loss mask of sequence i, without reading its ids or taps."""
         shard, offset, length = (int(x) for x in self.locations[i])

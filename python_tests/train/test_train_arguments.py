@@ -194,3 +194,17 @@ def test_the_target_check_ignores_the_dtype_and_skips_caches_without_a_fingerpri
     del manifest["target_identity"]
     (tmp_path / "f" / "manifest.json").write_text(json.dumps(manifest))
     assert len(open_features(str(tmp_path / "f"), [1], other)) == 2
+
+
+def test_dflash_warns_when_the_mask_token_occurs_in_the_training_data(tmp_path, capsys):
+    """`--mask-token-id 7` on sequences that use token 7 three times trained without a word: the masked draft
+    slots share their input embedding with a token of the data."""
+    with FeatureWriter(str(tmp_path / "f"), {"target_layer_ids": [1], "feature_dim": 64, "dtype": "fp32"}) as w:
+        for i, ids in enumerate([[5, 7, 1, 2, 7, 3, 4, 5, 6, 8], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]]):
+            w.add(f"s{i}", ids, [0, 0] + [1] * 8, torch.randn(10, 64))
+    common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1",
+              "--batch-size", "2", "--tap-layers", "1", "--no-progress"]
+    assert main(["train", "dflash", *common, "--out", str(tmp_path / "o"), "--mask-token-id", "7"]) == 0
+    err = capsys.readouterr().err
+    assert (f"train dflash: warning: --mask-token-id 7 occurs 3 times in the sequences of --features "
+            f"{tmp_path / 'f'};") in err

@@ -102,6 +102,21 @@ def test_a_failed_first_call_leaves_no_settings_behind(tiny_target, tmp_path):
     assert FeatureCache(str(tmp_path)).meta["target_layer_ids"] == [1]
 
 
+def test_count_token_counts_the_indexed_ids_of_every_shard(tmp_path):
+    """Token 7 occurs 2 + 0 + 3 times in three sequences over two shards of 11 rows; ids past the last indexed
+    row (a torn write) do not count."""
+    seqs = [[7, 1, 7, 2, 3], [1, 2, 3, 4, 5, 6], [7, 7, 0, 7]]
+    with FeatureWriter(str(tmp_path), {"target_layer_ids": [0], "feature_dim": 2, "dtype": "fp32"},
+                       shard_tokens=11) as w:
+        for i, ids in enumerate(seqs):
+            w.add(f"s{i}", ids, [1] * len(ids), torch.zeros(len(ids), 2))
+    with open(tmp_path / "ids-00001.bin", "ab") as f:
+        f.write(torch.tensor([7, 7], dtype=torch.int32).numpy().tobytes())
+    cache = FeatureCache(str(tmp_path))
+    assert [int(e["shard"]) for e in cache.entries] == [0, 0, 1]
+    assert (cache.count_token(7), cache.count_token(1), cache.count_token(9)) == (5, 2, 0)
+
+
 def _rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
