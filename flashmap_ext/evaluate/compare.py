@@ -94,16 +94,21 @@ def markdown(counts: dict, pairs: dict, meta: dict) -> list[str]:
     table = ["| drafter | γ |", "|---|---|"] + [f"| {n} | {gamma(c):.4f} |" for n, c in counts.items()]
     table += ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
     table += [f"| {k} | {v['delta']:+.4f} | {interval_text(v['interval'])} |" for k, v in pairs.items()]
-    table += ["", f"{meta['sequences']} held-out sequences, {anchors_text(counts)}; `{meta['command']}`; "
+    anchors = meta["anchors"] if isinstance(meta.get("anchors"), dict) else anchor_counts(counts)
+    table += ["", f"{meta['sequences']} held-out sequences, {anchors_text(anchors)}; `{meta['command']}`; "
                   f"{meta['cpu']}, {meta['torch_threads']} thread(s), {meta['dtype']}, load {meta['load_average']}; "
                   f"{meta['date']}"]
     return table
 
 
-def anchors_text(counts: dict) -> str:
-    """"N anchors" when every drafter was scored on as many, else each drafter's count: an anchor needs K
-    answer tokens after it, so drafters of another K are scored on other anchors."""
-    n = {name: sum(c[1] for c in seqs) for name, seqs in counts.items()}
+def anchor_counts(counts: dict) -> dict[str, int]:
+    """{drafter: anchors scored over all sequences} of the per-sequence counts (the "anchors" of `run`'s meta)."""
+    return {name: sum(c[1] for c in seqs) for name, seqs in counts.items()}
+
+
+def anchors_text(n: dict[str, int]) -> str:
+    """"N anchors" when every drafter was scored on as many (`anchor_counts`), else each drafter's count: an
+    anchor needs K answer tokens after it, so drafters of another K are scored on other anchors."""
     if len(set(n.values())) == 1:
         return f"{next(iter(n.values()))} anchors"
     return f"anchors {', '.join(f'{name} {k}' for name, k in n.items())} (another K, other anchors)"
@@ -118,7 +123,7 @@ def run(args) -> int:
     domains = [s.domain for s in seqs]
     pairs = paired_deltas(counts, domains, todo)
     meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
-            "sequences": len(seqs), "anchors": {name: sum(c[1] for c in seqs) for name, seqs in counts.items()},
+            "sequences": len(seqs), "anchors": anchor_counts(counts),
             "domains": domains}
     table = markdown(counts, pairs, meta)
     print("\n".join(table))

@@ -124,7 +124,7 @@ def run(args) -> int:
     from flashmap_ext.evaluate.report import write_reports
     from flashmap_ext.target import load_target
     specs = check_args(args)  # argument errors before any model loads
-    given = args.drafter or DEFAULT_DRAFTERS
+    given = drafter_args(args)
     set_threads(args.threads)
     dtype = args.dtype or auto_dtype()
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
@@ -236,7 +236,12 @@ def check_args(args) -> list[tuple[str, str, int | None, int]]:
     if not Path(args.heldout).exists():
         raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
                          f".jsonl(.gz); recipes/grow_corpus.sh or flashmap data generate --split heldout writes one)")
-    return check_specs(args.drafter or DEFAULT_DRAFTERS)
+    return check_specs(drafter_args(args))
+
+
+def drafter_args(args) -> list[str]:
+    """The --drafter texts given, or DEFAULT_DRAFTERS without any."""
+    return args.drafter or DEFAULT_DRAFTERS
 
 
 def check_specs(raw: list[str]) -> list[tuple[str, str, int | None, int]]:

@@ -44,10 +44,17 @@ def test_one_scored_sequence_per_domain_gives_an_undefined_interval_in_words():
 
 
 def test_the_footer_counts_each_drafters_anchors_when_they_differ():
-    """Drafters of another K are scored on other anchors: the footer names each one's count."""
-    meta = {"sequences": 2, "anchors": {"A": 6, "B": 4}, "command": "c", "cpu": "cpu", "torch_threads": 1,
-            "dtype": "fp32", "load_average": 0, "date": "d"}
+    """Drafters of another K are scored on other anchors: the footer names each one's count, the meta's
+    "anchors" where it holds them (as `run` writes it), else summed from the per-sequence counts."""
+    meta = {"sequences": 2, "command": "c", "cpu": "cpu", "torch_threads": 1, "dtype": "fp32", "load_average": 0,
+            "date": "d"}
     same = {"A": [[3, 2], [4, 4]], "B": [[1, 2], [2, 4]]}
     other_k = {"A": [[3, 2], [4, 4]], "B": [[1, 1], [2, 3]]}
-    assert "2 held-out sequences, 6 anchors;" in compare.markdown(same, {}, meta)[-1]
-    assert "2 held-out sequences, anchors A 6, B 4 (another K, other anchors);" in compare.markdown(other_k, {}, meta)[-1]
+    for stored in ({}, {"anchors": {"A": 6, "B": 6}}):
+        assert "2 held-out sequences, 6 anchors;" in compare.markdown(same, {}, {**meta, **stored})[-1]
+    for stored in ({}, {"anchors": {"A": 6, "B": 4}}):
+        assert ("2 held-out sequences, anchors A 6, B 4 (another K, other anchors);"
+                in compare.markdown(other_k, {}, {**meta, **stored})[-1])
+    # the stored counts are the ones shown (here unlike the per-sequence ones, to tell them apart)
+    stored = {**meta, "anchors": {"A": 9, "B": 9}}
+    assert "2 held-out sequences, 9 anchors;" in compare.markdown(other_k, {}, stored)[-1]
