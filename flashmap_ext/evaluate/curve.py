@@ -178,12 +178,13 @@ def plot(curve: dict, path: Path) -> None:
     if any(p.get("epochs") is not None for s in curve["series"] for p in s["points"]):
         keys.append("epochs"), labels.append("cumulative epochs (passes over the training sequences)")
     fig, axes = plt.subplots(2, len(keys), figsize=(4.5 * len(keys), 6.4), sharey="row")
-    for s in curve["series"]:
+    for i, s in enumerate(curve["series"]):
+        style = series_style(i)
         for col, x_key in enumerate(keys):
             pts = [p for p in s["points"] if p.get(x_key) is not None]
             x = [p[x_key] for p in pts]
-            axes[0][col].plot(x, [p["slot1"]["all"] for p in pts], marker="o", label=s["name"])
-            axes[1][col].plot(x, [p["gamma"] for p in pts], marker="o", label=s["name"])
+            axes[0][col].plot(x, [p["slot1"]["all"] for p in pts], label=s["name"], **style)
+            axes[1][col].plot(x, [p["gamma"] for p in pts], label=s["name"], **style)
     for col, label in enumerate(labels):
         axes[1][col].set_xlabel(label)
     for ax in axes[:, 0]:  # 12000 → "12": five-digit step labels ran into each other
@@ -193,13 +194,20 @@ def plot(curve: dict, path: Path) -> None:
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     handles, names = axes[0][0].get_legend_handles_labels()  # one legend under the panels, clear of the lines
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=7, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 2), fontsize=7, frameon=False)
     title = curve["title"] or "learning curve (held-out, teacher-forced)"
     per_line = int(fig.get_figwidth() * 72 / (9 * 0.6))  # characters of a 9-point font across the figure
     fig.suptitle(textwrap.fill(title, per_line), fontsize=9)  # one long line ran past both edges of the figure
-    fig.tight_layout(rect=(0, 0.025 * ((len(names) + 2) // 3) + 0.02, 1, 1))
-    fig.savefig(path, dpi=120)
+    fig.tight_layout(rect=(0, 0.025 * ((len(names) + 1) // 2) + 0.02, 1, 1))
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend's long names ran past the figure's edges
     plt.close(fig)
+
+
+def series_style(i: int) -> dict:
+    """Line style of the i-th series: matplotlib's 10 default colours, then the same colours dashed, then dotted,
+    each with its own marker, so no two of up to 30 series look alike (the 11th series repeated the first's)."""
+    markers = "osD^v<>pXh"
+    return {"color": f"C{i % 10}", "linestyle": ("-", "--", ":")[i // 10 % 3], "marker": markers[i * 3 % 10]}
 
 
 def add_arguments(p) -> None:

@@ -182,3 +182,19 @@ def test_cli_prints_one_line_for_a_malformed_point(tmp_path, capsys):
     assert cli.main(["eval", "curve", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "flashmap eval: error:" in err and "steps must be a positive integer" in err
+
+
+def test_every_series_has_its_own_line_style(tmp_path, monkeypatch):
+    """With more series than the 10 default colours, the 11th drew exactly like the 1st."""
+    import matplotlib.figure
+    styles = []
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        save(fig, *args, **kwargs)
+        styles.extend((line.get_color(), line.get_linestyle(), line.get_marker()) for line in fig.axes[0].lines)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    c = curve.load_series(fixture(tmp_path))
+    c["series"] = [dict(c["series"][0], name=f"arm {i}") for i in range(12)]
+    curve.plot(c, tmp_path / "curve.png")
+    assert len(styles) == 12 and len(set(styles)) == 12, styles
