@@ -25,13 +25,21 @@ from flashmap_ext.bench.row_table import ALL, markdown_rows, prompt_counts
 
 def pair_delta(results: dict, a: str, b: str) -> dict:
     """{dataset, ..., "all datasets": {gamma_a, gamma_b, delta, interval [lo, hi] or None, prompts}} of Δγ = γ(a) −
-    γ(b) over the prompts where both rows have rounds. ValueError naming the row when results lack it."""
+    γ(b) over the prompts where both rows have rounds. ValueError naming the row when results lack it or it has
+    no γ (AR and the peer rows draft nothing), and naming both when they share no prompt with rounds."""
     from flashmap_ext.bench.interval import delta_interval
     for m in (a, b):
         if m not in results["methods"]:
             raise ValueError(f"--pair: no row {m!r} in these results (rows: {', '.join(results['methods'])})")
     ca, cb = prompt_counts(results["records"], a), prompt_counts(results["records"], b)
+    for m, counts in ((a, ca), (b, cb)):
+        if not any(c[1] for c in counts.values()):
+            raise ValueError(f"--pair {a},{b}: row {m!r} has no γ (no drafting rounds: AR and the peer rows such "
+                             "as HF greedy and prompt lookup draft nothing)")
     keys = [k for k in ca if k in cb and ca[k][1] and cb[k][1]]
+    if not keys:
+        raise ValueError(f"--pair {a},{b}: rows {a!r} and {b!r} share no (dataset, prompt) with rounds in both, "
+                         "so there is nothing to pair")
     out = {}
     for name in [*dict.fromkeys(d for d, _ in keys), ALL]:
         sel = [k for k in keys if name in (ALL, k[0])]
@@ -60,6 +68,16 @@ def check_same_drafter(method: str, config: dict, name: str, first: tuple[dict, 
                          "of one name pool only from one checkpoint")
 
 
+def _spec(config: dict, dataset: str) -> str:
+    """The --datasets spec a run gave for `dataset` ("gsm8k", or "mine=FILE.jsonl" with FILE resolved), else the
+    name (results written without config.datasets)."""
+    for spec in config.get("datasets") or ():
+        name, _, path = spec.partition("=")
+        if name.strip() == dataset:
+            return f"{name.strip()}={_where(path.strip())}" if path else name.strip()
+    return dataset
+
+
 def _where(path):
     return os.path.realpath(path) if isinstance(path, str) and os.path.exists(path) else path
 
@@ -67,7 +85,8 @@ def _where(path):
 def merge(parts: list[dict], names: list[str]) -> dict:
     """One results dict from several bench runs over the same prompts (records, rows and shuffle sections pooled;
     config and meta of the first; AR's records of a dataset from the first file that has them). ValueError
-    naming the file whose settings (SAME, dtype; `n` among the runs of one dataset) differ or whose row
+    naming the file whose settings (SAME, dtype; `n` and the --datasets spec among the runs of one dataset) differ
+    or whose row
     (method, dataset) another file has."""
     first, seen, records, n_of, drafters = parts[0], {}, [], {}, {}
     for part, name in zip(parts, names):
@@ -78,10 +97,14 @@ def merge(parts: list[dict], names: list[str]) -> dict:
         if part["meta"].get("dtype") != first["meta"].get("dtype"):
             raise ValueError(f"{name}: dtype {part['meta'].get('dtype')} differs from {names[0]}'s")
         for dataset in dict.fromkeys(r["dataset"] for r in part["records"]):
-            other, n = n_of.setdefault(dataset, (name, part["config"].get("n")))
+            spec = _spec(part["config"], dataset)
+            other, n, other_spec = n_of.setdefault(dataset, (name, part["config"].get("n"), spec))
             if n != part["config"].get("n"):
                 raise ValueError(f"{name}: n {part['config'].get('n')} differs from {other}'s {n} on {dataset}: "
                                  f"only runs of equal settings pool")
+            if spec != other_spec:
+                raise ValueError(f"{name}: dataset {spec} differs from {other}'s {other_spec}: only runs of the "
+                                 "same prompts pool")
         rows = dict.fromkeys((r["method"], r["dataset"]) for r in part["records"])
         for method in dict.fromkeys(m for m, _ in rows):
             check_same_drafter(method, part["config"], name, drafters.setdefault(method, (part["config"], name)))
@@ -129,16 +152,19 @@ def markdown(results: dict, pairs: dict) -> list[str]:
 def add_arguments(p) -> None:
     p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
-    p.add_argument("--out", help="JSON file for the pairs")
+    p.add_argument("--out", help="JSON file path for the pairs (its folder must exist)")
     p.add_argument("--rows", action="store_true",
                    help="first a table of every row's pooled γ per dataset, projected H200 speedup and lossless "
                         "check (bench/row_table.py); with --rows and no --pair, only that table")
 
 
+DEFAULT_PAIR = "FlashMap-2,FlashMap-1"
+
+
 def parse_pairs(specs: list[str] | None) -> list[tuple[str, str]]:
     """--pair values → [(A, B)]; ValueError naming the option for anything but two row names."""
     todo = []
-    for spec in specs or ["FlashMap-2,FlashMap-1"]:
+    for spec in specs or [DEFAULT_PAIR]:
         names = [n.strip() for n in spec.split(",")]
         if len(names) != 2 or not all(names):
             raise ValueError(f"--pair {spec!r}: expected A,B (two bench row names)")
@@ -162,10 +188,25 @@ def read_results(path: str) -> dict:
     return res
 
 
+def check_out(path: str) -> None:
+    """ValueError naming --out when it is a folder or its folder does not exist (before anything is computed)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"--out {path}: a folder; --out is a JSON file path (e.g. {os.path.join(path, 'delta.json')})")
+    if not os.path.isdir(parent):
+        raise ValueError(f"--out {path}: no folder {parent}; --out is a JSON file path in an existing folder")
+
+
 def run(args) -> int:
     """Prints the Markdown table of every --pair (and the shuffle rows); writes --out when given."""
     todo = parse_pairs(args.pair) if args.pair or not args.rows else []
+    if args.out:
+        check_out(args.out)
     results = merge([read_results(f) for f in args.results], args.results)
+    if not args.pair:
+        for m in [m for m in dict.fromkeys(m for pair in todo for m in pair) if m not in results["methods"]][:1]:
+            raise ValueError(f"no row {m!r} for the default pair {DEFAULT_PAIR} (rows: "
+                             f"{', '.join(results['methods'])}): give --pair A,B, or --rows for every row's γ")
     pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
     if args.rows:
         print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")

@@ -205,3 +205,58 @@ def test_shuffle_rows_of_every_run_are_kept_and_a_missing_file_is_named(tmp_path
     assert compare([str(files[0]), str(tmp_path / "nope.json"), "--pair", "A,B"]) == 2
     err = capsys.readouterr().err
     assert "nope.json: no such file" in err and err.count("\n") == 1, err
+
+
+def test_rows_without_gamma_or_shared_prompts_are_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """A peer row (no drafting rounds) in --pair, and two rows over different sets, were a ZeroDivisionError."""
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    res = results()
+    res["methods"].append("HF greedy")
+    res["records"] += [rec("HF greedy", "gsm8k", "g1#1", []), rec("C", "mtbench", "m1#1", [1])]
+    res["records"] = [r for r in res["records"] if not (r["method"] == "A" and r["dataset"] == "mtbench")]
+    res["methods"].append("C")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert compare([str(path), "--pair", "A,HF greedy"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("flashmap bench: error: --pair A,HF greedy: row 'HF greedy' has no γ (no drafting rounds: AR and "
+                   "the peer rows such as HF greedy and prompt lookup draft nothing)\n")
+    assert compare([str(path), "--pair", "A,C"]) == 2  # A only on gsm8k, C only on mtbench
+    err = capsys.readouterr().err
+    assert err == ("flashmap bench: error: --pair A,C: rows 'A' and 'C' share no (dataset, prompt) with rounds in "
+                   "both, so there is nothing to pair\n")
+
+
+def test_runs_of_one_dataset_name_from_two_prompt_files_are_refused():
+    a, b = split_by_dataset(results())
+    b = {**a, "records": [r for r in a["records"] if r["method"] == "B"],
+         "config": {**a["config"], "datasets": ["gsm8k=/tmp/p2.jsonl"]}}
+    a = {**a, "records": [r for r in a["records"] if r["method"] != "B"],
+         "config": {**a["config"], "datasets": ["gsm8k=/tmp/p1.jsonl"]}}
+    with pytest.raises(ValueError, match="b.json: dataset gsm8k=/tmp/p2.jsonl differs from a.json's "
+                                         "gsm8k=/tmp/p1.jsonl: only runs of the same prompts pool"):
+        bench_delta.merge([a, b], ["a.json", "b.json"])
+    b["config"]["datasets"] = ["gsm8k=/tmp/p1.jsonl"]
+    assert bench_delta.pair_delta(bench_delta.merge([a, b], ["a.json", "b.json"]), "A", "B")["gsm8k"]["prompts"] == 2
+
+
+def test_out_that_cannot_be_a_json_file_is_refused_before_any_output(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results()))
+    for out, err in ((tmp_path, f"--out {tmp_path}: a folder; --out is a JSON file path (e.g. {tmp_path}/delta.json)"),
+                     (tmp_path / "no" / "d.json",
+                      f"--out {tmp_path}/no/d.json: no folder {tmp_path}/no; --out is a JSON file path in an existing "
+                      "folder")):
+        assert compare([str(path), "--pair", "A,B", "--out", str(out)]) == 2
+        assert capsys.readouterr() == ("", f"flashmap bench: error: {err}\n")
+
+
+def test_missing_default_pair_row_names_the_default_not_the_option(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results()))
+    assert compare([str(path)]) == 2
+    assert capsys.readouterr().err == ("flashmap bench: error: no row 'FlashMap-2' for the default pair "
+                                       "FlashMap-2,FlashMap-1 (rows: AR, A, B): give --pair A,B, or --rows for "
+                                       "every row's γ\n")
