@@ -77,7 +77,7 @@ def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
 
 
 def check_args(args) -> None:
-    """ValueError naming the option for counts out of range or an unknown dataset name."""
+    """ValueError naming the option for counts out of range or an unknown or repeated dataset name."""
     from flashmap_ext.assets.datasets import check_spec
     from flashmap_ext.assets.models import AssetError
     for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
@@ -87,6 +87,10 @@ def check_args(args) -> None:
     names = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not names:
         raise ValueError("--datasets: empty list")
+    for i, spec in enumerate(names):
+        name = spec.partition("=")[0].strip()
+        if name in [other.partition("=")[0].strip() for other in names[:i]]:
+            raise ValueError(f"--datasets: {name} is named twice (each dataset runs once)")
     for spec in names:
         try:
             check_spec(spec)

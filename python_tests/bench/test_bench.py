@@ -180,6 +180,8 @@ def test_bench_eagle3_tree_option(byte_bench):
     (["--n", "0"], "--n: must be >= 1"), (["--n", "-1"], "--n: must be >= 1"),
     (["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1"),
     (["--datasets", "gsm8k,nosuch"], "--datasets: unknown dataset 'nosuch'"),
+    (["--datasets", "gsm8k,gsm8k"], "--datasets: gsm8k is named twice (each dataset runs once)"),
+    (["--datasets", "mine=a.jsonl,gsm8k,mine=b.jsonl"], "--datasets: mine is named twice (each dataset runs once)"),
     (["--datasets", "mbpp"], "--datasets: mbpp ships in no package: pass mbpp=/path/to/mbpp.jsonl")])
 def test_bench_eagle3_tree_argument_errors_are_one_line(argv, message, capsys, monkeypatch):
     from flashmap_ext import cli
