@@ -148,8 +148,9 @@ def divergence_notes(rows: list, dtype: str) -> list[str]:
     return notes
 
 
-def explain(rows: list, dtype: str, meta: dict) -> list[str]:
-    """The closing lines: this machine's step and round costs, the break-even γ and what they mean."""
+def explain(rows: list, dtype: str, meta: dict, chosen: bool = False) -> list[str]:
+    """The closing lines: this machine's step and round costs, the break-even γ and what they mean; `chosen`:
+    --dtype named the dtype (else the CPU's bf16 hardware picked it)."""
     from flashmap_ext.bench.metrics import round_costs
     from flashmap_ext.draft_shapes.cost_model import H200_QWEN3_8B, projected_speedup
     c = round_costs([r for r in rows if r.method == "FlashMap"], [r for r in rows if r.method == "AR"])
@@ -166,11 +167,14 @@ def explain(rows: list, dtype: str, meta: dict) -> list[str]:
         where = (f"On this GPU a {width}-token verify costs {verify_steps:.1f} AR steps; a drafter pays from "
                  f"γ {pays:.1f}.")
     elif meta["bf16_hw"]:
-        where = (f"This CPU has bf16 hardware (avx512_bf16/AMX), so the demo runs {dtype} and a {width}-token "
-                 f"verify costs {verify_steps:.1f} AR steps; a drafter pays from γ {pays:.1f}.")
+        runs = (f"The demo runs {dtype}, chosen by --dtype (this CPU has bf16 hardware: avx512_bf16/AMX)," if chosen
+                else f"This CPU has bf16 hardware (avx512_bf16/AMX), so the demo runs {dtype}")
+        where = (f"{runs} and a {width}-token verify costs {verify_steps:.1f} AR steps; a drafter pays from "
+                 f"γ {pays:.1f}.")
     else:
-        where = (f"This CPU has no bf16 hardware (no avx512_bf16/AMX), so the demo runs {dtype} and a "
-                 f"{width}-token verify costs {verify_steps:.1f} AR steps: the target's matmuls are compute-bound "
+        runs = (f"The demo runs {dtype}, chosen by --dtype (this CPU has no bf16 hardware: no avx512_bf16/AMX),"
+                if chosen else f"This CPU has no bf16 hardware (no avx512_bf16/AMX), so the demo runs {dtype}")
+        where = (f"{runs} and a {width}-token verify costs {verify_steps:.1f} AR steps: the target's matmuls are compute-bound "
                  f"here, so a drafter needs γ above {pays:.1f} to pay. On a CPU with avx512_bf16 a 17-token bf16 "
                  f"verify costs ~1.3 AR steps and on a GPU ~1 (memory-bound): there a γ above ~1.3 pays "
                  f"(README, Results).")
@@ -221,7 +225,7 @@ def run(args) -> int:
         say(note)
     for line in divergence_notes(rows, dtype):
         say(line)
-    for line in explain(rows, dtype, meta):
+    for line in explain(rows, dtype, meta, chosen=args.dtype != "auto"):
         say(line)
     say(f"\ntotal time {time.perf_counter() - start:.0f} s")
     return 0

@@ -304,6 +304,13 @@ def test_demo_explanation_names_costs_and_cpu_class():
                  "break-even γ 3.00, measured γ 2.50", "about 0.83×", "no bf16 hardware", "2.5 AR steps"):
         assert part in text, text
     assert "has bf16 hardware" in " ".join(" ".join(explain([fm, ar], "bf16", {"gpu": None, "bf16_hw": True})).split())
+    # --dtype named the dtype: the hardware is not given as the reason
+    for hw, line in ((True, "The demo runs fp32, chosen by --dtype (this CPU has bf16 hardware: avx512_bf16/AMX), and "
+                            "a 9-token verify costs 2.5 AR steps; a drafter pays from γ 3.0."),
+                     (False, "The demo runs fp32, chosen by --dtype (this CPU has no bf16 hardware: no "
+                             "avx512_bf16/AMX), and a 9-token verify costs 2.5 AR steps: the target's matmuls")):
+        text = " ".join(" ".join(explain([fm, ar], "fp32", {"gpu": None, "bf16_hw": hw}, chosen=True)).split())
+        assert line in text and "so the demo runs" not in text, text
 
 
 @pytest.mark.parametrize("projectable", [True, False])
