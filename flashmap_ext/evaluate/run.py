@@ -137,14 +137,16 @@ def run(args) -> int:
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
     agreement = greedy_agreement(seqs)
     warn_foreign_answers(seqs, args.target, agreement)
+    scored = {name: min(args.slots, d.num_draft_tokens) for name, d in drafters.items()}  # what evaluate scored
     report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
-                       "per_domain": args.per_domain, "stride": args.stride, "slots": args.slots,
+                       "per_domain": args.per_domain, "stride": args.stride, "slots": max(scored.values()),
                        "max_length": args.max_length},
               "heldout": {d: {"sequences": sum(s.domain == d for s in seqs),
                               "answer_tokens": sum(sum(s.loss_mask) for s in seqs if s.domain == d)}
                           for d in DOMAINS},
               "target_greedy_agreement": agreement,
-              "drafters": {spec[0]: {"spec": text.partition("=")[2]} for spec, text in zip(specs, given)},
+              "drafters": {spec[0]: {"spec": text.partition("=")[2], "slots": scored[spec[0]]}
+                           for spec, text in zip(specs, given)},
               "results": results}
     paths = write_reports(report, Path(args.out))
     print("\n".join(str(p) for p in paths))
@@ -269,7 +271,8 @@ def add_arguments(p) -> None:
     p.add_argument("--drafter", action="append", help="NAME=DIR[:STEPS[xDRAWS]] (repeatable; xDRAWS: FlashMap's best of DRAWS noise draws); default: the committed four (FlashMap as flow-1, map-1, map-2; DFlash; EAGLE-3)")
     p.add_argument("--slots", type=int, default=8, help="K: slots scored (at most each drafter's draft tokens). An anchor is scored "
                    "when its K next tokens are answer tokens, so another K scores other anchors; γ implied "
-                   "counts at most K accepted")
+                   "counts at most K accepted. eval.json records the slots each drafter scored (drafters.NAME.slots) "
+                   "and the most of them (meta.slots)")
     p.add_argument("--stride", type=int, default=1, help="score every N-th answer position as an anchor")
     p.add_argument("--max-length", type=int, default=512, help="crop sequences to N tokens")
     p.add_argument("--batch-size", type=int, default=8, help="sequences drafted together")

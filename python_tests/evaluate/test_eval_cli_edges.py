@@ -56,6 +56,8 @@ def test_a_domain_without_anchors_says_so_and_eval_json_stays_strict(drafter_dir
     report = strict_json((tmp_path / "out" / "eval.json").read_text())
     chat, math = report["results"]["fm"]["chat"], report["results"]["fm"]["math"]
     assert chat["anchors"] == 0 and chat["gamma"] is None and chat["slot_accuracy"] == [None] * 4
+    # the default --slots 8 above the drafter's 4 draft tokens: eval.json records the 4 slots scored, not 8
+    assert report["meta"]["slots"] == 4 and report["drafters"]["fm"]["slots"] == 4
     assert math["anchors"] > 0 and 1.0 <= math["gamma"] <= 5.0
     row = next(line for line in (tmp_path / "out" / "eval.md").read_text().splitlines() if "| chat |" in line)
     assert "no anchors" in row and "nan" not in row
