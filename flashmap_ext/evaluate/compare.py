@@ -23,8 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--slots", type=int, default=8, help="K: slots scored, as in flashmap eval --slots")
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="target dtype (auto: bench.machine.auto_dtype, bf16 on a CPU with avx512_bf16)")
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="target dtype, as in flashmap eval --dtype (auto: bench.machine.auto_dtype, bf16 on a CPU "
+                        "with avx512_bf16, else fp32)")
     p.add_argument("--pair", action="append", metavar="A,B",
                    help="Δγ = γ(A) − γ(B) to report (repeatable); default: the first drafter minus each later one")
     p.add_argument("--out", help="JSON file for the per-sequence counts and the table")

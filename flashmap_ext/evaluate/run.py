@@ -126,7 +126,7 @@ def run(args) -> int:
     specs = check_args(args)  # argument errors before any model loads
     given = drafter_args(args)
     set_threads(args.threads)
-    dtype = args.dtype or auto_dtype()
+    dtype = auto_dtype() if args.dtype == "auto" else args.dtype
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
     drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, given)}
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
@@ -276,7 +276,9 @@ def add_arguments(p) -> None:
     p.add_argument("--stride", type=int, default=1, help="score every N-th answer position as an anchor")
     p.add_argument("--max-length", type=int, default=512, help="crop sequences to N tokens")
     p.add_argument("--batch-size", type=int, default=8, help="sequences drafted together")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="default: bench.machine.auto_dtype()")
+    p.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                   help="target dtype (auto, the default: bench.machine.auto_dtype, bf16 on a GPU or a CPU with "
+                        "avx512_bf16, else fp32)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default="runs/eval",
                    help="folder for eval.json, eval.md, eval.png (the plot needs matplotlib: without it, it is "

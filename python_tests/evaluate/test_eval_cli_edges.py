@@ -97,3 +97,13 @@ def test_eval_echoes_each_drafter_spec_as_given(drafter_dir, tmp_path, capsys):
         assert run(spec) == 2
         err = capsys.readouterr().err
         assert err == f"flashmap eval: error: --drafter {spec}: {says}\n", err
+
+
+def test_eval_dtype_auto_is_the_machines_choice(drafter_dir, tmp_path, monkeypatch):
+    from flashmap_ext.bench import machine
+    monkeypatch.setattr(machine, "auto_dtype", lambda: "fp32")
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG}, target="tiny-random")
+    argv = ["eval", "--target", "tiny-random", "--heldout", data, "--drafter", f"fm={drafter_dir}", "--dtype", "auto",
+            "--threads", "1", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    assert json.loads((tmp_path / "out" / "eval.json").read_text())["meta"]["dtype"] == "fp32"

@@ -58,3 +58,12 @@ def test_the_footer_counts_each_drafters_anchors_when_they_differ():
     # the stored counts are the ones shown (here unlike the per-sequence ones, to tell them apart)
     stored = {**meta, "anchors": {"A": 9, "B": 9}}
     assert "2 held-out sequences, 9 anchors;" in compare.markdown(other_k, {}, stored)[-1]
+
+
+def test_eval_and_eval_compare_take_the_same_dtypes():
+    """eval took fp32/bf16/fp16 but not auto; eval compare auto/fp32/bf16 but not fp16."""
+    parser = cli.build_parser()
+    for argv in (["eval"], ["eval", "compare", "--drafter", "A=x"]):
+        assert parser.parse_args(argv).dtype == "auto"
+        for dtype in ("auto", "fp32", "bf16", "fp16"):
+            assert parser.parse_args([*argv, "--dtype", dtype]).dtype == dtype
