@@ -37,7 +37,8 @@ from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.ops import VerifyOutput, sample, verify
 from flashmap_ext.speculate import GenerateOutput, GenerateStats, Timer, TreeSpec, generate
-from flashmap_ext.target import Target, load_target
+from flashmap_ext.target import Target
+from flashmap_ext.target.load import load_target_python as load_target  # errors name spec, device
 
 __all__ = ["verify", "sample", "VerifyOutput", "draft_block", "DraftBlock", "FlashMapDrafter",
            "DFlashDrafter", "DFlash2Drafter", "Eagle3Drafter", "CheckpointError", "Target", "load_target", "generate",

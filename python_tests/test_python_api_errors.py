@@ -190,7 +190,7 @@ def test_load_target_refuses_a_drafter_checkpoint_in_one_line(folder, kind):
     path = ROOT / "checkpoints" / folder
     with pytest.raises(ValueError) as err:
         fm.load_target(path)
-    assert f"this is {kind} drafter checkpoint, not a target model" in one_line(err, f"--target {path}")
+    assert f"this is {kind} drafter checkpoint, not a target model" in one_line(err, f"spec {path}")
 
 
 def test_load_target_takes_the_offline_targets_short_name(tmp_path, monkeypatch):
@@ -211,7 +211,23 @@ def test_load_target_takes_the_offline_targets_short_name(tmp_path, monkeypatch)
 def test_load_target_refuses_what_is_no_name(tmp_path):
     with pytest.raises(TypeError) as err:
         fm.load_target(torch.nn.Linear(2, 2))
-    assert "model name or path" in one_line(err, "--target")
+    assert "model name or path" in one_line(err, "spec")
+
+
+def test_load_target_errors_name_its_arguments_and_the_command_lines_name_its_options(capsys, monkeypatch):
+    """From Python the message names the argument (spec, device), from the command line the option."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(ValueError) as err:
+        fm.load_target("tiny-random", device="cuda")
+    assert str(err.value).startswith("device cuda: no CUDA device available")
+    with pytest.raises(ValueError) as err:
+        fm.load_target("tiny-random", device="gpu")
+    assert str(err.value) == "device 'gpu': not a device (expected cpu, cuda or cuda:N)"
+    from flashmap_ext import cli
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    assert cli.main(["generate", "--target", "tiny-random", "--device", "cuda", "--prompt", "hi"]) == 2
+    assert "error: --device cuda: no CUDA device available" in capsys.readouterr().err
 
 
 def test_load_target_refuses_an_uncached_hub_name_at_once_without_network(monkeypatch):
@@ -230,7 +246,7 @@ def test_load_target_refuses_an_uncached_hub_name_at_once_without_network(monkey
     with pytest.raises(ValueError) as err:
         fm.load_target("no-such-org/no-such-model", "fp32", "cpu")
     assert time.perf_counter() - start < 10
-    assert "not in the Hugging Face cache" in one_line(err, "--target no-such-org/no-such-model")
+    assert "not in the Hugging Face cache" in one_line(err, "spec no-such-org/no-such-model")
     from transformers import AutoTokenizer
 
     def stub(name, **kw):
@@ -239,7 +255,7 @@ def test_load_target_refuses_an_uncached_hub_name_at_once_without_network(monkey
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", stub)
     with pytest.raises(ValueError) as err:
         fm.load_target("no-such-org/no-such-model", "fp32", "cpu")
-    assert "cannot load it (stub loader)" in one_line(err, "--target no-such-org/no-such-model")
+    assert "cannot load it (stub loader)" in one_line(err, "spec no-such-org/no-such-model")
 
 
 def test_auto_dtype_is_public_and_loadable():

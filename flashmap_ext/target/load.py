@@ -57,6 +57,27 @@ def load_target(spec: str | os.PathLike, dtype="fp32",
         raise ValueError(f"--target {name}: cannot load it ({' '.join(str(err).split())})") from None
 
 
+def load_target_python(spec: str | os.PathLike, dtype="fp32",
+                       device: Optional[str | torch.device] = None) -> tuple[Target, Any]:
+    """`fm.load_target`: load_target (below), its errors naming the arguments `spec` and `device` where the
+    command line's name --target and --device."""
+    try:
+        return load_target(spec, dtype, device)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        renamed = _renamed(err)
+        if renamed is err:
+            raise
+        raise renamed from None
+
+
+def _renamed(err: Exception) -> Exception:
+    text = str(err)
+    for flag, arg in (("--target", "spec"), ("--device", "device")):
+        if text.startswith((f"{flag} ", f"{flag}:")):
+            return type(err)(arg + text[len(flag):])
+    return err
+
+
 def check_not_a_drafter(target) -> None:
     """ValueError naming --target when it is a drafter checkpoint folder (--target and --drafter swapped):
     loading it as a model would fail deep in the tokenizer, blaming sentencepiece."""
