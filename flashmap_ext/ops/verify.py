@@ -209,9 +209,11 @@ def _raise_on_bad_rows(status: torch.Tensor, params: dict) -> None:
     raise ValueError("verify: " + "; ".join(problems or [f"error status {status.tolist()}"]))
 
 
-def _position_or_zero(position: Optional[Scalar], temperature: Scalar) -> Scalar:
+def _position_or_zero(position: Optional[Scalar], temperature: Scalar,
+                      which: str = "slot 0 (the anchor's)") -> Scalar:
     """`position`, or 0 when it is left out of a greedy call (greedy rows draw no coins); ValueError naming
-    `position` when a sampling call leaves it out. A bad temperature is left to its own check."""
+    `position` (the absolute position of `which`) when a sampling call leaves it out. A bad temperature is left
+    to its own check."""
     if position is not None:
         return position
     if isinstance(temperature, torch.Tensor):  # values read on the CPU only (no host sync on CUDA)
@@ -221,7 +223,7 @@ def _position_or_zero(position: Optional[Scalar], temperature: Scalar) -> Scalar
     if sampling:
         raise ValueError("verify: position is required when sampling (temperature > 0): the coins are keyed by "
                          "(seed, position), so calls without it would all draw the same ones; pass the absolute "
-                         "position of slot 0 (the anchor's)")
+                         f"position of {which}")
     return 0
 
 
@@ -325,6 +327,8 @@ def sample(logits: torch.Tensor, *, temperature: Scalar = 0.0, top_k: Scalar = 0
         raise ValueError(f"sample: logits [B, V] needs B >= 1 and V >= 1, got {list(logits.shape)}")
     drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=logits.device)
     try:
+        position = _position_or_zero(position, temperature, "the token whose logits row is sampled (S − 1 for the "
+                                     "first new token after a prompt of S tokens)")
         out = verify(logits.unsqueeze(1), drafts, temperature=temperature, top_k=top_k, top_p=top_p,
                      seed=seed, position=position, valid_vocab=valid_vocab, check=check)
     except (ValueError, TypeError) as err:  # verify's argument checks: name this function and its `logits`

@@ -49,8 +49,13 @@ def test_a_sampling_call_without_position_is_refused(temperature):
     logits, drafts = torch.randn(2, 4, 10), torch.zeros(2, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match=r"^verify: position is required when sampling"):
         ops.verify(logits, drafts, temperature=temperature)
-    with pytest.raises(ValueError, match=r"^sample: position is required when sampling"):
+    with pytest.raises(ValueError, match=r"^sample: position is required when sampling") as err:
         ops.sample(logits[:, 0], temperature=temperature)
+    assert str(err.value).endswith("pass the absolute position of the token whose logits row is sampled (S − 1 "
+                                   "for the first new token after a prompt of S tokens)")
+    with pytest.raises(ValueError) as err:
+        ops.verify(logits, drafts, temperature=temperature)
+    assert str(err.value).endswith("pass the absolute position of slot 0 (the anchor's)")
     assert ops.sample(logits[:, 0], temperature=temperature, position=5).shape == (2,)
 
 
