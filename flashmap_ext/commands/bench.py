@@ -23,7 +23,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--drafter", help="FlashMap checkpoint dir (rows FlashMap-1 and FlashMap-2), or 'random'")
     p.add_argument("--dflash", help="DFlash checkpoint dir (row DFlash), or a DFlash2 one (rows DFlash2, its selector "
                                     "chain, and DFlash2 best path)")
-    p.add_argument("--eagle3", help="EAGLE-3 checkpoint dir (rows EAGLE-3 and EAGLE-3 tree)")
+    p.add_argument("--eagle3", help="EAGLE-3 checkpoint dir (rows EAGLE-3 and EAGLE-3 tree), or 'random-eagle3' "
+                                    "(a random EAGLE-3 drafter: the one for --target tiny-random)")
     p.add_argument("--eagle3-tree", metavar="DEPTH,TOPK,NODES",
                    help=f"tree shape of the EAGLE-3 tree row (default {DEFAULT_TREE}); 'none': chain row only")
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS),

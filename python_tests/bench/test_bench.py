@@ -402,3 +402,12 @@ def test_block_drafter_tree_rows_come_at_16_and_32_nodes(selector):
         for kind in kinds:
             tree = rows[f"{name} {kind} {n}"]
             assert (tree.depth, tree.topk, tree.num_nodes) == (7, 4, n)
+
+
+def test_bench_help_names_the_random_eagle3_drafter(capsys):
+    from flashmap_ext import cli
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--eagle3 EAGLE3 EAGLE-3 checkpoint dir (rows EAGLE-3 and EAGLE-3 tree), or 'random-eagle3' (a random "
+            "EAGLE-3 drafter: the one for --target tiny-random)") in text
