@@ -137,12 +137,19 @@ def test_a_cache_of_another_hidden_size_is_refused_naming_both_widths(tmp_path):
         w.add("s0", list(range(8)), [0, 0, 1, 1, 1, 1, 1, 1], torch.zeros(8, 32))
     target, _ = load_target("tiny-random", "fp32", "cpu")
     FlashMapDrafter.for_target(target, "cpu-tiny", target_layer_ids=[1], two_time=False).save_pretrained(tmp_path / "teacher")
-    common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1"]
+    every_stage_refuses(tmp_path, [], rf"^--features {tmp_path / 'f'}: its taps are 32 wide .*the "
+                                      r"target's hidden size is 64")
+
+
+def every_stage_refuses(tmp_path, extra: list, pattern: str) -> None:
+    """train flow / dflash / eagle3 and distill (teacher tmp_path/teacher) on the cache tmp_path/f against
+    tiny-random raise ValueError matching `pattern` and write no --out."""
+    common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1",
+              *extra]
     for stage in (["train", "flow"], ["train", "dflash", "--mask-token-id", "0"], ["train", "eagle3"],
                   ["distill", "--teacher", str(tmp_path / "teacher")]):
         out = tmp_path / stage[1]
-        with pytest.raises(ValueError, match=rf"^--features {tmp_path / 'f'}: its taps are 32 wide .*the "
-                                             r"target's hidden size is 64"):
+        with pytest.raises(ValueError, match=pattern):
             main([*stage, *common, "--tap-layers", "1", "--out", str(out)])
         assert not out.exists()
 
@@ -167,15 +174,9 @@ def test_a_cache_of_another_target_of_the_same_width_is_refused_naming_the_one_t
     target, _ = load_target("tiny-random", "fp32", "cpu")
     teacher = FlashMapDrafter.for_target(target, "cpu-tiny", target_layer_ids=[1], two_time=False)
     teacher.save_pretrained(tmp_path / "teacher")
-    common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1",
-              "--no-progress"]
-    for stage in (["train", "flow"], ["train", "dflash", "--mask-token-id", "0"], ["train", "eagle3"],
-                  ["distill", "--teacher", str(tmp_path / "teacher")]):
-        out = tmp_path / stage[1]
-        with pytest.raises(ValueError, match=rf"^--features {tmp_path / 'f'}: cached from --target tiny-seed-1 "
-                                             r"\(target fingerprint [0-9a-f]{16}\), not from this --target "):
-            main([*stage, *common, "--tap-layers", "1", "--out", str(out)])
-        assert not out.exists()
+    every_stage_refuses(tmp_path, ["--no-progress"], rf"^--features {tmp_path / 'f'}: cached from --target "
+                                                     r"tiny-seed-1 \(target fingerprint [0-9a-f]{16}\), not from "
+                                                     r"this --target ")
 
 
 def test_the_target_check_ignores_the_dtype_and_skips_caches_without_a_fingerprint(tmp_path):
