@@ -86,8 +86,7 @@ def merge(parts: list[dict], names: list[str]) -> dict:
     """One results dict from several bench runs over the same prompts (records, rows and shuffle sections pooled;
     config and meta of the first; AR's records of a dataset from the first file that has them). ValueError
     naming the file whose settings (SAME, dtype; `n` and the --datasets spec among the runs of one dataset) differ
-    or whose row
-    (method, dataset) another file has."""
+    or whose row (method, dataset) another file has."""
     first, seen, records, n_of, drafters = parts[0], {}, [], {}, {}
     for part, name in zip(parts, names):
         for key in SAME:
@@ -203,10 +202,10 @@ def run(args) -> int:
     if args.out:
         check_out(args.out)
     results = merge([read_results(f) for f in args.results], args.results)
-    if not args.pair:
-        for m in [m for m in dict.fromkeys(m for pair in todo for m in pair) if m not in results["methods"]][:1]:
-            raise ValueError(f"no row {m!r} for the default pair {DEFAULT_PAIR} (rows: "
-                             f"{', '.join(results['methods'])}): give --pair A,B, or --rows for every row's γ")
+    missing = [m for pair in todo for m in pair if m not in results["methods"]]
+    if missing and not args.pair:
+        raise ValueError(f"no row {missing[0]!r} for the default pair {DEFAULT_PAIR} (rows: "
+                         f"{', '.join(results['methods'])}): give --pair A,B, or --rows for every row's γ")
     pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
     if args.rows:
         print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")

@@ -88,10 +88,11 @@ def check_args(args) -> None:
     names = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not names:
         raise ValueError("--datasets: empty list")
-    for i, spec in enumerate(names):
-        name = spec.partition("=")[0].strip()
-        if name in [other.partition("=")[0].strip() for other in names[:i]]:
+    seen = set()
+    for name in (spec.partition("=")[0].strip() for spec in names):
+        if name in seen:
             raise ValueError(f"--datasets: {name} is named twice (each dataset runs once)")
+        seen.add(name)
     for spec in names:
         try:
             check_spec(spec)

@@ -53,16 +53,16 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
 def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
     from flashmap_ext.evaluate.heldout import add_taps, check_anchors_left, slot_hits
-    from flashmap_ext.evaluate.run import load_heldout, spec_drafter
+    from flashmap_ext.evaluate.run import load_heldout, scored_slots, spec_drafter
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
     drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, args.drafter)}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
-    check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), 1, args.max_length)
+    check_anchors_left(seqs, max(scored_slots(args.slots, d) for d in drafters.values()), 1, args.max_length)
     add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     counts = {}
     for name, d in drafters.items():
-        hits = slot_hits(d, seqs, min(args.slots, d.num_draft_tokens), dtype=target.dtype)
+        hits = slot_hits(d, seqs, scored_slots(args.slots, d), dtype=target.dtype)
         counts[name] = [[int(h.long().cumprod(1).sum()), int(h.shape[0])] for h in hits]
         print(f"{name}: γ {gamma(counts[name]):.4f}", file=sys.stderr, flush=True)
     return counts, seqs
@@ -116,10 +116,10 @@ def anchors_text(n: dict[str, int]) -> str:
 
 
 def run(args) -> int:
-    from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    from flashmap_ext.bench.machine import chosen_dtype, describe, set_threads
     specs, todo = check_args(args)
     set_threads(args.threads)
-    dtype = auto_dtype() if args.dtype == "auto" else args.dtype
+    dtype = chosen_dtype(args.dtype)
     counts, seqs = sequence_counts(args, specs, dtype)
     domains = [s.domain for s in seqs]
     pairs = paired_deltas(counts, domains, todo)

@@ -97,6 +97,11 @@ def spec_drafter(target, path: str, steps: int | None, draws: int, given: str | 
     return StepsDrafter(d, steps) if steps is not None else d
 
 
+def scored_slots(slots: int, drafter) -> int:
+    """The slots a drafter is scored on for --slots `slots`: at most its draft tokens."""
+    return min(slots, drafter.num_draft_tokens)
+
+
 def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, stride: int = 1,
              batch_size: int = 8) -> dict:
     """{drafter name: {domain | "all": summarize(...)}} plus per-drafter wall seconds; taps computed once."""
@@ -104,7 +109,7 @@ def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, str
     add_taps(target, seqs, layers)
     results = {}
     for name, drafter in drafters.items():
-        kk = min(k, drafter.num_draft_tokens)
+        kk = scored_slots(k, drafter)
         start = time.perf_counter()
         hits = slot_hits(drafter, seqs, kk, batch_size=batch_size, stride=stride, dtype=target.dtype)
         by = {d: summarize([h for h, s in zip(hits, seqs) if s.domain == d], kk)
@@ -120,24 +125,23 @@ def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, str
 def run(args) -> int:
     import torch
 
-    from flashmap_ext.bench.machine import auto_dtype, describe, set_threads
+    from flashmap_ext.bench.machine import chosen_dtype, describe, set_threads
     from flashmap_ext.evaluate.report import write_reports
     from flashmap_ext.target import load_target
     specs = check_args(args)  # argument errors before any model loads
     given = drafter_args(args)
     set_threads(args.threads)
-    dtype = auto_dtype() if args.dtype == "auto" else args.dtype
+    dtype = chosen_dtype(args.dtype)
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
     drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, given)}
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
     if args.state_probe:
         return run_state_probe(args, target, drafters, seqs, dtype)
-    check_anchors_left(seqs, max(min(args.slots, d.num_draft_tokens) for d in drafters.values()), args.stride,
-                       args.max_length)
+    scored = {name: scored_slots(args.slots, d) for name, d in drafters.items()}
+    check_anchors_left(seqs, max(scored.values()), args.stride, args.max_length)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
     agreement = greedy_agreement(seqs)
     warn_foreign_answers(seqs, args.target, agreement)
-    scored = {name: min(args.slots, d.num_draft_tokens) for name, d in drafters.items()}  # what evaluate scored
     report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
                        "per_domain": args.per_domain, "stride": args.stride, "slots": max(scored.values()),
                        "max_length": args.max_length},
@@ -198,7 +202,7 @@ def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], d
     add_taps(target, seqs, sorted({i for d in flashmap.values() for i in d.target_layer_ids}))
     results = {}
     for name, d in flashmap.items():
-        results[name] = state_probe.probe(d, seqs, args.probe_taus, k=min(args.slots, d.num_draft_tokens),
+        results[name] = state_probe.probe(d, seqs, args.probe_taus, k=scored_slots(args.slots, d),
                                           stride=args.stride, dtype=target.dtype)
         mid = next((r for r in results[name]["rows"] if r["tau"] == 0.5), results[name]["rows"][0])
         print(f"state probe {name} ({results[name]['clock']} clock): at τ = {mid['tau']} reader "
