@@ -31,7 +31,7 @@ BATCHED = ("AR", "FlashMap-1", "FlashMap-2", "DFlash")
 def run_batch(cfg, batch_size: int) -> dict:
     """Runs the batch benchmark; writes batch-B.json and batch-B.md under cfg.out after every batch (the
     prompts done so far, "complete": false until the last one and the verify-cost ratio); returns the results."""
-    dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
+    dtype = machine.chosen_dtype(cfg.dtype)
     meta = machine.describe() | {"dtype": dtype, "batch_size": batch_size}
     target, tokenizer = load_target(cfg.target, dtype)
     methods = [m for m in build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, None, False)

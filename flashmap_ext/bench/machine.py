@@ -21,6 +21,11 @@ def auto_dtype() -> str:
     return "fp32"
 
 
+def chosen_dtype(name: str) -> str:
+    """A --dtype value as run: "auto" → `auto_dtype()`, any other name ("fp32", "bf16", "fp16") as given."""
+    return auto_dtype() if name == "auto" else name
+
+
 def set_threads(threads: int = 0) -> int:
     """Sets torch's intra-op threads: `threads` if > 0; else 1 when the machine is already busy (load
     average ≥ cores: spinning OpenMP workers then slow a bf16 forward down up to 10×), else torch's

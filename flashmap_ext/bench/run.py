@@ -109,7 +109,7 @@ def warm_up(target, tokenizer, methods: list[Method], cfg: BenchConfig, stop) ->
 def run(cfg: BenchConfig) -> dict:
     """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results.
     After each dataset, results.json / results.md hold the datasets finished so far, marked `partial`."""
-    dtype = machine.auto_dtype() if cfg.dtype == "auto" else cfg.dtype
+    dtype = machine.chosen_dtype(cfg.dtype)
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target(cfg.target, dtype)
     methods = build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, cfg.eagle3, cfg.peers,

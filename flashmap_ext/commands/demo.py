@@ -190,7 +190,7 @@ def run(args) -> int:
     from flashmap_ext.train.data import stop_token_ids
     start, load_start = time.perf_counter(), os.getloadavg()[0]
     machine.set_threads(args.threads)
-    dtype = machine.auto_dtype() if args.dtype == "auto" else args.dtype
+    dtype = machine.chosen_dtype(args.dtype)
     find_drafter(args.drafter)  # a bad --drafter fails before the assets load
     model_dir, prompt_sets = fetch_assets()
     target, tokenizer, drafter, trained = load(model_dir, args.drafter, args.steps, dtype)

@@ -93,7 +93,7 @@ def run(args) -> int:
     check_cuda_graphs(args, "--tree", "--auto")
     if args.prompt == "" and not args.chat:
         raise ValueError("--prompt: empty (give some text; with --chat the template alone is a prompt)")
-    dtype = resolve_dtype(machine.auto_dtype() if args.dtype == "auto" else args.dtype)
+    dtype = resolve_dtype(machine.chosen_dtype(args.dtype))
     machine.set_threads(args.threads)
     target, tokenizer = load_target(args.target, dtype, args.device)
     window = KEEP if args.context_window is None else (args.context_window or None)
