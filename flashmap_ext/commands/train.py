@@ -34,6 +34,9 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--block-size", type=int, help="draft tokens per block (K)")
     shape.add_argument("--cond-dim", type=int, help="width of the time conditioning c (default 256; keep it at or "
                                                      "below --width for small drafters, whose parameters it dominates)")
+    shape.add_argument("--mlp-ratio", type=runner.positive_float_arg,
+                       help="each block's MLP width as a multiple of --width (default 4; width x ratio is rounded "
+                            "down and must be >= 1)")
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -140,7 +143,10 @@ def run_flow(args) -> int:
     from flashmap_ext.train.flow import flow_loss
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
-                                     "block_size": "block_size", "cond_dim": "cond_dim"})
+                                     "block_size": "block_size", "cond_dim": "cond_dim",
+                                     "mlp_ratio": "mlp_ratio"})
+    if int(shape["width"] * shape.get("mlp_ratio", 4.0)) < 1:
+        raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: --width {shape['width']} x ratio leaves no MLP unit")
     if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:
         raise ValueError(f"--heads {shape['heads']}: must divide --width {shape['width']} into heads of an even "
                          "dimension (rotary embeddings rotate pairs)")

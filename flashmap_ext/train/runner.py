@@ -151,6 +151,17 @@ def fraction_arg(text: str) -> float:
     return float(value)
 
 
+def positive_float_arg(text: str) -> float:
+    """argparse type of a positive finite number (--mlp-ratio)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def window_arg(text: str) -> int:
     """argparse type of --context-window: an integer >= 1, or 'none' (0: unlimited)."""
     if text.strip().lower() == "none":

@@ -59,6 +59,14 @@ def test_qwen3_8b_preset_is_the_paper_and_options_override_it():
         settings(args, "flow", "flashmap")
 
 
+@pytest.mark.parametrize("ratio", ["0", "-1", "inf", "wide"])
+def test_mlp_ratio_must_be_a_positive_number(ratio, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "flow", "--target", "t", "--features", "f", "--out", "o",
+                                   "--mlp-ratio", ratio])
+    assert "--mlp-ratio" in capsys.readouterr().err
+
+
 def test_tap_layer_names():
     assert tap_layers("flashmap", 36) == [1, 9, 17, 25, 33]
     assert tap_layers("eagle3", 36) == [1, 17, 32]
@@ -89,10 +97,14 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert flow_cfg["context_window"] == 256  # cpu-tiny's max_length: the longest context training showed
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
-                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm", "--cond-dim", "16"]) == 0
+                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm", "--cond-dim", "16", "--mlp-ratio", "0.5"]) == 0
     flow2_cfg = json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())
     assert flow2_cfg["draft_vocab_size"] == 129 and flow2_cfg["tap_input_norm"] is True
     assert flow_cfg["cond_dim"] == 256 and flow2_cfg["cond_dim"] == 16
+    assert flow_cfg["mlp_ratio"] == 4.0 and flow2_cfg["mlp_ratio"] == 0.5
+    from safetensors.torch import load_file
+    mlp_in = load_file(tmp_path / "flow2" / "drafter" / "model.safetensors")["blocks.0.mlp.0.weight"]
+    assert mlp_in.shape == (flow2_cfg["width"] // 2, flow2_cfg["width"])
     with pytest.raises(ValueError, match="--draft-vocab"):
         main(["train", "flow", *train_args, "--out", str(tmp_path / "flow3"), "--draft-vocab", "many"])
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
