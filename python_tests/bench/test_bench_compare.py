@@ -166,6 +166,24 @@ def test_rows_table_pools_each_row_by_hand(tmp_path, capsys):
     assert "| A − B | gsm8k | 2.000 | 1.800 | +0.200 |" in capsys.readouterr().out
 
 
+def test_rows_table_of_rows_on_different_sets_has_no_all_datasets_gamma(tmp_path, capsys):
+    """--rows where B ran on gsm8k only and A on gsm8k and mtbench: side by side, their "all datasets" γ would be
+    means over different prompts, so that column reads n/a and a footnote names the sets; the per-set cells and a
+    row without γ (HF greedy) are as before."""
+    res = results()
+    res["records"] = [r for r in res["records"] if not (r["method"] == "B" and r["dataset"] == "mtbench")]
+    res["records"].append(rec("HF greedy", "gsm8k", "g1#1", []))
+    res["methods"].append("HF greedy")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert compare([str(path), "--rows"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == ["| A | 2.000 | 3.000 | n/a | – / – | – |", "| B | 1.800 | – | n/a | – / – | – |",
+                         "| HF greedy | – | – | – | – / – | – |", "",
+                         "all datasets n/a: the rows were measured on different dataset sets (A on gsm8k, mtbench; "
+                         "B on gsm8k), so their pooled γ would average different prompts; compare them per dataset"]
+
+
 def test_rows_table_matches_what_bench_measured():
     """On the committed comparison runs, each row's γ per set equals the γ `flashmap bench` wrote at run time."""
     from pathlib import Path
