@@ -42,7 +42,7 @@ def as_prompts(input_ids: Any) -> tuple[Any, bool]:
         if all(_is_encoding(p) for p in input_ids):
             return [_encoding_ids(p) for p in input_ids], True
         if all(isinstance(p, Mapping) for p in input_ids):  # one tokenizer output per prompt
-            return [_single(_from_mapping(p)) for p in input_ids], True
+            return [_single(_from_mapping(p), row) for row, p in enumerate(input_ids)], True
         if all(isinstance(p, (list, tuple)) or isinstance(p, torch.Tensor) and p.dim() >= 1 for p in input_ids):
             return list(input_ids), True
     ids = as_ids(input_ids)
@@ -60,7 +60,8 @@ def _from_mapping(encoding: Mapping) -> tuple[Any, bool]:
     ids, mask = encoding["input_ids"], encoding.get("attention_mask")
     if isinstance(ids, (str, bytes)) or isinstance(ids, (list, tuple)) and ids and isinstance(ids[0], (str, bytes)):
         raise TypeError(f"input_ids: the mapping's 'input_ids' hold text, not token ids: {TOKENIZE_FIRST}")
-    rows = as_ids(ids, "the mapping's 'input_ids'") if not _is_ragged(ids) else [as_ids(r) for r in ids]
+    rows = as_ids(ids, "the mapping's 'input_ids'") if not _is_ragged(ids) else \
+        [as_ids(r, f"prompt row {row} of the mapping's 'input_ids'") for row, r in enumerate(ids)]
     masks = None if mask is None else (_mask(mask) if not _is_ragged(mask) else [_mask(m) for m in mask])
     if isinstance(rows, torch.Tensor) and rows.dim() == 1:
         return _unpad(rows, masks), False
@@ -68,26 +69,29 @@ def _from_mapping(encoding: Mapping) -> tuple[Any, bool]:
         raise ValueError(f"input_ids: the mapping's 'input_ids' have shape {list(rows.shape)}, expected [S] or [B, S]")
     if masks is not None and len(masks) != len(rows):
         raise ValueError(f"input_ids: {len(rows)} rows of 'input_ids' but {len(masks)} of 'attention_mask'")
-    prompts = [_unpad(r, None if masks is None else masks[i]) for i, r in enumerate(rows)]
+    prompts = [_unpad(r, None if masks is None else masks[row], row) for row, r in enumerate(rows)]
     return (prompts[0], False) if len(prompts) == 1 else (prompts, True)
 
 
-def _single(prompts: tuple[Any, bool]) -> Any:
-    """The one prompt of a tokenizer output in a list of them; ValueError when it holds several."""
+def _single(prompts: tuple[Any, bool], row: int) -> Any:
+    """The one prompt of the tokenizer output at `row` of a list of them; ValueError naming the row when it holds
+    several."""
     prompt, batched = prompts
     if batched:
-        raise ValueError(f"input_ids: a list of tokenizer outputs, one of which holds {len(prompt)} prompts: pass "
-                         f"that output alone, or one output per prompt")
+        raise ValueError(f"input_ids: a list of tokenizer outputs, whose output at row {row} holds {len(prompt)} "
+                         f"prompts: pass that output alone, or one output per prompt")
     return prompt
 
 
-def _unpad(ids: torch.Tensor, mask) -> torch.Tensor:
-    """The ids whose attention_mask is 1 (all of them without a mask); left or right padding alike."""
+def _unpad(ids: torch.Tensor, mask, row: int | None = None) -> torch.Tensor:
+    """The ids whose attention_mask is 1 (all of them without a mask); left or right padding alike. A mismatch is
+    a ValueError naming the prompt's `row` of a batch."""
     if mask is None:
         return ids
     if mask.shape != ids.shape:
+        where = "" if row is None else f" in prompt row {row}"
         raise ValueError(f"input_ids: 'attention_mask' of shape {list(mask.shape)} does not match 'input_ids' "
-                         f"of shape {list(ids.shape)}")
+                         f"of shape {list(ids.shape)}{where}")
     return ids[mask.bool()]
 
 

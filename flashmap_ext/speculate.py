@@ -80,7 +80,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     Returns:
         GenerateOutput(tokens, stats), or a list of them for B prompts. At T = 0 the tokens equal plain
         greedy decoding of the target; at T > 0 their distribution equals the target's, whatever the drafter.
-    Raises (one line naming the argument, before any model work except the NaN/+inf check):
+    Raises (one line naming the argument, and in a list of prompts the prompt's row, before any model work
+    except the NaN/+inf check):
         TypeError: a `target` that is neither a Target nor an HF causal LM, a `drafter` that is neither
             None nor a block drafter (e.g. a checkpoint path or 'random': the CLI's names, not drafters),
             `input_ids` that are text or not integers, non-integer `max_new_tokens`, `seed`, `top_k`, `valid_vocab`,
@@ -257,12 +258,24 @@ def _generate_batch(target, drafter, prompts, max_new_tokens, temperature, top_k
     if on_tokens is not None:
         raise ValueError("on_tokens: streaming runs one prompt at a time; pass a single prompt")
     budgets, seeds = per_prompt(max_new_tokens, len(prompts), "max_new_tokens"), per_prompt(seed, len(prompts), "seed")
-    checked = [check_prompt(target, p, m) for p, m in zip(prompts, budgets)]
+    checked = check_prompts(target, prompts, budgets)
     stop = _stop_set(stop_token_ids, target.vocab_size)
     requests = [Request(temperature, top_k, top_p, s, valid_vocab, m, stop, None, target.device)
                 for s, m in zip(seeds, budgets)]
     _check_valid_vocab(requests[0].valid_vocab, target.vocab_size)
     return generate_rows(target, drafter, checked, requests, timer or Timer())
+
+
+def check_prompts(target: Target, prompts: list, budgets: list[int]) -> list[torch.Tensor]:
+    """`check_prompt` of each prompt with its budget; its error ends naming the prompt's row (its index in the
+    list of prompts)."""
+    checked = []
+    for row, (prompt, budget) in enumerate(zip(prompts, budgets)):
+        try:
+            checked.append(check_prompt(target, prompt, budget))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{err}, in prompt row {row} of {len(prompts)}") from None
+    return checked
 
 
 def prefill(target: Target, drafter, prompt: torch.Tensor, req: Request, stats: GenerateStats,
@@ -405,7 +418,7 @@ def check_prompt(target: Target, input_ids, max_new_tokens: int) -> torch.Tensor
         raise ValueError(f"input_ids must be [S] or [1, S] (batch size 1), got shape {tuple(ids.shape)}")
     S = ids.shape[1]
     if S == 0:
-        raise ValueError("empty prompt: generate needs at least one prompt token (e.g. BOS)")
+        raise ValueError("input_ids: an empty prompt: generate needs at least one prompt token (e.g. BOS)")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
     if S > target.max_positions:

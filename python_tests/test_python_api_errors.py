@@ -110,6 +110,7 @@ def test_generate_takes_a_padded_batch_and_drops_the_padding(target, drafter, to
     ([1, "a"], TypeError, "expected token ids"),
     (torch.ones(4), TypeError, "integer token ids"),
     (object(), TypeError, "expected token ids"),
+    (torch.zeros(0, dtype=torch.int64), ValueError, "an empty prompt: generate needs at least one prompt token"),
 ])
 def test_generate_refuses_what_is_no_prompt(target, bad, kind, fix):
     with pytest.raises(kind) as err:
@@ -122,6 +123,31 @@ def test_generate_refuses_a_hook_that_cannot_be_called(target, name, value, fix)
     with pytest.raises(TypeError) as err:
         fm.generate(target, None, [1, 2, 3], N, **{name: value})
     assert fix in one_line(err, name)
+
+
+EMPTY = "input_ids: an empty prompt: generate needs at least one prompt token (e.g. BOS)"
+
+
+@pytest.mark.parametrize("prompts, budget, kind, message", [
+    ([[1, 2], [3], []], 4, ValueError, f"{EMPTY}, in prompt row 2 of 3"),
+    ({"input_ids": [[1, 2, 3], [4, 5, 6]], "attention_mask": [[1, 1, 1], [0, 0, 0]]}, 4, ValueError,
+     f"{EMPTY}, in prompt row 1 of 2"),  # all padding
+    ({"input_ids": [[1, 2, 3], [4, 5]], "attention_mask": [[1, 1, 1], [1, 1, 1]]}, 4, ValueError,
+     "input_ids: 'attention_mask' of shape [3] does not match 'input_ids' of shape [2] in prompt row 1"),
+    ({"input_ids": [[1, 2], [3, "a"]]}, 4, TypeError,
+     "input_ids: expected token ids (an [S] integer tensor, a list of ints, a list of prompts or a tokenizer's "
+     "output), got prompt row 1 of the mapping's 'input_ids' = list [3, 'a']"),
+    ([{"input_ids": [1, 2]}, {"input_ids": [[3], [4]]}], 4, ValueError,
+     "input_ids: a list of tokenizer outputs, whose output at row 1 holds 2 prompts: pass that output alone, or "
+     "one output per prompt"),
+    ([[1, 2], [3]], [4, 2048], ValueError,
+     "max_new_tokens: 2048 new tokens after a 1-token prompt exceed the target's context of 2048 positions (at most "
+     "2047 here), in prompt row 1 of 2"),
+])
+def test_generate_names_the_row_of_a_bad_prompt_in_a_batch(target, prompts, budget, kind, message):
+    with pytest.raises(kind) as err:
+        fm.generate(target, None, prompts, budget)
+    assert str(err.value) == message
 
 
 def test_generate_says_an_empty_list_holds_no_prompts(target):
