@@ -36,9 +36,15 @@ class GenerateStats:
     total_time_s: float = 0.0
 
     @property
-    def acceptance_length(self) -> float:
-        """γ: mean tokens committed per round, bonus included (1.0 for the AR baseline; nan if no round)."""
-        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else float("nan")
+    def acceptance_length(self) -> Optional[float]:
+        """γ: mean tokens committed per round, bonus included (1.0 for the AR baseline); None when the call ran no
+        round after prefill (max_new_tokens 0 or 1, or a stop at the first token), as there is nothing to average."""
+        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else None
+
+    @property
+    def gamma_text(self) -> str:
+        """γ to two decimals, or "n/a (no round after prefill)"."""
+        return "n/a (no round after prefill)" if self.acceptance_length is None else f"{self.acceptance_length:.2f}"
 
     @property
     def tokens_per_s(self) -> float:
@@ -46,9 +52,8 @@ class GenerateStats:
         return self.new_tokens / self.total_time_s if self.total_time_s > 0 else float("nan")
 
     def summary(self) -> str:
-        gamma = f"{self.acceptance_length:.2f}" if self.rounds else "n/a (no round after prefill)"
         speed = f"{self.tokens_per_s:.1f}" if self.total_time_s > 0 and self.new_tokens else "n/a"
-        return (f"{self.new_tokens} tokens in {self.rounds} rounds, γ = {gamma}, "
+        return (f"{self.new_tokens} tokens in {self.rounds} rounds, γ = {self.gamma_text}, "
                 f"{speed} tokens/s (draft {self.draft_time_s:.3f} s, "
                 f"verify {self.verify_time_s:.3f} s, prefill {self.prefill_time_s:.3f} s)")
 

@@ -1,5 +1,4 @@
 """GenerateStats and streaming: counts that follow from a drafter with a known acceptance schedule."""
-import math
 
 import pytest
 
@@ -57,4 +56,7 @@ def test_stop_and_empty_budget_stats(model):
     first = ref.index(stop)
     assert out.tokens == ref[:first + 1] and out.stats.new_tokens == first + 1
     empty = generate(model, None, PROMPT, 0).stats
-    assert empty.rounds == 0 and empty.new_tokens == 0 and math.isnan(empty.acceptance_length)
+    assert empty.rounds == 0 and empty.new_tokens == 0 and empty.acceptance_length is None  # no round: no γ
+    assert "γ = n/a (no round after prefill)" in empty.summary()
+    one = generate(model, OracleDrafter(model, K, (0,)), PROMPT, 1).stats  # the prefill's token alone
+    assert one.rounds == 0 and one.new_tokens == 1 and one.acceptance_length is None

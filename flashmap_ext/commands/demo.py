@@ -112,7 +112,7 @@ def decode_prompt(target, tokenizer, drafter, prompt, max_new_tokens: int, stop,
     records[0].divergence = divergence(target, ids, ar.tokens, fm.tokens)
     records[0].identical = records[0].divergence is None
     g = fm.stats
-    say(f"   [FlashMap: {g.new_tokens} tokens, γ {g.acceptance_length:.2f}, {g.tokens_per_s:.1f} tok/s | "
+    say(f"   [FlashMap: {g.new_tokens} tokens, γ {g.gamma_text}, {g.tokens_per_s:.1f} tok/s | "
         f"AR: {ar.stats.tokens_per_s:.1f} tok/s | identical to greedy: {'yes' if records[0].identical else 'no'}]")
     return records
 
