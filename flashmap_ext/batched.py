@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashmap_ext import ops
-from flashmap_ext.checks import with_article
+from flashmap_ext.checks import OneSequenceOnly, with_article
 from flashmap_ext.request import GenerateOutput, GenerateStats, Request, Timer
 from flashmap_ext.target import Target
 from flashmap_ext.target.ragged import left_align, left_pad, ragged_inputs, rollback_rows
@@ -45,6 +45,16 @@ class Row:
         return len(new)
 
 
+def new_memory(drafter, rows: int, device):
+    """drafter.new_memory(rows); a drafter of one sequence at a time is a ValueError naming `input_ids`, the
+    prompts that asked for the rows."""
+    try:
+        return drafter.new_memory(rows, device)
+    except OneSequenceOnly as err:
+        raise ValueError(f"input_ids: {rows} prompts, but {with_article(err.drafter_name)} drafts one sequence at "
+                         f"a time: pass one prompt per generate call") from None
+
+
 class Batch:
     """The state of a batched call: the target cache, the drafter memory, row lengths, anchors."""
 
@@ -59,7 +69,7 @@ class Batch:
                              top_p=torch.full((len(rows),), float(r0.top_p), device=dev), seed=self.seed,
                              valid_vocab=r0.valid_vocab)
         self.cache = target.new_cache()
-        self.memory = None if drafter is None else drafter.new_memory(len(rows), dev)
+        self.memory = None if drafter is None else new_memory(drafter, len(rows), dev)
         if self.memory is not None and not hasattr(self.memory, "truncate"):
             raise ValueError(f"drafter: a list of prompts needs a drafter whose memory holds rows of different "
                              f"lengths (FlashMap, DFlash, EAGLE-3); {with_article(type(drafter).__name__)} does not: generate "

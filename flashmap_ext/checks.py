@@ -59,6 +59,16 @@ def with_article(word: str) -> str:
     return f"{'an' if word[:1].upper() in tuple('AEIOU') else 'a'} {word}"
 
 
+class OneSequenceOnly(ValueError):
+    """A drafter that drafts one sequence at a time (prompt lookup, auto, draft trees) was asked for a memory of
+    `rows` rows; `generate` given several prompts says so of its `input_ids`."""
+
+    def __init__(self, drafter_name: str, rows: int):
+        self.drafter_name, self.rows = drafter_name, rows
+        super().__init__(f"batch_size: {with_article(drafter_name)} drafts one sequence at a time, got {rows} "
+                         f"(generate: pass one prompt)")
+
+
 def describe(value) -> str:
     """What an argument is, for an error message: 'a tensor of shape [2, 1] and dtype torch.int64' for a
     tensor (anything with shape and dtype), else its type and repr ('int 5', cut at 40 characters)."""

@@ -130,10 +130,14 @@ def test_batch_refuses_what_it_cannot_do(model, prompts):
     from flashmap_ext.draft_shapes.lookup import LookupDrafter
     from support.drafter_doubles import random_flashmap
     one_row = r"^batch_size: a {} drafts one sequence at a time, got {} \(generate: pass one prompt\)$"
-    with pytest.raises(ValueError, match=one_row.format("LookupDrafter", len(prompts))):  # its memory holds one row
-        fm.generate(model, LookupDrafter(None), prompts, 4)
     with pytest.raises(ValueError, match=one_row.format("TopKTreeDrafter", 2)):
         TopKTreeDrafter(random_flashmap(model, 4, [0, 1])).new_memory(2)
+    # through generate, the error names what the caller passed (input_ids), not the memory's batch_size
+    prompts_row = r"^input_ids: 4 prompts, but a {} drafts one sequence at a time: pass one prompt per generate call$"
+    with pytest.raises(ValueError, match=prompts_row.format("LookupDrafter")):  # its memory holds one row
+        fm.generate(model, LookupDrafter(None), prompts, 4)
+    with pytest.raises(ValueError, match=prompts_row.format("TopKTreeDrafter")):  # as a chain drafter
+        fm.generate(model, TopKTreeDrafter(random_flashmap(model, 4, [0, 1])), prompts, 4)
     with pytest.raises(ValueError, match="empty prompt"):
         fm.generate(model, None, [prompts[0], []], 4)
 

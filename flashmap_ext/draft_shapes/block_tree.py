@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from flashmap_ext.checks import with_article
+from flashmap_ext.checks import OneSequenceOnly
 from flashmap_ext.drafters.dflash import DFlashDrafter
 from flashmap_ext.drafters.drafting import draft_block
 from flashmap_ext.drafters.eagle3.tree import DraftTree
@@ -33,10 +33,10 @@ NOISE_SEED_STRIDE = 0x9E3779B1
 
 
 def check_one_sequence(drafter, batch_size) -> None:
-    """ValueError naming batch_size unless it is 1: tree and lookup drafters draft one sequence at a time."""
+    """OneSequenceOnly (a ValueError naming batch_size) unless it is 1: tree and lookup drafters draft one
+    sequence at a time."""
     if batch_size != 1:
-        raise ValueError(f"batch_size: {with_article(type(drafter).__name__)} drafts one sequence at a time, "
-                         f"got {batch_size} (generate: pass one prompt)")
+        raise OneSequenceOnly(type(drafter).__name__, batch_size)
 
 
 def merge_chains(chains: Sequence[Sequence[int]], scores: Optional[Sequence[Sequence[float]]] = None, *,
