@@ -37,7 +37,8 @@ def markdown(report: dict) -> str:
         for dom, s in r.items():
             if not isinstance(s, dict):
                 continue
-            accs = " | ".join(figure(a) for a in s["slot_accuracy"][:shown])
+            accs = s["slot_accuracy"][:shown]
+            accs = " | ".join([figure(a) for a in accs] + ["–"] * (shown - len(accs)))  # fewer slots: "–" cells
             lines.append(f"| {name} | {dom} | {s['anchors']} | {accs} | {figure(s['gamma'])} |")
     cover = ", ".join(f"{n} {figure(r['draft_vocab_coverage'])}" for n, r in res.items() if "draft_vocab_coverage" in r)
     if cover:
