@@ -28,12 +28,14 @@ def pair_delta(results: dict, a: str, b: str) -> dict:
     γ(b) over the prompts where both rows have rounds. ValueError naming the row when results lack it or it has
     no γ (AR and the peer rows draft nothing), and naming both when they share no prompt with rounds."""
     from flashmap_ext.bench.interval import delta_interval
+    if a == b:
+        raise ValueError(f"--pair {a},{b}: a row paired with itself (Δγ is 0 by construction): name two rows")
     for m in (a, b):
         if m not in results["methods"]:
             raise ValueError(f"--pair: no row {m!r} in these results (rows: {', '.join(results['methods'])})")
     ca, cb = prompt_counts(results["records"], a), prompt_counts(results["records"], b)
     for m, counts in ((a, ca), (b, cb)):
-        if not any(c[1] for c in counts.values()):
+        if m == "AR" or not any(c[1] for c in counts.values()):  # AR's one-token steps are not drafting rounds
             raise ValueError(f"--pair {a},{b}: row {m!r} has no γ (no drafting rounds: AR and the peer rows such "
                              "as HF greedy and prompt lookup draft nothing)")
     keys = [k for k in ca if k in cb and ca[k][1] and cb[k][1]]

@@ -278,3 +278,18 @@ def test_missing_default_pair_row_names_the_default_not_the_option(tmp_path, cap
     assert capsys.readouterr().err == ("flashmap bench: error: no row 'FlashMap-2' for the default pair "
                                        "FlashMap-2,FlashMap-1 (rows: AR, A, B): give --pair A,B, or --rows for "
                                        "every row's γ\n")
+
+
+def test_ar_and_a_row_paired_with_itself_are_refused(tmp_path, capsys, monkeypatch):
+    """AR's records count its one-token steps as rounds of 0 accepted; --pair A,AR printed a Δγ against 1."""
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    res = results()
+    res["records"][-1] = rec("AR", "gsm8k", "g1#1", [0, 0, 0, 0])
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert compare([str(path), "--pair", "A,AR"]) == 2
+    assert capsys.readouterr().err == ("flashmap bench: error: --pair A,AR: row 'AR' has no γ (no drafting rounds: "
+                                       "AR and the peer rows such as HF greedy and prompt lookup draft nothing)\n")
+    assert compare([str(path), "--pair", "B,B"]) == 2
+    assert capsys.readouterr().err == ("flashmap bench: error: --pair B,B: a row paired with itself (Δγ is 0 by "
+                                       "construction): name two rows\n")
