@@ -43,8 +43,8 @@ def as_prompts(input_ids: Any) -> tuple[Any, bool]:
             return [_encoding_ids(p) for p in input_ids], True
         if all(isinstance(p, Mapping) for p in input_ids):  # one tokenizer output per prompt
             return [_single(_from_mapping(p), row) for row, p in enumerate(input_ids)], True
-        if all(isinstance(p, (list, tuple)) or isinstance(p, torch.Tensor) and p.dim() >= 1 for p in input_ids):
-            return list(input_ids), True
+        if any(isinstance(p, (list, tuple)) or isinstance(p, torch.Tensor) and p.dim() >= 1 for p in input_ids):
+            return list(input_ids), True  # a list of prompts: each is checked, and named by its row, on its own
     ids = as_ids(input_ids)
     if ids.dim() == 2 and ids.shape[0] > 1:
         raise ValueError(f"input_ids: a tensor of shape {list(ids.shape)} holds {ids.shape[0]} prompts: pass them "
@@ -70,13 +70,16 @@ def _from_mapping(encoding: Mapping) -> tuple[Any, bool]:
     if masks is not None and len(masks) != len(rows):
         raise ValueError(f"input_ids: {len(rows)} rows of 'input_ids' but {len(masks)} of 'attention_mask'")
     prompts = [_unpad(r, None if masks is None else masks[row], row) for row, r in enumerate(rows)]
-    return (prompts[0], False) if len(prompts) == 1 else (prompts, True)
+    listed = isinstance(ids, (list, tuple))  # `tokenizer(texts)` over a list of texts, even of one: a batch
+    return (prompts[0], False) if len(prompts) == 1 and not listed else (prompts, True)
 
 
 def _single(prompts: tuple[Any, bool], row: int) -> Any:
     """The one prompt of the tokenizer output at `row` of a list of them; ValueError naming the row when it holds
     several."""
     prompt, batched = prompts
+    if batched and len(prompt) == 1:  # `tokenizer([text])`: one prompt in a list
+        return prompt[0]
     if batched:
         raise ValueError(f"input_ids: a list of tokenizer outputs, whose output at row {row} holds {len(prompt)} "
                          f"prompts: pass that output alone, or one output per prompt")
@@ -122,6 +125,8 @@ def _encoding_ids(encoding) -> torch.Tensor:
 
 def as_ids(value, what: str = "input_ids") -> torch.Tensor:
     """torch.as_tensor(value) for integer ids (one prompt); TypeError naming `input_ids` for anything else."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"input_ids: text ({describe(value)}), not token ids: {TOKENIZE_FIRST}")
     try:
         ids = torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError):

@@ -54,8 +54,9 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
             output as is (`tokenizer(text)`, `apply_chat_template(..., return_tensors="pt")`, a
             `tokenizers.Encoding`; its attention_mask drops padding). Or B prompts: a list of them (each a
             list of ints, an [S_b] tensor or a tokenizer output; lengths may differ) or a tokenizer's
-            output over B texts: one batch (batched.py), a list of B GenerateOutputs back, row b as its own
-            call with `seed[b]`, `max_new_tokens[b]`.
+            output over B texts (`tokenizer(texts)`, B = 1 included; a [1, S] tensor is one prompt): one batch
+            (batched.py), a list of B GenerateOutputs back, row b as its own call with `seed[b]`,
+            `max_new_tokens[b]`.
         max_new_tokens: exact budget (>= 0); fewer tokens only when a stop token is emitted. A batch
             takes an int or one per prompt (as does `seed`).
         temperature, top_k, top_p: target sampling (T = 0 greedy; top_k 0 / top_p 1 = off).

@@ -140,6 +140,9 @@ EMPTY = "input_ids: an empty prompt: generate needs at least one prompt token (e
     ([{"input_ids": [1, 2]}, {"input_ids": [[3], [4]]}], 4, ValueError,
      "input_ids: a list of tokenizer outputs, whose output at row 1 holds 2 prompts: pass that output alone, or "
      "one output per prompt"),
+    ([[1, 2], "hello"], 4, TypeError,
+     "input_ids: text (str 'hello'), not token ids: tokenize it first and pass the tokenizer's output as is, e.g. "
+     "tokenizer(text) or tokenizer.apply_chat_template(messages, add_generation_prompt=True), in prompt row 1 of 2"),
     ([[1, 2], [3]], [4, 2048], ValueError,
      "max_new_tokens: 2048 new tokens after a 1-token prompt exceed the target's context of 2048 positions (at most "
      "2047 here), in prompt row 1 of 2"),
@@ -397,3 +400,13 @@ def test_generate_refuses_a_drafter_built_for_another_target_as_from_pretrained_
     with pytest.raises(TargetMismatch) as err:
         fm.generate(tiny_qwen3(vocab_size=4, num_layers=2), drafter, [1, 2, 3], 4)
     assert field in one_line(err, "drafter: ") and "built for another target" in str(err.value)
+
+
+def test_a_tokenizer_output_over_a_list_of_one_text_is_a_batch_of_one(target):
+    """`tokenizer(texts)` gives a list of B rows; with B = 1 that was one GenerateOutput instead of a list of one."""
+    one = fm.generate(target, None, {"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1, 1]]}, 3)
+    assert isinstance(one, list) and len(one) == 1
+    assert one[0].tokens == fm.generate(target, None, [1, 2, 3], 3).tokens
+    assert not isinstance(fm.generate(target, None, {"input_ids": torch.tensor([[1, 2, 3]])}, 3), list)  # [1, S]
+    listed = fm.generate(target, None, [{"input_ids": [[1, 2]]}, {"input_ids": [4, 5]}], 2)  # tokenizer([t]) each
+    assert [o.tokens for o in listed] == [fm.generate(target, None, p, 2).tokens for p in ([1, 2], [4, 5])]
