@@ -46,6 +46,8 @@ def make_drafter(kind: str, model):
         return RandomDrafter(model.config.vocab_size, K, TAPS)
     if kind == "flashmap":
         return random_flashmap(model, K, TAPS)
+    if kind == "flashmap_joint":
+        return random_flashmap(model, K, TAPS, joint_attention=True)
     if kind == "dflash":
         from flashmap_ext.drafters.dflash import DFlashDrafter
         torch.manual_seed(1)
@@ -65,7 +67,7 @@ def expected_accepts(kind: str, drafter, drafted: list) -> list:
 
 @pytest.mark.parametrize("prompt_len", [1, 2, 17, 300])
 @pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "flashmap",
-                                  "dflash"])
+                                  "flashmap_joint", "dflash"])
 def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
     prompt = prompt_of(prompt_len)
     drafter = make_drafter(kind, model)

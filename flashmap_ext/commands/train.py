@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from flashmap_ext.checks import check_int
 from flashmap_ext.train import runner
@@ -37,6 +38,10 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--mlp-ratio", type=runner.positive_float_arg,
                        help="each block's MLP width as a multiple of --width (default 4; width x ratio is rounded "
                             "down and must be >= 1)")
+    shape.add_argument("--joint-attention", action="store_true",
+                       help="one attention per block over the memory and the block's own slots (DFlash's layout) "
+                            "instead of slot self-attention + memory cross-attention; reference path only (no "
+                            "fused CUDA kernels, no vLLM export)")
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -139,13 +144,15 @@ SIZE_OPTIONS = ("layers", "width", "heads", "block_size", "cond_dim", "intermedi
 
 
 def run_flow(args) -> int:
-    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter
     from flashmap_ext.train.flow import flow_loss
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size", "cond_dim": "cond_dim",
                                      "mlp_ratio": "mlp_ratio"})
-    if int(shape["width"] * shape.get("mlp_ratio", 4.0)) < 1:
+    if args.joint_attention:
+        shape["joint_attention"] = True
+    if int(shape["width"] * shape.get("mlp_ratio", FlashMapConfig.mlp_ratio)) < 1:
         raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: --width {shape['width']} x ratio leaves no MLP unit")
     if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:
         raise ValueError(f"--heads {shape['heads']}: must divide --width {shape['width']} into heads of an even "
@@ -230,6 +237,9 @@ def draft_vocab(spec, cache, rows: int):
         return torch.tensor(ids, dtype=torch.long)
     if not str(spec).isdigit() or int(spec) < 1:
         raise ValueError(f"--draft-vocab: expected a count N >= 1 or a JSON file (got {spec!r})")
+    if int(spec) > rows:
+        print(f"--draft-vocab {spec}: the target has {rows} embedding rows; the draft vocabulary is all {rows}",
+              file=sys.stderr)
     counts = count_tokens((cache.supervised_tokens(i) for i in range(len(cache))), rows)
     return build_draft_vocab(counts, min(int(spec), rows))
 

@@ -155,11 +155,12 @@ def _greedy(model, context: tuple, n: int) -> list:
     return out
 
 
-def random_flashmap(model, k: int, taps):
-    """A FlashMap drafter with random (not adaLN-zero) weights, so its drafts depend on the context."""
+def random_flashmap(model, k: int, taps, **fields):
+    """A FlashMap drafter with random (not adaLN-zero) weights, so its drafts depend on the context;
+    `fields`: more FlashMapConfig fields (e.g. joint_attention=True)."""
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     torch.manual_seed(1)
     drafter = FlashMapDrafter.for_target(model, n_layers=2, width=64, heads=4, block_size=k,
-                                         target_layer_ids=taps)
+                                         target_layer_ids=taps, **fields)
     drafter.reset_parameters(zero_init=False)
     return drafter

@@ -1,5 +1,6 @@
 """Layers of the FlashMap DiT drafter (DESIGN.md §5.2): adaLN-Zero blocks with slot self-attention,
-cross-attention to the context memory, and an MLP.
+cross-attention to the context memory, and an MLP; or, with `joint`, one attention over the memory and the
+block's own slots (DFlash's layout) in place of the two.
 
 adaLN-Zero follows Peebles & Xie, "Scalable Diffusion Models with Transformers" (arXiv:2212.09748 §3.2,
 facebookresearch/DiT models.py): LayerNorm without affine (eps 1e-6), `mod(h) = h·(1+scale) + shift`,
@@ -94,27 +95,65 @@ class MemoryCrossAttention(nn.Module):
         return self.out(y.transpose(1, 2).flatten(-2))
 
 
-class DiTBlock(nn.Module):
-    """One adaLN-Zero block: self-attn over slots, cross-attn to memory, MLP (DESIGN.md §5.2)."""
+class JointAttention(MemoryCrossAttention):
+    """DFlash's layout: slots attend, in one softmax, to the memory entries they may read and to every slot
+    of their own block; the slots' keys/values come from the same projections as the memory's (K normed and
+    rotated to the slot's position, as the queries)."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float, cond_dim: int, eps: float, rope_theta: float):
+    def forward(self, x: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None, block_size: int) -> torch.Tensor:
+        """x [B, Q, w] (Q = A·K: A blocks of K = block_size slots), q_pos [B, Q], k/v [B, h, S, hd] of the
+        memory, mask None or bool [B, 1, Q, S] over the memory -> [B, Q, w]."""
+        B, Q, _ = x.shape
+        rope = self.rotary(q_pos, x.dtype)
+        q = apply_rope(self.q_norm(_heads(self.q_proj(x), self.heads)), *rope)
+        k_slots = apply_rope(self.k_norm(_heads(self.k_proj(x), self.heads)), *rope)
+        keys = torch.cat([k.to(q.dtype), k_slots], dim=2)
+        values = torch.cat([v.to(q.dtype), _heads(self.v_proj(x), self.heads)], dim=2)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=joint_mask(mask, B, Q, k.shape[2], block_size,
+                                                                                 x.device))
+        return self.out(y.transpose(1, 2).flatten(-2))
+
+
+def joint_mask(mask: torch.Tensor | None, B: int, Q: int, S: int, block_size: int,
+               device: torch.device) -> torch.Tensor:
+    """bool [B, 1, Q, S + Q]: the memory part `mask` (None: every entry), then query slot i may read slot j
+    iff both lie in the same block (i // block_size == j // block_size)."""
+    block = torch.arange(Q, device=device) // block_size
+    own = (block[:, None] == block[None, :]).expand(B, 1, Q, Q)
+    memory = torch.ones(B, 1, Q, S, dtype=torch.bool, device=device) if mask is None else mask.expand(B, 1, Q, S)
+    return torch.cat([memory, own], dim=-1)
+
+
+class DiTBlock(nn.Module):
+    """One adaLN-Zero block: self-attn over slots, cross-attn to memory, MLP (DESIGN.md §5.2); with `joint`,
+    one `JointAttention` over memory and slots (still called `cross_attn`: it owns the memory's K/V), then
+    the MLP."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float, cond_dim: int, eps: float, rope_theta: float,
+                 joint: bool = False):
         super().__init__()
-        self.eps = eps
-        self.self_attn = SlotSelfAttention(width, heads, eps)
-        self.cross_attn = MemoryCrossAttention(width, heads, eps, rope_theta)
+        self.eps, self.joint = eps, joint
+        self.self_attn = None if joint else SlotSelfAttention(width, heads, eps)
+        self.cross_attn = (JointAttention if joint else MemoryCrossAttention)(width, heads, eps, rope_theta)
         hidden = int(width * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, width))
-        self.adaLN = nn.Linear(cond_dim, 9 * width)
+        self.adaLN = nn.Linear(cond_dim, (6 if joint else 9) * width)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                 q_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, A, K, w]; c [B, A, cond_dim]; kv of the memory [B, h, S, hd]; q_pos [B, A·K]."""
         B, A, K, w = x.shape
-        sh1, sc1, g1, sh2, sc2, g2, sh3, sc3, g3 = self.adaLN(c).chunk(9, dim=-1)
-        h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh1, sc1)
-        x = x + g1[:, :, None] * self.self_attn(h.reshape(B * A, K, w)).view(B, A, K, w)
-        h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh2, sc2)
-        x = x + g2[:, :, None] * self.cross_attn(h.reshape(B, A * K, w), q_pos, *kv, mask).view(B, A, K, w)
+        mods = list(self.adaLN(c).chunk(6 if self.joint else 9, dim=-1))
+        if not self.joint:
+            sh, sc, g = mods[:3]
+            del mods[:3]
+            h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh, sc)
+            x = x + g[:, :, None] * self.self_attn(h.reshape(B * A, K, w)).view(B, A, K, w)
+        sh2, sc2, g2, sh3, sc3, g3 = mods
+        h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh2, sc2).reshape(B, A * K, w)
+        y = self.cross_attn(h, q_pos, *kv, mask, K) if self.joint else self.cross_attn(h, q_pos, *kv, mask)
+        x = x + g2[:, :, None] * y.view(B, A, K, w)
         h = modulate(F.layer_norm(x, (w,), eps=self.eps), sh3, sc3)
         return x + g3[:, :, None] * self.mlp(h)
 

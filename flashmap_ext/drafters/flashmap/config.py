@@ -48,6 +48,10 @@ class FlashMapConfig:
     state_loglik: add the exact log-likelihood of the slot's input state under each token,
         `flow.reader_log_likelihood` at t(τ_s), to the logits (the network then predicts the context's
         part of the posterior). False for checkpoints made before it.
+    joint_attention: each block has one attention whose keys are the memory entries and the block's own
+        slots (DFlash's layout, `block.JointAttention`) in place of slot self-attention + memory
+        cross-attention; its adaLN then makes 6 modulations, not 9. Reference (PyTorch) path only: the
+        fused CUDA kernels and the vLLM export refuse it. False for checkpoints made before it.
     """
     n_layers: int = 6
     width: int = 2048
@@ -71,6 +75,7 @@ class FlashMapConfig:
     clock_t: tuple[float, ...] | None = None
     clock_tau: tuple[float, ...] | None = None
     state_loglik: bool = False
+    joint_attention: bool = False
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -148,7 +153,7 @@ class FlashMapConfig:
 
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
 OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik",
-                             "draft_draws"})
+                             "draft_draws", "joint_attention"})
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
           "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.

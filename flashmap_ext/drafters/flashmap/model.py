@@ -82,8 +82,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         self.slot_pos = nn.Parameter(torch.empty(c.block_size, w))
         self.s_embedder = TimestepEmbedder(c.cond_dim, c.time_scale)
         self.t_embedder = TimestepEmbedder(c.cond_dim, c.time_scale) if c.two_time else None
-        self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta)
-                                    for _ in range(c.n_layers))
+        self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta,
+                                             joint=c.joint_attention) for _ in range(c.n_layers))
         self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))

@@ -78,6 +78,8 @@ class FlashMapDFlashForCausalLM(DFlashQwen3ForCausalLM):
         self.draft_model_config = spec.draft_model_config
         self.config = self.draft_model_config.hf_config
         fm = FlashMapConfig.from_dict(dict(self.config.flashmap_config))
+        if fm.joint_attention:  # the paged path runs the split block (export_flashmap refuses these too)
+            raise NotImplementedError("flashmap_config: joint_attention=True is not served by the vLLM plugin")
         self.seed = int(getattr(self.config, "flashmap_seed", 0))
         self.draft_id_to_target_id = None
         self.model = _PagedMemory(fm, vllm_config, vllm_config.model_config.get_total_num_hidden_layers(),
