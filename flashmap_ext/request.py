@@ -48,11 +48,12 @@ class GenerateStats:
 
     @property
     def tokens_per_s(self) -> float:
-        """New tokens per second of the whole call (prefill included)."""
-        return self.new_tokens / self.total_time_s if self.total_time_s > 0 else float("nan")
+        """New tokens per second of the whole call (prefill included); nan when it returned no token (a
+        budget of 0, alone or as one row of a batch: there is no speed to speak of) or took no time."""
+        return self.new_tokens / self.total_time_s if self.total_time_s > 0 and self.new_tokens else float("nan")
 
     def summary(self) -> str:
-        speed = f"{self.tokens_per_s:.1f}" if self.total_time_s > 0 and self.new_tokens else "n/a"
+        speed = "n/a" if math.isnan(self.tokens_per_s) else f"{self.tokens_per_s:.1f}"
         return (f"{self.new_tokens} tokens in {self.rounds} rounds, γ = {self.gamma_text}, "
                 f"{speed} tokens/s (draft {self.draft_time_s:.3f} s, "
                 f"verify {self.verify_time_s:.3f} s, prefill {self.prefill_time_s:.3f} s)")

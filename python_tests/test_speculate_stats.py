@@ -1,5 +1,7 @@
 """GenerateStats and streaming: counts that follow from a drafter with a known acceptance schedule."""
 
+import math
+
 import pytest
 
 from conftest import tiny_qwen3
@@ -58,5 +60,8 @@ def test_stop_and_empty_budget_stats(model):
     empty = generate(model, None, PROMPT, 0).stats
     assert empty.rounds == 0 and empty.new_tokens == 0 and empty.acceptance_length is None  # no round: no γ
     assert "γ = n/a (no round after prefill)" in empty.summary()
+    rows = [o.stats for o in generate(model, None, [PROMPT, PROMPT], [3, 0])]  # a 0-budget row: as a lone call
+    assert rows[0].tokens_per_s > 0 and math.isnan(rows[1].tokens_per_s) and math.isnan(empty.tokens_per_s)
+    assert "n/a tokens/s" in rows[1].summary() and "n/a tokens/s" in empty.summary()
     one = generate(model, OracleDrafter(model, K, (0,)), PROMPT, 1).stats  # the prefill's token alone
     assert one.rounds == 0 and one.new_tokens == 1 and one.acceptance_length is None
