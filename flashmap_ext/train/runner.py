@@ -35,7 +35,7 @@ EPILOG = """Typical pipeline (defaults are the paper's Qwen3-8B settings; --pres
   flashmap train flow  --target Qwen/Qwen3-8B --features feats/ --out runs/flow
   flashmap distill     --target Qwen/Qwen3-8B --teacher runs/flow/drafter --features feats/ --out runs/map
   flashmap generate    --target Qwen/Qwen3-8B --drafter runs/map/drafter --prompt "Hello" --chat
-Baselines: `train dflash` on the same cache; `train eagle3` on a cache made with `features --layers eagle3`.
+Baselines: `train dflash` on the same cache (--mask-token-id where the tokenizer fills the embedding table); `train eagle3` on a cache made with `features --layers eagle3`.
 Several GPUs or nodes: torchrun --nproc-per-node 8 -m flashmap_ext.cli train flow ... --parallel ddp
 Interrupted (Ctrl-C, SIGTERM, preemption)? Rerun the same command with --resume."""
 
@@ -116,6 +116,9 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
         value = getattr(args, key, None)
         if value is not None and not (math.isfinite(value) and value >= 0 and (value > 0 or key == "warmup")):
             raise ValueError(f"--{key}: must be a finite number {'>' if key == 'lr' else '>='} 0 (got {value})")
+    if run.get("warmup", 0) >= 1 and run["warmup"] > run.get("steps", math.inf):  # a step count: the peak LR never comes
+        raise ValueError(f"--warmup {run['warmup']:g}: a step count longer than the run (--steps {run['steps']}); "
+                         "give fewer steps or a fraction of --steps (< 1)")
     shape = dict(chosen[model_key])
     window = getattr(args, "context_window", None)
     if model_key in ("flashmap", "dflash", "dflash2"):
@@ -344,6 +347,8 @@ def check_out_dir(out: str, stage: str, resume: bool) -> None:
     """Before run.json is rewritten: --out must not hold checkpoints unless --resume, and --resume must
     continue the same stage (another stage's checkpoint fails to load with a long state_dict error)."""
     if latest(out) is None:
+        if resume:  # a start-or-continue script may pass it always; a mistyped --out must not go unnoticed
+            print(f"--resume: no checkpoint in {out}: starting a new run from step 0", file=sys.stderr)
         return
     if not resume:
         raise FileExistsError(f"--out {out} already holds checkpoints ({os.path.basename(latest(out))}): "

@@ -41,6 +41,11 @@ def test_qwen3_8b_preset_is_the_paper_and_options_override_it():
     assert (distill["steps"], distill["lr"]) == (23_000, 5e-5)
     args.steps, args.lr = 7, 1e-3
     assert settings(args, "flow", "flashmap")[0]["steps"] == 7
+    args.warmup = 8  # a step count past the run's end: the peak learning rate would never be reached
+    with pytest.raises(ValueError, match="--warmup 8: a step count longer than the run"):
+        settings(args, "flow", "flashmap")
+    args.warmup = 7
+    assert settings(args, "flow", "flashmap")[0]["warmup"] == 7
     args.max_length, args.context_window = 512, None
     assert settings(args, "train-dflash", "dflash")[1]["context_window"] == 512
     args.context_window = 0  # --context-window none
@@ -75,7 +80,7 @@ def test_tap_layer_names():
         tap_layers("middle", 36)
 
 
-def test_cli_pipeline_on_tiny_random(tmp_path):
+def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     conv = tmp_path / "conv.jsonl"
     conv.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"},
                                                      {"role": "assistant", "content": "?"}]}) + "\n"
@@ -97,14 +102,17 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert flow_cfg["context_window"] == 256  # cpu-tiny's max_length: the longest context training showed
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
-                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm", "--cond-dim", "16", "--mlp-ratio", "0.5"]) == 0
+                 "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm", "--cond-dim", "16", "--mlp-ratio", "0.5",
+                 "--joint-attention"]) == 0
     flow2_cfg = json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())
     assert flow2_cfg["draft_vocab_size"] == 129 and flow2_cfg["tap_input_norm"] is True
     assert flow_cfg["cond_dim"] == 256 and flow2_cfg["cond_dim"] == 16
     assert flow_cfg["mlp_ratio"] == 4.0 and flow2_cfg["mlp_ratio"] == 0.5
+    assert flow_cfg["joint_attention"] is False and flow2_cfg["joint_attention"] is True
     from safetensors.torch import load_file
-    mlp_in = load_file(tmp_path / "flow2" / "drafter" / "model.safetensors")["blocks.0.mlp.0.weight"]
-    assert mlp_in.shape == (flow2_cfg["width"] // 2, flow2_cfg["width"])
+    weights = load_file(tmp_path / "flow2" / "drafter" / "model.safetensors")
+    assert weights["blocks.0.mlp.0.weight"].shape == (flow2_cfg["width"] // 2, flow2_cfg["width"])
+    assert not any(".self_attn." in name for name in weights)  # one attention per block
     with pytest.raises(ValueError, match="--draft-vocab"):
         main(["train", "flow", *train_args, "--out", str(tmp_path / "flow3"), "--draft-vocab", "many"])
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
@@ -141,7 +149,11 @@ def test_cli_pipeline_on_tiny_random(tmp_path):
     assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "fu"),
                  "--layers", "0,1,2"]) == 0
     union = [*common, "--features", str(tmp_path / "fu"), "--preset", "cpu-tiny", "--batch-size", "2"]
-    assert main(["train", "flow", *union, "--out", str(tmp_path / "flow5"), "--steps", "1", "--tap-layers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["train", "flow", *union, "--out", str(tmp_path / "flow5"), "--steps", "1", "--tap-layers", "1",
+                 "--resume", "--draft-vocab", "1000"]) == 0
+    err = capsys.readouterr().err  # a fresh --out under --resume, and a count above the target's rows, are said
+    assert f"--resume: no checkpoint in {tmp_path / 'flow5'}" in err and "the draft vocabulary is all 257" in err
     assert json.loads((tmp_path / "flow5" / "drafter" / "config.json").read_text())["target_layer_ids"] == [1]
     assert main(["train", "eagle3", *union, "--out", str(tmp_path / "e4"), "--steps", "1", "--ttt-steps", "2",
                  "--draft-vocab", "64", "--intermediate-size", "32", "--frozen-lm-head"]) == 0
