@@ -42,6 +42,10 @@ def add_parser(subparsers) -> None:
                        help="one attention per block over the memory and the block's own slots (DFlash's layout) "
                             "instead of slot self-attention + memory cross-attention; reference path only (no "
                             "fused CUDA kernels, no vLLM export)")
+    shape.add_argument("--tau-gated-input", action="store_true",
+                       help="scale the state's part of each slot token by τ: at τ = 0 (a one-step draft) a slot "
+                            "holds only its position, as DFlash's mask tokens, and the draft does not depend on "
+                            "the noise; reference path only (no fused CUDA kernels, no vLLM export)")
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -152,6 +156,8 @@ def run_flow(args) -> int:
                                      "mlp_ratio": "mlp_ratio"})
     if args.joint_attention:
         shape["joint_attention"] = True
+    if args.tau_gated_input:
+        shape["tau_gated_input"] = True
     if int(shape["width"] * shape.get("mlp_ratio", FlashMapConfig.mlp_ratio)) < 1:
         raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: --width {shape['width']} x ratio leaves no MLP unit")
     if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:

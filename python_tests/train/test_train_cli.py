@@ -103,12 +103,13 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",
                  "--draft-vocab", str(tmp_path / "vocab.json"), "--tap-input-norm", "--cond-dim", "16", "--mlp-ratio", "0.5",
-                 "--joint-attention"]) == 0
+                 "--joint-attention", "--tau-gated-input"]) == 0
     flow2_cfg = json.loads((tmp_path / "flow2" / "drafter" / "config.json").read_text())
     assert flow2_cfg["draft_vocab_size"] == 129 and flow2_cfg["tap_input_norm"] is True
     assert flow_cfg["cond_dim"] == 256 and flow2_cfg["cond_dim"] == 16
     assert flow_cfg["mlp_ratio"] == 4.0 and flow2_cfg["mlp_ratio"] == 0.5
     assert flow_cfg["joint_attention"] is False and flow2_cfg["joint_attention"] is True
+    assert flow_cfg["tau_gated_input"] is False and flow2_cfg["tau_gated_input"] is True
     from safetensors.torch import load_file
     weights = load_file(tmp_path / "flow2" / "drafter" / "model.safetensors")
     assert weights["blocks.0.mlp.0.weight"].shape == (flow2_cfg["width"] // 2, flow2_cfg["width"])

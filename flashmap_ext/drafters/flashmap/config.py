@@ -52,6 +52,10 @@ class FlashMapConfig:
         slots (DFlash's layout, `block.JointAttention`) in place of slot self-attention + memory
         cross-attention; its adaLN then makes 6 modulations, not 9. Reference (PyTorch) path only: the
         fused CUDA kernels and the vLLM export refuse it. False for checkpoints made before it.
+    tau_gated_input: the slot tokens take the normed state projection times τ_s, so at τ = 0 (a one-step
+        draft) a slot holds only its position embedding, as DFlash's mask tokens do, and the draft does not
+        depend on the noise; at τ_s > 0 the state enters scaled by τ_s. Reference (PyTorch) path only: the
+        fused CUDA kernels and the vLLM export refuse it. False for checkpoints made before it.
     """
     n_layers: int = 6
     width: int = 2048
@@ -76,6 +80,7 @@ class FlashMapConfig:
     clock_tau: tuple[float, ...] | None = None
     state_loglik: bool = False
     joint_attention: bool = False
+    tau_gated_input: bool = False
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -153,7 +158,7 @@ class FlashMapConfig:
 
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
 OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik",
-                             "draft_draws", "joint_attention"})
+                             "draft_draws", "joint_attention", "tau_gated_input"})
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
           "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.

@@ -265,10 +265,14 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
             h = h + self.t_embedder(tau_t)
         return F.silu(h)
 
-    def _trunk(self, slot_inputs: torch.Tensor, c: torch.Tensor, kv: Callable[[int], KV],
+    def _trunk(self, slot_inputs: torch.Tensor, tau_s: torch.Tensor, c: torch.Tensor, kv: Callable[[int], KV],
                q_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """slot_inputs [B, A, K, d_target], c [B, A, cond_dim] -> hidden [B, A, K, d_target] (pre-head)."""
-        x = self.slot_norm(self.slot_proj(slot_inputs.to(self.dtype))) + self.slot_pos
+        """slot_inputs [B, A, K, d_target], tau_s [B, A], c [B, A, cond_dim] -> hidden [B, A, K, d_target]
+        (pre-head). With `config.tau_gated_input` the state's part of a slot token is scaled by τ_s."""
+        x = self.slot_norm(self.slot_proj(slot_inputs.to(self.dtype)))
+        if self.config.tau_gated_input:
+            x = x * tau_s.to(x.dtype)[..., None, None]
+        x = x + self.slot_pos
         for i, block in enumerate(self.blocks):
             x = block(x, c, kv(i), q_pos, mask)
         return self.final(x, c)
@@ -357,8 +361,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         q_pos = lengths[:, None] + 1 + torch.arange(K, device=dev)
         start = window_start(min(memory.rows), self.config.context_window)
         mask = ragged_mask(memory.lengths, start, self.config.context_window, K) if memory.ragged else None
-        hidden = self._trunk(slot_inputs[:, None], c, lambda i: memory.layer_kv(i, n + 1, start), q_pos,
-                             None if mask is None else mask.to(dev))
+        hidden = self._trunk(slot_inputs[:, None], tau_s[:, None], c, lambda i: memory.layer_kv(i, n + 1, start),
+                             q_pos, None if mask is None else mask.to(dev))
         return self.logits_from_hidden(hidden[:, 0], self.state_term(slot_inputs, tau_s))
 
     def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
@@ -399,7 +403,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
             raise ValueError(f"tau_s/tau_t: expected [{B}, {A}], got {list(tau_s.shape)} / {list(tau_t.shape)}")
         q_pos = (memory.anchor_pos[:, :, None] + 1 + torch.arange(K, device=slot_inputs.device)).reshape(B, A * K)
         mask = memory.mask(K, self.config.context_window)
-        return self._trunk(slot_inputs, self._cond(tau_s, tau_t), memory.layer_kv, q_pos, mask)
+        return self._trunk(slot_inputs, tau_s, self._cond(tau_s, tau_t), memory.layer_kv, q_pos, mask)
 
     def forward_train(self, taps: torch.Tensor, input_ids: torch.Tensor, anchor_pos: torch.Tensor,
                       slot_inputs: torch.Tensor, tau_s: torch.Tensor, tau_t: torch.Tensor, *,

@@ -75,13 +75,17 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
     the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
     the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export`).
-    NotImplementedError for a drafter with `joint_attention` (the plugin runs the split block). Returns `dst`."""
+    NotImplementedError for a drafter with `joint_attention` (the plugin runs the split block) or
+    `tau_gated_input` (its slot input is not gated). Returns `dst`."""
     from flashmap_ext.drafters.flashmap.config import FlashMapConfig
 
     config = FlashMapConfig.load(Path(src) / "config.json")
     if config.joint_attention:
         raise NotImplementedError(f"{src}: joint_attention=True is not served by the vLLM plugin (its FlashMap "
                                   "model runs slot self-attention and memory cross-attention)")
+    if config.tau_gated_input:
+        raise NotImplementedError(f"{src}: tau_gated_input=True is not served by the vLLM plugin (its FlashMap "
+                                  "model reads the slot state ungated)")
     check_window_export(src, config, unwindowed)
     config.context_window = None
     out = vllm_config_dict(config, max_position_embeddings=max_position_embeddings, seed=seed)

@@ -80,6 +80,8 @@ class FlashMapDFlashForCausalLM(DFlashQwen3ForCausalLM):
         fm = FlashMapConfig.from_dict(dict(self.config.flashmap_config))
         if fm.joint_attention:  # the paged path runs the split block (export_flashmap refuses these too)
             raise NotImplementedError("flashmap_config: joint_attention=True is not served by the vLLM plugin")
+        if fm.tau_gated_input:  # the paged path reads the slot state ungated (export_flashmap refuses these too)
+            raise NotImplementedError("flashmap_config: tau_gated_input=True is not served by the vLLM plugin")
         self.seed = int(getattr(self.config, "flashmap_seed", 0))
         self.draft_id_to_target_id = None
         self.model = _PagedMemory(fm, vllm_config, vllm_config.model_config.get_total_num_hidden_layers(),
