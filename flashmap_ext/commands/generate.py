@@ -50,7 +50,8 @@ def add_parser(subparsers) -> None:
     add_sampling_arguments(p)
     p.add_argument("--seed", type=seed_arg, default=0)
     machine.add_threads_argument(p)
-    p.add_argument("--max-new-tokens", type=non_negative_int, default=128)
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=128,
+                   help="default 128; cut, with a notice, to what the target's context leaves after the prompt")
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
     p.add_argument("--tree", type=tree_spec, metavar="DEPTH,TOPK,NODES",
