@@ -165,7 +165,7 @@ def run_flow(args) -> int:
                          "dimension (rotary embeddings rotate pairs)")
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
-    cache = runner.FeatureCache(args.features)
+    cache = runner.target_features(args, target)
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
     if vocab is not None:
         shape["draft_vocab_size"] = len(vocab)
@@ -176,14 +176,13 @@ def run_flow(args) -> int:
     if vocab is not None:
         drafter.set_draft_vocab(vocab, target)
     check_resumed_clock(args)
-    if args.clock == "projected":
-        drafter.calibrate_clock()  # from the state rows: after the draft vocabulary is set
-
     decay = slot_decay_arg(args.slot_decay)
     options = runner.loss_options(args)
     if options["loss"] == "kl" and args.tau0_frac <= 0:
         raise ValueError("--loss kl: the flow model trains on the target's distribution at its tau = 0 blocks "
                          "only; set --tau0-frac > 0 (e.g. 0.5)")
+    if args.clock == "projected":
+        drafter.calibrate_clock()  # from the state rows: after the draft vocabulary is set
 
     def loss_fn(model, batch, generator):
         return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
@@ -268,11 +267,12 @@ def run_dflash(args) -> int:
     selector = {"selector_weight": args.selector_weight} if stage == "dflash2" else {}
     from flashmap_ext.target import load_target
     target, tokenizer = load_target(args.target, *runner.target_placement(args))
-    layer_ids = runner.tap_layers(args, runner.FeatureCache(args.features).meta["target_layer_ids"])
+    cache = runner.target_features(args, target)
+    layer_ids = runner.tap_layers(args, cache.meta["target_layer_ids"])
     warn_mask_token_in_data(args)
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
     from flashmap_ext.target import hf_causal_lm
-    ids = draft_vocab(args.draft_vocab, runner.FeatureCache(args.features),
+    ids = draft_vocab(args.draft_vocab, cache,
                       hf_causal_lm(target).get_input_embeddings().weight.shape[0])
     if ids is not None:
         shape["draft_vocab_size"] = ids.numel()
@@ -314,7 +314,7 @@ def run_eagle3(args) -> int:
                                      "intermediate_size": "intermediate_size", "frozen_lm_head": "frozen_lm_head"})
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
-    cache = runner.FeatureCache(args.features)
+    cache = runner.target_features(args, target)
     rows = target.model.get_input_embeddings().weight.shape[0]
     spec = shape.pop("draft_vocab_size")
     ids = draft_vocab(args.draft_vocab if args.draft_vocab is not None else spec, cache, rows)

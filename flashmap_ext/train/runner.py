@@ -252,6 +252,16 @@ def open_features(path: str, layer_ids, target=None) -> FeatureCache:
     return cache
 
 
+def target_features(args, target) -> FeatureCache:
+    """--features, checked against `target` (`open_features` over all its taps) before the setup that reads
+    the cache or the target at length (draft vocabulary, clock): a cache of another model is refused at once."""
+    try:
+        layers = FeatureCache(args.features).meta["target_layer_ids"]
+    except ValueError as err:
+        raise ValueError(f"--features {err}") from None
+    return open_features(args.features, layers, target)
+
+
 def check_supervised(cache: FeatureCache, max_length: int | None, path: str) -> None:
     """ValueError when no sequence of `cache`, cropped to `max_length`, keeps an anchor with a supervised
     label (a response token followed by another, train/anchors.py): every step would train on nothing
@@ -293,6 +303,9 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     check_cache(cache.meta, args.features, getattr(args, "loss", "ce"))
     check_supervised(cache, run.get("max_length"), args.features)
     fit_context_window(drafter, cache.meta.get("max_length"), args)
+    if args.parallel != "none" and "WORLD_SIZE" not in os.environ:
+        print(f"--parallel {args.parallel}: not started by torchrun (no WORLD_SIZE set): one process trains",
+              file=sys.stderr)
     drafter = drafter.float()
     optional = {k: run[k] for k in ("betas", "grad_clip", "weight_decay") if k in run}
     cfg = TrainConfig(out=args.out, steps=run["steps"], lr=run["lr"], warmup=run["warmup"],

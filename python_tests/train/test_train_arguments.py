@@ -179,6 +179,24 @@ def test_a_cache_of_another_target_of_the_same_width_is_refused_naming_the_one_t
                                                      r"this --target ")
 
 
+def test_a_cache_of_another_target_is_refused_before_the_draft_vocabulary_and_the_clock(tmp_path, monkeypatch):
+    """Counting the cache's tokens and calibrating the clock take minutes on a real target: the target check
+    comes first (a refusal after them left a mistaken run silent for that long)."""
+    from flashmap_ext.commands import train as train_cmd
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.target import tiny_random_model
+
+    def must_not_run(*_args, **_kwargs):
+        raise AssertionError("ran before the target check")
+    monkeypatch.setattr(train_cmd, "draft_vocab", must_not_run)
+    monkeypatch.setattr(FlashMapDrafter, "calibrate_clock", must_not_run)
+    _tiny_cache(tmp_path / "f", tiny_random_model(seed=1), meta={"target": "tiny-seed-1"})
+    for stage in (["train", "flow"], ["train", "dflash", "--mask-token-id", "0"], ["train", "eagle3"]):
+        with pytest.raises(ValueError, match="cached from --target tiny-seed-1"):
+            main([*stage, "--target", "tiny-random", "--features", str(tmp_path / "f"), "--no-progress",
+                  "--tap-layers", "1", "--out", str(tmp_path / stage[1])])
+
+
 def test_the_target_check_ignores_the_dtype_and_skips_caches_without_a_fingerprint(tmp_path):
     """The same weights in bf16 or fp16 are the same target; a manifest written before it held the target's
     fingerprint is read as before."""

@@ -308,3 +308,15 @@ def test_context_window_is_the_cache_crop_when_shorter(tmp_path):
     assert json.loads((tmp_path / "a" / "drafter" / "config.json").read_text())["context_window"] == 40
     assert main([*train, "--out", str(tmp_path / "b"), "--context-window", "100"]) == 0
     assert json.loads((tmp_path / "b" / "drafter" / "config.json").read_text())["context_window"] == 100
+
+
+def test_parallel_without_torchrun_says_one_process_trains(tmp_path, capsys, monkeypatch):
+    """--parallel ddp outside torchrun has no process group: it trains in one process, and says so."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2", "--steps", "1"]
+    capsys.readouterr()
+    assert main(["train", "flow", *args, "--out", str(tmp_path / "a"), "--parallel", "ddp"]) == 0
+    assert "--parallel ddp: not started by torchrun (no WORLD_SIZE set): one process trains" in capsys.readouterr().err
+    assert main(["train", "flow", *args, "--out", str(tmp_path / "b")]) == 0
+    assert "torchrun" not in capsys.readouterr().err
