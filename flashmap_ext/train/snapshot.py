@@ -12,6 +12,7 @@ usage: flashmap train snapshot RUN_KIND_DIR STEP OUT [--template DIR]   # e.g. r
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,8 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
             hint = ("; a run under way has no export yet: pass --template DIR, a drafter folder of the same "
                     "architecture (e.g. its warm-start weights)") if template is None else ""
             raise FileNotFoundError(f"{path} is missing ({where}){hint}")
+    if template is not None:
+        check_template_flags(run, template)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"OUT {out} exists and is not empty: give a new folder")
     ref = load_file(str(export / "model.safetensors"))
@@ -53,6 +56,22 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
     shutil.copyfile(export / "config.json", out / "config.json")
     save_file({k: v.to(ref[k].dtype) for k, v in tensors.items()}, str(out / "model.safetensors"))
     return out
+
+
+def check_template_flags(run: Path, template: Path) -> None:
+    """ValueError when the template's config.json disagrees with an on/off flag RUN was started with (its
+    run.json "args", a boolean field of the same name in both): options such as `--tau-gated-input` or
+    `--tap-input-norm` change what the weights compute without changing their tensors, so the shape check
+    alone would pass."""
+    try:
+        args = json.loads((run / "run.json").read_text())["args"]
+    except (OSError, ValueError, KeyError):
+        return  # a run without its record: only the tensors can be checked
+    config = json.loads((template / "config.json").read_text())
+    for name, value in sorted(args.items()):
+        if isinstance(value, bool) and isinstance(config.get(name), bool) and config[name] != value:
+            raise ValueError(f"--template {template}: its {name} is {config[name]!r}, the run was trained with "
+                             f"{value!r} ({run / 'run.json'}): give a template made with the run's flags")
 
 
 def add_arguments(p) -> None:

@@ -88,3 +88,19 @@ def test_a_template_of_other_shapes_a_missing_template_and_a_used_out_are_refuse
     with pytest.raises(FileExistsError, match="not empty"):
         snap.snapshot(run, 9000, used)
     assert (used / "keep.txt").read_text() == "x"
+
+
+def test_a_template_made_with_other_flags_than_the_run_is_refused(tmp_path):
+    """--tau-gated-input changes what the weights compute, not their tensors: the run's record decides."""
+    run = run_dir(tmp_path, {"w": torch.zeros(2, 3), "d2t": torch.arange(4)})
+    (run / "run.json").write_text(json.dumps({"stage": "flow", "args": {"tau_gated_input": True, "width": None,
+                                                                         "block_size": 8}}))
+    template = tmp_path / "warm"
+    (run / "drafter").rename(template)
+    cfg = json.loads((template / "config.json").read_text())
+    (template / "config.json").write_text(json.dumps({**cfg, "tau_gated_input": False}))
+    with pytest.raises(ValueError, match=r"its tau_gated_input is False, the run was trained with True"):
+        snap.snapshot(run, 9000, tmp_path / "o", template=template)
+    assert not (tmp_path / "o").exists()
+    (template / "config.json").write_text(json.dumps({**cfg, "tau_gated_input": True}))
+    assert snap.snapshot(run, 9000, tmp_path / "o", template=template).is_dir()
