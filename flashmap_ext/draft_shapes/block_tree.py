@@ -146,6 +146,9 @@ def block_top_k(drafter, memory, anchor: torch.Tensor, position: torch.Tensor, s
 
 def _flashmap_log_probs(fm, steps, memory, anchor, position, seed, noise_draw: int) -> torch.Tensor:
     """[K, V_draft] log-probabilities of one FlashMap block from noise draw `noise_draw`."""
+    if noise_draw and not fm.draws_differ(steps):
+        raise ValueError("a tau_gated_input FlashMap drafter at 1 step drafts the same block for every noise "
+                         "draw: multi-noise trees need 2 steps, or use a top-k tree")
     block = draft_block(fm, memory, anchor, steps=steps, seed=seed + noise_draw * NOISE_SEED_STRIDE,
                         position=position, return_logits=True)
     return torch.log_softmax(block.logits[0].float(), dim=-1)

@@ -83,3 +83,19 @@ def test_checkpoint_roundtrip_older_configs_and_refusals(target, tmp_path):
     assert FlashMapConfig.from_dict(older).tau_gated_input is False  # configs made before the field
     with pytest.raises(NotImplementedError, match="tau_gated_input"):
         export_flashmap(tmp_path / "src", tmp_path / "dst")
+
+
+def test_several_draws_or_a_multi_noise_tree_at_one_step_are_refused(target, tmp_path):
+    """At 1 step every noise draw drafts the same block: N draws or a multi-noise tree would repeat it N times."""
+    from flashmap_ext.draft_shapes.block_tree import block_log_probs
+    from flashmap_ext.drafters.load import load_drafter
+    make_drafter(target).save_pretrained(tmp_path / "d")
+    with pytest.raises(ValueError, match="^draws: 3 noise draws of a tau_gated_input drafter at 1 step"):
+        load_drafter(str(tmp_path / "d"), target, draws=3)
+    assert load_drafter(str(tmp_path / "d"), target, draws=3, steps=2).config.draft_draws == 3
+    drafter = make_drafter(target)
+    memory = memory_of(drafter, torch.randint(0, 111, (1, 5)), torch.randn(1, 5, 2 * 64))
+    anchor, pos, seed = torch.tensor([3]), torch.tensor([5]), torch.tensor([0])
+    assert block_log_probs(drafter, memory, anchor, pos, seed, 0).shape[0] == 4  # the first draw is fine
+    with pytest.raises(ValueError, match="multi-noise trees need 2 steps"):
+        block_log_probs(drafter, memory, anchor, pos, seed, 1)

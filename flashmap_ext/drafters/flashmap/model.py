@@ -365,6 +365,11 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
                              q_pos, None if mask is None else mask.to(dev))
         return self.logits_from_hidden(hidden[:, 0], self.state_term(slot_inputs, tau_s))
 
+    def draws_differ(self, steps: int | None = None) -> bool:
+        """False when every noise draw drafts the same block (`tau_gated_input` at 1 step, default
+        `config.draft_steps`): several draws, or a multi-noise tree, would only repeat it."""
+        return not (self.config.tau_gated_input and (steps or self.config.draft_steps) == 1)
+
     def draft(self, memory: FlashMapMemory, anchor_tokens: torch.Tensor, *, num_tokens: int,
               seed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """BlockDrafter.draft: tokens [B, num_tokens] int64 with `config.draft_steps` evaluations per noise draw
