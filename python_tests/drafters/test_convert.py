@@ -174,3 +174,10 @@ def test_speculative_config_refuses_an_unexported_flashmap_checkpoint(tmp_path):
     exported = {"architectures": ["DFlashFlashMapDrafter"], "model_type": "qwen3", "block_size": 8}
     (tmp_path / "config.json").write_text(json.dumps(exported))
     assert speculative_config(tmp_path)["num_speculative_tokens"] == 8
+
+
+def test_export_names_a_missing_checkpoint_in_one_line(tmp_path):
+    from flashmap_ext.drafters.common.checkpoint import CheckpointError
+    from flashmap_ext.integrations.vllm.export import export_flashmap
+    with pytest.raises(CheckpointError, match=r"nowhere: no such directory \(expected a drafter checkpoint"):
+        export_flashmap(tmp_path / "nowhere", tmp_path / "dst")

@@ -322,3 +322,10 @@ def test_clear_errors_name_the_argument(target):
     with pytest.raises(RuntimeError, match="attach_target"):
         FlashMapDrafter(FlashMapConfig(**{**TINY, "d_target": 64, "vocab_size": 111})).sample_noise(
             torch.tensor([0]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("field, value, rule", [("draft_steps", 3, "1 or 2"), ("draft_draws", 0, ">= 1"),
+                                                ("heads", 5, "must divide width=64 into heads of an even dimension")])
+def test_an_invalid_config_field_is_named_with_its_rule(field, value, rule):
+    with pytest.raises(ValueError, match=rf"^FlashMapConfig: invalid {field}={value} \(expected {rule}\)$"):
+        FlashMapConfig(**{"width": 64, "heads": 4, field: value})

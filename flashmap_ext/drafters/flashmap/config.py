@@ -91,18 +91,21 @@ class FlashMapConfig:
             self.clock_t, self.clock_tau = (tuple(float(x) for x in v) for v in (self.clock_t, self.clock_tau))
             table_clock(self.clock_t, self.clock_tau)  # ValueError for a malformed table
         checks = [
-            ("n_layers", self.n_layers >= 1), ("block_size", self.block_size >= 1), ("width", self.width >= 1),
-            ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0),
-            ("target_layer_ids", len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0),
-            ("draft_steps", self.draft_steps in (1, 2)), ("draft_draws", self.draft_draws >= 1),
-            ("softcap", self.softcap >= 0),
-            ("vocab_size", self.vocab_size >= 2), ("d_target", self.d_target >= 1),
-            ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size),
+            ("n_layers", self.n_layers >= 1, ">= 1"), ("block_size", self.block_size >= 1, ">= 1"),
+            ("width", self.width >= 1, ">= 1"),
+            ("heads", self.heads >= 1 and self.width % self.heads == 0 and (self.width // self.heads) % 2 == 0,
+             f"must divide width={self.width} into heads of an even dimension"),
+            ("target_layer_ids", len(self.target_layer_ids) >= 1 and min(self.target_layer_ids) >= 0,
+             "one or more layer indices >= 0"),
+            ("draft_steps", self.draft_steps in (1, 2), "1 or 2"), ("draft_draws", self.draft_draws >= 1, ">= 1"),
+            ("softcap", self.softcap >= 0, ">= 0"),
+            ("vocab_size", self.vocab_size >= 2, ">= 2"), ("d_target", self.d_target >= 1, ">= 1"),
+            ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size,
+             f"None or in [2, vocab_size={self.vocab_size}]"),
         ]
-        for name, ok in checks:
+        for name, ok, rule in checks:
             if not ok:
-                raise ValueError(f"FlashMapConfig: invalid {name}={getattr(self, name)!r} "
-                                 f"(width={self.width}, heads={self.heads})")
+                raise ValueError(f"FlashMapConfig: invalid {name}={getattr(self, name)!r} (expected {rule})")
 
     @property
     def head_dim(self) -> int:

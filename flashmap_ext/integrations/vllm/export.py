@@ -77,8 +77,10 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export`).
     NotImplementedError for a drafter with `joint_attention` (the plugin runs the split block) or
     `tau_gated_input` (its slot input is not gated). Returns `dst`."""
+    from flashmap_ext.drafters.common.checkpoint import read_config
     from flashmap_ext.drafters.flashmap.config import FlashMapConfig
 
+    read_config(src, expected="flashmap")  # one line for a missing folder or a checkpoint of another kind
     config = FlashMapConfig.load(Path(src) / "config.json")
     if config.joint_attention:
         raise NotImplementedError(f"{src}: joint_attention=True is not served by the vLLM plugin (its FlashMap "
