@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, fused
 from flashmap_ext.integrations.vllm.export import export_flashmap
+from support.drafter_doubles import assert_inference_matches_training
 
 TINY = dict(n_layers=2, width=32, heads=4, block_size=4, cond_dim=16, target_layer_ids=(0, 2))
 
@@ -58,20 +59,7 @@ def test_gate_equals_the_slot_norm_gain_times_tau(target, tau):
 
 @torch.no_grad()
 def test_inference_matches_training_forward(target):
-    drafter = make_drafter(target)
-    taps = torch.randn(2, 9, 2 * 64, generator=torch.Generator().manual_seed(1))
-    ids = torch.randint(0, 111, (2, 9))
-    anchor_pos = torch.tensor([[0, 4, 8], [3, 7, 1]])
-    z = torch.randn(2, 3, 4, 64)
-    tau = torch.tensor([[0.0, 0.3, 0.5], [1.0, 0.0, 0.7]])
-    train = drafter.forward_train(taps, ids, anchor_pos, z, tau, tau)
-    for b in range(2):
-        for a, p in enumerate(anchor_pos[b].tolist()):
-            memory = drafter.new_memory(1)
-            if p:
-                drafter.extend_memory(memory, ids[b:b + 1, :p], taps[b:b + 1, :p])
-            ref = drafter.denoise(memory, ids[b, p:p + 1], z[b, a:a + 1], tau[b, a:a + 1], tau[b, a:a + 1])
-            torch.testing.assert_close(train[b, a], ref[0], atol=1e-5, rtol=1e-5)
+    assert_inference_matches_training(make_drafter(target), torch.tensor([[0.0, 0.3, 0.5], [1.0, 0.0, 0.7]]))
 
 
 def test_checkpoint_roundtrip_older_configs_and_refusals(target, tmp_path):

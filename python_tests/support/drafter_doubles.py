@@ -164,3 +164,21 @@ def random_flashmap(model, k: int, taps, **fields):
                                          target_layer_ids=taps, **fields)
     drafter.reset_parameters(zero_init=False)
     return drafter
+
+
+def assert_inference_matches_training(drafter, tau: torch.Tensor) -> None:
+    """A FlashMap drafter's training forward (blocks at anchors [[0, 4, 8], [3, 7, 1]] of two 9-token rows, 2 taps of
+    a 64-wide target, K = 4) against its inference path, one block at a time from a memory of the committed
+    prefix; tau [2, 3] the blocks' τ_s = τ_t."""
+    taps = torch.randn(2, 9, 2 * 64, generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 111, (2, 9))
+    anchor_pos = torch.tensor([[0, 4, 8], [3, 7, 1]])
+    z = torch.randn(2, 3, 4, 64)
+    train = drafter.forward_train(taps, ids, anchor_pos, z, tau, tau)
+    for b in range(2):
+        for a, p in enumerate(anchor_pos[b].tolist()):
+            memory = drafter.new_memory(1)
+            if p:
+                drafter.extend_memory(memory, ids[b:b + 1, :p], taps[b:b + 1, :p])
+            ref = drafter.denoise(memory, ids[b, p:p + 1], z[b, a:a + 1], tau[b, a:a + 1], tau[b, a:a + 1])
+            torch.testing.assert_close(train[b, a], ref[0], atol=1e-5, rtol=1e-5)
