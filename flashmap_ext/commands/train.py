@@ -46,6 +46,10 @@ def add_parser(subparsers) -> None:
                        help="scale the state's part of each slot token by τ: at τ = 0 (a one-step draft) a slot "
                             "holds only its position, as DFlash's mask tokens, and the draft does not depend on "
                             "the noise; reference path only (no fused CUDA kernels, no vLLM export)")
+    shape.add_argument("--memory-width", type=int,
+                       help="width of the memory entries (tap and anchor projections) that each block's keys and "
+                            "values are projected from (default: --width; DFlash's are the target's hidden size); "
+                            "reference path only (no fused CUDA kernels, no vLLM export) unless equal to --width")
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -144,7 +148,8 @@ def _overrides(args, preset_shape: dict, names: dict) -> dict:
 
 
 #: drafter size options, each a count >= 1
-SIZE_OPTIONS = ("layers", "width", "heads", "block_size", "cond_dim", "intermediate_size", "draft_tokens")
+SIZE_OPTIONS = ("layers", "width", "heads", "block_size", "cond_dim", "intermediate_size", "draft_tokens",
+                "memory_width")
 
 
 def run_flow(args) -> int:
@@ -153,11 +158,14 @@ def run_flow(args) -> int:
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size", "cond_dim": "cond_dim",
-                                     "mlp_ratio": "mlp_ratio"})
+                                     "mlp_ratio": "mlp_ratio", "memory_width": "memory_width"})
     if args.joint_attention:
         shape["joint_attention"] = True
     if args.tau_gated_input:
         shape["tau_gated_input"] = True
+    if args.joint_attention and shape.get("memory_width") not in (None, shape["width"]):
+        raise ValueError(f"--memory-width {shape['memory_width']}: --joint-attention shares the memory's K/V "
+                         f"projections with the slots, so the memory entries must be --width {shape['width']} wide")
     if int(shape["width"] * shape.get("mlp_ratio", FlashMapConfig.mlp_ratio)) < 1:
         raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: --width {shape['width']} x ratio leaves no MLP unit")
     if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:

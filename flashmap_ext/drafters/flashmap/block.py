@@ -73,15 +73,16 @@ class MemoryCrossAttention(nn.Module):
     committed position and cached (DESIGN.md §5.3) through `memory_kv`.
     """
 
-    def __init__(self, width: int, heads: int, eps: float, rope_theta: float):
+    def __init__(self, width: int, heads: int, eps: float, rope_theta: float, memory_width: int | None = None):
         super().__init__()
         self.heads, self.rotary = heads, Rotary(width // heads, rope_theta, kernel_freqs=True)
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(width, width) for _ in range(3))
+        mw = width if memory_width is None else memory_width  # the memory entries' width
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(width, width), nn.Linear(mw, width), nn.Linear(mw, width)
         self.q_norm, self.k_norm = (RMSNorm(width // heads, eps, scale_in_fp32=True) for _ in range(2))
         self.out = nn.Linear(width, width)
 
     def memory_kv(self, mem: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """mem [B, S, w], positions [B, S] -> (k, v) each [B, h, S, hd] (k normed and rotated)."""
+        """mem [B, S, memory width], positions [B, S] -> (k, v) each [B, h, S, hd] (k normed and rotated)."""
         k = self.k_norm(_heads(self.k_proj(mem), self.heads))
         k = apply_rope(k, *self.rotary(positions, k.dtype))
         return k, _heads(self.v_proj(mem), self.heads)
@@ -131,11 +132,12 @@ class DiTBlock(nn.Module):
     the MLP."""
 
     def __init__(self, width: int, heads: int, mlp_ratio: float, cond_dim: int, eps: float, rope_theta: float,
-                 joint: bool = False):
+                 joint: bool = False, memory_width: int | None = None):
         super().__init__()
         self.eps, self.joint = eps, joint
         self.self_attn = None if joint else SlotSelfAttention(width, heads, eps)
-        self.cross_attn = (JointAttention if joint else MemoryCrossAttention)(width, heads, eps, rope_theta)
+        self.cross_attn = (JointAttention if joint else MemoryCrossAttention)(width, heads, eps, rope_theta,
+                                                                              memory_width)
         hidden = int(width * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, width))
         self.adaLN = nn.Linear(cond_dim, (6 if joint else 9) * width)

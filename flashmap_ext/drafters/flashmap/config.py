@@ -56,6 +56,11 @@ class FlashMapConfig:
         draft) a slot holds only its position embedding, as DFlash's mask tokens do, and the draft does not
         depend on the noise; at τ_s > 0 the state enters scaled by τ_s. Reference (PyTorch) path only: the
         fused CUDA kernels and the vLLM export refuse it. False for checkpoints made before it.
+    memory_width: width of the memory entries (the tap and anchor projections' output) from which each
+        block's memory keys and values are projected; None (the default, and checkpoints made before it):
+        `width`. DFlash's memory entries have the target's hidden size. Not with joint_attention (whose
+        slots share the memory's K/V projections). Reference (PyTorch) path only unless equal to width:
+        the fused CUDA kernels and the vLLM export refuse it.
     """
     n_layers: int = 6
     width: int = 2048
@@ -81,6 +86,7 @@ class FlashMapConfig:
     state_loglik: bool = False
     joint_attention: bool = False
     tau_gated_input: bool = False
+    memory_width: int | None = None
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -102,10 +108,18 @@ class FlashMapConfig:
             ("vocab_size", self.vocab_size >= 2, ">= 2"), ("d_target", self.d_target >= 1, ">= 1"),
             ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size,
              f"None or in [2, vocab_size={self.vocab_size}]"),
+            ("memory_width", self.memory_width is None or self.memory_width >= 1, "None or >= 1"),
+            ("memory_width", not (self.joint_attention and self.memory_entry_width != self.width),
+             f"None or width={self.width} with joint_attention: its slots share the memory's K/V projections"),
         ]
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"FlashMapConfig: invalid {name}={getattr(self, name)!r} (expected {rule})")
+
+    @property
+    def memory_entry_width(self) -> int:
+        """The memory entries' width: `memory_width`, or `width` when it is None."""
+        return self.width if self.memory_width is None else self.memory_width
 
     @property
     def head_dim(self) -> int:
@@ -161,7 +175,8 @@ class FlashMapConfig:
 
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
 OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik",
-                             "draft_draws", "joint_attention", "tau_gated_input"})
+                             "draft_draws", "joint_attention", "tau_gated_input",
+                             "memory_width"})
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
           "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.

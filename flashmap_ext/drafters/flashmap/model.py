@@ -61,7 +61,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
     """FlashMap DiT drafter; implements the BlockDrafter protocol (drafters/common/base.py).
 
     Trainable: tap projection + RMSNorm (with `config.tap_input_norm`, each tap is RMS-normalised first,
-    no weights), anchor projection + RMSNorm, slot input projection + RMSNorm +
+    no weights), anchor projection + RMSNorm (both to `config.memory_entry_width`), slot input projection + RMSNorm +
     slot-position embedding, one or two time embedders, n_layers adaLN-Zero blocks, the final adaLN and
     Linear(w -> d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
     """
@@ -75,15 +75,16 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         super().__init__()
         c, w = config, config.width
         self.config = c
-        norm = functools.partial(RMSNorm, w, c.norm_eps, scale_in_fp32=True)  # as the fused kernels
-        self.tap_proj, self.tap_norm = nn.Linear(len(c.target_layer_ids) * c.d_target, w), norm()
-        self.anchor_proj, self.anchor_norm = nn.Linear(c.d_target, w), norm()
-        self.slot_proj, self.slot_norm = nn.Linear(c.d_target, w), norm()
+        norm = functools.partial(RMSNorm, eps=c.norm_eps, scale_in_fp32=True)  # as the fused kernels
+        mw = c.memory_entry_width
+        self.tap_proj, self.tap_norm = nn.Linear(len(c.target_layer_ids) * c.d_target, mw), norm(mw)
+        self.anchor_proj, self.anchor_norm = nn.Linear(c.d_target, mw), norm(mw)
+        self.slot_proj, self.slot_norm = nn.Linear(c.d_target, w), norm(w)
         self.slot_pos = nn.Parameter(torch.empty(c.block_size, w))
         self.s_embedder = TimestepEmbedder(c.cond_dim, c.time_scale)
         self.t_embedder = TimestepEmbedder(c.cond_dim, c.time_scale) if c.two_time else None
         self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta,
-                                             joint=c.joint_attention) for _ in range(c.n_layers))
+                                             joint=c.joint_attention, memory_width=mw) for _ in range(c.n_layers))
         self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))

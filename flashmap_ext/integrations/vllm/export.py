@@ -75,23 +75,33 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
     the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
     the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export`).
-    NotImplementedError for a drafter with `joint_attention` (the plugin runs the split block) or
-    `tau_gated_input` (its slot input is not gated). Returns `dst`."""
+    NotImplementedError for a drafter the plugin does not run (`plugin_refusal`). Returns `dst`."""
     from flashmap_ext.drafters.common.checkpoint import read_config
     from flashmap_ext.drafters.flashmap.config import FlashMapConfig
 
     read_config(src, expected="flashmap")  # one line for a missing folder or a checkpoint of another kind
     config = FlashMapConfig.load(Path(src) / "config.json")
-    if config.joint_attention:
-        raise NotImplementedError(f"{src}: joint_attention=True is not served by the vLLM plugin (its FlashMap "
-                                  "model runs slot self-attention and memory cross-attention)")
-    if config.tau_gated_input:
-        raise NotImplementedError(f"{src}: tau_gated_input=True is not served by the vLLM plugin (its FlashMap "
-                                  "model reads the slot state ungated)")
+    refusal = plugin_refusal(config)
+    if refusal:
+        raise NotImplementedError(f"{src}: {refusal}")
     check_window_export(src, config, unwindowed)
     config.context_window = None
     out = vllm_config_dict(config, max_position_embeddings=max_position_embeddings, seed=seed)
     return _write(dst, out, Path(src))
+
+
+def plugin_refusal(config: Any) -> str | None:
+    """Why the vLLM plugin's FlashMap model (split block, ungated slot state, memory entries as wide as the
+    trunk) cannot serve a drafter of this FlashMapConfig, or None when it can."""
+    if config.joint_attention:
+        return ("joint_attention=True is not served by the vLLM plugin (its FlashMap model runs slot "
+                "self-attention and memory cross-attention)")
+    if config.tau_gated_input:
+        return "tau_gated_input=True is not served by the vLLM plugin (its FlashMap model reads the slot state ungated)"
+    if config.memory_entry_width != config.width:
+        return (f"memory_width={config.memory_width} is not served by the vLLM plugin (its paged memory holds "
+                f"entries as wide as the trunk, width={config.width})")
+    return None
 
 
 def check_window_export(src, config: Any, unwindowed: bool) -> None:

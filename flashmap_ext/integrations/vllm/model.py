@@ -45,6 +45,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 
 from flashmap_ext.drafters.flashmap import FlashMapConfig, FlashMapDrafter, FlashMapMemory
 from flashmap_ext.drafters.flashmap.draft import draft_flashmap
+from flashmap_ext.integrations.vllm.export import plugin_refusal
 from flashmap_ext.target.tables import TargetTables
 
 
@@ -78,10 +79,9 @@ class FlashMapDFlashForCausalLM(DFlashQwen3ForCausalLM):
         self.draft_model_config = spec.draft_model_config
         self.config = self.draft_model_config.hf_config
         fm = FlashMapConfig.from_dict(dict(self.config.flashmap_config))
-        if fm.joint_attention:  # the paged path runs the split block (export_flashmap refuses these too)
-            raise NotImplementedError("flashmap_config: joint_attention=True is not served by the vLLM plugin")
-        if fm.tau_gated_input:  # the paged path reads the slot state ungated (export_flashmap refuses these too)
-            raise NotImplementedError("flashmap_config: tau_gated_input=True is not served by the vLLM plugin")
+        refusal = plugin_refusal(fm)  # export_flashmap refuses these too
+        if refusal:
+            raise NotImplementedError(f"flashmap_config: {refusal}")
         self.seed = int(getattr(self.config, "flashmap_seed", 0))
         self.draft_id_to_target_id = None
         self.model = _PagedMemory(fm, vllm_config, vllm_config.model_config.get_total_num_hidden_layers(),
