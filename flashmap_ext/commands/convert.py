@@ -47,6 +47,17 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _flashmap_serving(cfg: dict) -> str:
+    """Where a FlashMap checkpoint of config `cfg` can be served: our vLLM plugin, or nowhere but our decoder."""
+    from flashmap_ext.drafters.flashmap.config import FlashMapConfig
+    from flashmap_ext.integrations.vllm.export import plugin_refusal
+    refusal = plugin_refusal(FlashMapConfig.from_dict(cfg))
+    if refusal:
+        return f", and {refusal}; it runs in flashmap's own decoder (flashmap generate, speculate.generate)"
+    return ("; for vLLM (our plugin) use flashmap_ext.integrations.vllm.export_flashmap(src, dst), README "
+            "'Serving with vLLM'")
+
+
 def run(args) -> int:
     from flashmap_ext.checkpoint_kind import KINDS, config_kind
     from flashmap_ext.drafters.common.checkpoint import read_config
@@ -59,9 +70,7 @@ def run(args) -> int:
         raise ValueError(f"{args.src}: not a drafter checkpoint this tool reads (architectures="
                          f"{cfg.get('architectures')}, model_type={cfg.get('model_type')!r})")
     if kind == "flashmap":
-        raise ValueError(f"{args.src} is a FlashMap drafter: no engine format to convert it to; for vLLM "
-                         "(our plugin) use flashmap_ext.integrations.vllm.export_flashmap(src, dst), README "
-                         "'Serving with vLLM'")
+        raise ValueError(f"{args.src} is a FlashMap drafter: no engine format to convert it to{_flashmap_serving(cfg)}")
     formats = TARGETS[kind]
     if args.to not in formats:
         raise ValueError(f"{args.src} is {KINDS[kind]} drafter: it converts to "

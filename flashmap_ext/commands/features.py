@@ -71,8 +71,8 @@ def run(args) -> int:
     if args.store:
         return run_store(args, target, tokenizer, layers)
     report = DataReport()
-    samples = load_samples(args.data, tokenizer, enable_thinking=args.thinking, max_length=args.max_length,
-                           report=report)
+    samples = first_read(load_samples(args.data, tokenizer, enable_thinking=args.thinking,
+                                      max_length=args.max_length, report=report))
     samples = same_tokens_as_cached(args.out, samples, f"--out {args.out}", f"--data {args.data}")
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
@@ -83,6 +83,15 @@ def run(args) -> int:
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
           f"{report.summary(args.max_length)}", file=sys.stderr)
     return 0
+
+
+def first_read(samples):
+    """`samples` as an iterator whose first item is already read: a file that is not a conversation file
+    fails here, before the cache folder and its progress bar are made."""
+    import itertools
+    it = iter(samples)
+    first = next(it, None)
+    return it if first is None else itertools.chain([first], it)
 
 
 def check_link_path(flag: str, path: str) -> None:

@@ -131,7 +131,13 @@ def test_eagle3_speculators_to_specforge(tmp_path):
 
 
 def test_refusals_are_one_line_errors(tmp_path, capsys):
+    gated = tmp_path / "gated"  # a FlashMap drafter the vLLM plugin does not serve either
+    gated.mkdir()
+    config = json.loads((pathlib.Path(__file__).resolve().parents[2] / "checkpoints" / "flashmap-map-qwen2.5-coder-0.5b"
+                         / "config.json").read_text())
+    (gated / "config.json").write_text(json.dumps({**config, "tau_gated_input": True}))
     cases = [
+        ([str(gated), str(tmp_path / "h"), "--to", "dflash"], "ungated); it runs in flashmap's own decoder"),
         (["checkpoints/flashmap-map-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "export_flashmap"),
         ([str(write_released(tmp_path / "d")), str(tmp_path / "b"), "--to", "speculators"], "--to dflash"),
         ([str(write_specforge(tmp_path / "e")), str(tmp_path / "c"), "--to", "dflash"], "--to specforge"),

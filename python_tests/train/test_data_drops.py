@@ -62,6 +62,11 @@ def test_features_cli_reports_and_records_them(tmp_path, capsys):
                     + ["--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "every sample" in err and "Traceback" not in err, err
+    assert not (tmp_path / "g").exists()  # refused before the cache folder was made
+    assert cli.main(args[:4] + [str(write(tmp_path / "n.jsonl", [{"id": "x", "text": "no turns"}]))] + args[5:]
+                    + ["--out", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no 'messages'" in err and not (tmp_path / "n").exists(), err
 
 
 def test_data_generate_reports_prompts_skipped_as_too_long(tmp_path, capsys):
