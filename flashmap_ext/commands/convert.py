@@ -54,8 +54,9 @@ def _flashmap_serving(cfg: dict) -> str:
     refusal = plugin_refusal(FlashMapConfig.from_dict(cfg))
     if refusal:
         return f", and {refusal}; it runs in flashmap's own decoder (flashmap generate, speculate.generate)"
-    return ("; for vLLM (our plugin) use flashmap_ext.integrations.vllm.export_flashmap(src, dst), README "
-            "'Serving with vLLM'")
+    unwindowed = ", unwindowed=True" if cfg.get("context_window") is not None else ""  # check_window_export
+    return (f"; for vLLM (our plugin) use flashmap_ext.integrations.vllm.export_flashmap(src, dst{unwindowed}), "
+            "README 'Serving with vLLM'")
 
 
 def run(args) -> int:

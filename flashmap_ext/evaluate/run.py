@@ -9,6 +9,7 @@ DRAWS noise draws (`generate --draws`). Writes eval.json, eval.md and eval.png t
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -41,9 +42,9 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
     the target sees them. An answer cut at max_new_tokens ("length") loses the end-of-turn token that
     rendering appends, since the target never produced it."""
     from flashmap_ext.train.data import render_conversation, stop_token_ids
-    from flashmap_ext.train.store import read_records
+    from flashmap_ext.train.store import parts, read_records
     stops = stop_token_ids(tokenizer)
-    records = list(read_records(path))
+    records = [] if os.path.isdir(path) and not parts(path) else list(read_records(path))
     lacking = next((i for i, r in enumerate(records) if "id" not in r or "messages" not in r), None)
     if lacking is not None:
         raise ValueError(f"--heldout {path}: record {lacking} has no 'id' or 'messages' (held-out records are "

@@ -61,6 +61,8 @@ def read_jsonl(path: str) -> Iterator[dict]:
     """
     if path.endswith(".gz") or os.path.isdir(path):
         for n, record in enumerate(read_records(path)):
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: record {n} is a {type(record).__name__}, not a JSON object")
             record["id"] = str(record.get("id", n))
             yield record
         return
@@ -74,6 +76,8 @@ def read_jsonl(path: str) -> Iterator[dict]:
                 if not line.endswith("\n"):
                     return
                 raise ValueError(f"{path}:{n + 1}: not valid JSON ({err})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{n + 1}: expected one JSON object per line, got a {type(record).__name__}")
             record["id"] = str(record.get("id", n))
             yield record
 
@@ -186,8 +190,9 @@ def load_samples(path: str, tokenizer, enable_thinking: bool = False, max_length
     the file when there was no sample or every sample was dropped (nothing to train on)."""
     report = DataReport() if report is None else report
     for record in read_jsonl(path):
-        if "messages" not in record:
-            raise ValueError(f"{path}: record {record['id']!r} has no 'messages'")
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError(f"{path}: record {record['id']!r} has no 'messages' list of {{role, content}} objects")
         yield from render_conversation(tokenizer, record["messages"], record.get("enable_thinking", enable_thinking),
                                        max_length, record["id"], report)
     if report.dropped and not report.kept:

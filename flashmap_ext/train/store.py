@@ -19,6 +19,9 @@ from typing import Iterator
 PART = re.compile(r"part-(\d{5})\.jsonl\.gz$")
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _good_prefix(path: Path) -> tuple[int, list[bytes]]:
     """(bytes of the complete gzip members at the start of `path`, their decompressed payloads)."""
     data = path.read_bytes()
@@ -50,11 +53,17 @@ def _lines(text: str) -> list[str]:
 
 
 def read_records(path: str | Path) -> Iterator[dict]:
-    """The records of one corpus folder or one .jsonl.gz / .jsonl file; a torn gzip tail is ignored."""
+    """The records of one corpus folder or one .jsonl.gz / .jsonl file; a torn gzip tail is ignored. ValueError
+    for a folder without corpus parts or a .gz file that is not gzip."""
     path = Path(path)
     files = parts(path) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"{path}: a folder without corpus parts (part-NNNNN-*.jsonl.gz)")
     for f in files:
         if f.suffix == ".gz":
+            with open(f, "rb") as head:
+                if head.read(2) not in (GZIP_MAGIC, b""):
+                    raise ValueError(f"{f}: not a gzip file")
             payloads = _good_prefix(f)[1]
             text = b"".join(payloads).decode("utf-8")
         else:

@@ -138,7 +138,8 @@ def test_refusals_are_one_line_errors(tmp_path, capsys):
     (gated / "config.json").write_text(json.dumps({**config, "tau_gated_input": True}))
     cases = [
         ([str(gated), str(tmp_path / "h"), "--to", "dflash"], "ungated); it runs in flashmap's own decoder"),
-        (["checkpoints/flashmap-map-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"], "export_flashmap"),
+        (["checkpoints/flashmap-map-qwen2.5-coder-0.5b", str(tmp_path / "a"), "--to", "dflash"],
+         "export_flashmap(src, dst, unwindowed=True)"),
         ([str(write_released(tmp_path / "d")), str(tmp_path / "b"), "--to", "speculators"], "--to dflash"),
         ([str(write_specforge(tmp_path / "e")), str(tmp_path / "c"), "--to", "dflash"], "--to specforge"),
         ([str(write_released(tmp_path / "d2", architectures=["DFlash2DraftModel"])), str(tmp_path / "f"),

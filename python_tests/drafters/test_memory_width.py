@@ -70,8 +70,9 @@ def test_checkpoint_roundtrip_and_older_configs(target, tmp_path):
 
 
 def test_refusals(target, tmp_path):
-    with pytest.raises(ValueError, match="invalid memory_width=0"):
-        FlashMapConfig(**TINY, memory_width=0)
+    for bad in (0, 2.5, "32", True):
+        with pytest.raises(ValueError, match=f"invalid memory_width={bad!r} "):
+            FlashMapConfig(**TINY, memory_width=bad)
     with pytest.raises(ValueError, match="invalid memory_width=48 .*joint_attention"):
         FlashMapConfig(**TINY, memory_width=48, joint_attention=True)
     assert FlashMapConfig(**TINY, memory_width=32, joint_attention=True).memory_entry_width == 32

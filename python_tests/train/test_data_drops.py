@@ -48,6 +48,15 @@ def test_every_sample_dropped_is_refused(tmp_path):
         list(load_samples(str(path), ByteTokenizer(), max_length=MAX))
 
 
+@pytest.mark.parametrize("line, needle", [('[{"messages": []}]', "expected one JSON object per line, got a list"),
+                                          ('{"messages": "hi"}', "has no 'messages' list"),
+                                          ('{"messages": ["hi"]}', "has no 'messages' list")])
+def test_records_of_another_shape_are_named(tmp_path, line, needle):
+    (tmp_path / "d.jsonl").write_text(line + "\n")
+    with pytest.raises(ValueError, match=needle):
+        list(load_samples(str(tmp_path / "d.jsonl"), ByteTokenizer()))
+
+
 def test_features_cli_reports_and_records_them(tmp_path, capsys):
     data = write(tmp_path / "d.jsonl", ROWS)
     args = ["features", "--target", "tiny-random", "--data", str(data), "--layers", "1", "--dtype", "fp32",

@@ -96,3 +96,15 @@ def test_a_broken_record_is_named_by_file_and_number(tmp_path):
     (tmp_path / "c.jsonl").write_text('{"id": "a"}\n{"id": "b\n')
     with pytest.raises(ValueError, match=r"c\.jsonl: record 1 is not JSON"):
         list(read_records(tmp_path / "c.jsonl"))
+
+
+def test_a_file_that_is_not_gzip_or_a_folder_without_parts_is_named(tmp_path):
+    (tmp_path / "fake.jsonl.gz").write_text('{"id": "a"}\n')
+    with pytest.raises(ValueError, match=r"fake\.jsonl\.gz: not a gzip file"):
+        list(read_records(tmp_path / "fake.jsonl.gz"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty: a folder without corpus parts"):
+        list(read_records(tmp_path / "empty"))
+    torn = gzip.compress(b'{"id": "a"}\n')[:5]  # a gzip write cut short: no complete record, no error
+    (tmp_path / "torn.jsonl.gz").write_bytes(torn)
+    assert list(read_records(tmp_path / "torn.jsonl.gz")) == []

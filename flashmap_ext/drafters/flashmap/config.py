@@ -108,7 +108,8 @@ class FlashMapConfig:
             ("vocab_size", self.vocab_size >= 2, ">= 2"), ("d_target", self.d_target >= 1, ">= 1"),
             ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size,
              f"None or in [2, vocab_size={self.vocab_size}]"),
-            ("memory_width", self.memory_width is None or self.memory_width >= 1, "None or >= 1"),
+            ("memory_width", self.memory_width is None or (type(self.memory_width) is int and self.memory_width >= 1),
+             "None or an int >= 1"),
             ("memory_width", not (self.joint_attention and self.memory_entry_width != self.width),
              f"None or width={self.width} with joint_attention: its slots share the memory's K/V projections"),
         ]
