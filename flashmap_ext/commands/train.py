@@ -50,6 +50,11 @@ def add_parser(subparsers) -> None:
                        help="width of the memory entries (tap and anchor projections) that each block's keys and "
                             "values are projected from (default: --width; DFlash's are the target's hidden size); "
                             "reference path only (no fused CUDA kernels, no vLLM export) unless equal to --width")
+    shape.add_argument("--head-mlp", type=int, metavar="H",
+                       help="a residual MLP with H hidden units at the target's width between the final Linear and "
+                            "the LM head, so the logits are not confined to a --width-dim subspace (DFlash's hidden "
+                            "state is the target's width); reference path only (no fused CUDA kernels, no vLLM "
+                            "export)")
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -149,7 +154,7 @@ def _overrides(args, preset_shape: dict, names: dict) -> dict:
 
 #: drafter size options, each a count >= 1
 SIZE_OPTIONS = ("layers", "width", "heads", "block_size", "cond_dim", "intermediate_size", "draft_tokens",
-                "memory_width")
+                "memory_width", "head_mlp")
 
 
 def run_flow(args) -> int:
@@ -158,7 +163,8 @@ def run_flow(args) -> int:
     run, shape = runner.settings(args, "flow", "flashmap")
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size", "cond_dim": "cond_dim",
-                                     "mlp_ratio": "mlp_ratio", "memory_width": "memory_width"})
+                                     "mlp_ratio": "mlp_ratio", "memory_width": "memory_width",
+                                     "head_mlp": "head_mlp"})
     if args.joint_attention:
         shape["joint_attention"] = True
     if args.tau_gated_input:

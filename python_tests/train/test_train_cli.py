@@ -95,9 +95,10 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     assert main(["features", *common, "--data", str(tmp_path / "regen.jsonl"), "--out", str(tmp_path / "f")]) == 0
     train_args = [*common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--batch-size", "2"]
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow"), "--steps", "3",
-                 "--draft-vocab", "64", "--memory-width", "96"]) == 0
+                 "--draft-vocab", "64", "--memory-width", "96", "--head-mlp", "48"]) == 0
     flow_cfg = json.loads((tmp_path / "flow" / "drafter" / "config.json").read_text())
     assert flow_cfg["memory_width"] == 96 and flow_cfg["width"] == 128  # cpu-tiny's trunk
+    assert flow_cfg["head_mlp"] == 48
     assert flow_cfg["two_time"] is False and flow_cfg["draft_vocab_size"] == 64
     assert flow_cfg["tap_input_norm"] is False
     assert flow_cfg["context_window"] == 256  # cpu-tiny's max_length: the longest context training showed
@@ -123,7 +124,7 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     assert main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"),
                  "--out", str(tmp_path / "map"), "--steps", "2", "--frac-01", "1/8"]) == 0
     map_cfg = json.loads((tmp_path / "map" / "drafter" / "config.json").read_text())
-    assert map_cfg["two_time"] is True and map_cfg["memory_width"] == 96  # the student keeps the teacher's shape
+    assert map_cfg["two_time"] is True and map_cfg["memory_width"] == 96 and map_cfg["head_mlp"] == 48  # the student keeps the teacher's shape
     with pytest.raises(ValueError, match="keeps the teacher's context window"):
         main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"), "--out",
               str(tmp_path / "map2"), "--context-window", "none"])

@@ -161,15 +161,21 @@ class DiTBlock(nn.Module):
 
 
 class FinalLayer(nn.Module):
-    """adaLN (shift, scale) -> Linear(w -> d_target); the target's frozen LM head follows (DESIGN.md §5.2)."""
+    """adaLN (shift, scale) -> Linear(w -> d_target); the target's frozen LM head follows (DESIGN.md §5.2).
+    With `head_mlp` H, a residual MLP at the target's width follows the Linear, y + down(GELU(up(RMSNorm(y))))
+    with H hidden units, so the hidden state the LM head reads is not confined to a w-dim subspace."""
 
-    def __init__(self, width: int, cond_dim: int, d_target: int, eps: float):
+    def __init__(self, width: int, cond_dim: int, d_target: int, eps: float, head_mlp: int | None = None):
         super().__init__()
         self.eps = eps
         self.adaLN = nn.Linear(cond_dim, 2 * width)
         self.out = nn.Linear(width, d_target)
+        self.head_norm = None if head_mlp is None else RMSNorm(d_target, eps, scale_in_fp32=True)
+        self.head_mlp = None if head_mlp is None else nn.Sequential(
+            nn.Linear(d_target, head_mlp), nn.GELU(approximate="tanh"), nn.Linear(head_mlp, d_target))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """x [B, A, K, w], c [B, A, cond_dim] -> [B, A, K, d_target]."""
         shift, scale = self.adaLN(c).chunk(2, dim=-1)
-        return self.out(modulate(F.layer_norm(x, (x.shape[-1],), eps=self.eps), shift, scale))
+        y = self.out(modulate(F.layer_norm(x, (x.shape[-1],), eps=self.eps), shift, scale))
+        return y if self.head_mlp is None else y + self.head_mlp(self.head_norm(y))

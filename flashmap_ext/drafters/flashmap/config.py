@@ -61,6 +61,10 @@ class FlashMapConfig:
         `width`. DFlash's memory entries have the target's hidden size. Not with joint_attention (whose
         slots share the memory's K/V projections). Reference (PyTorch) path only unless equal to width:
         the fused CUDA kernels and the vLLM export refuse it.
+    head_mlp: hidden units of a residual MLP at the target's width after the final Linear(width -> d_target),
+        so the hidden state the LM head reads is not confined to a width-dim subspace (DFlash's is the full
+        d_target); None (the default, and checkpoints made before it): no such MLP. Reference (PyTorch)
+        path only: the fused CUDA kernels and the vLLM export refuse it.
     """
     n_layers: int = 6
     width: int = 2048
@@ -87,6 +91,7 @@ class FlashMapConfig:
     joint_attention: bool = False
     tau_gated_input: bool = False
     memory_width: int | None = None
+    head_mlp: int | None = None
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -109,6 +114,8 @@ class FlashMapConfig:
             ("draft_vocab_size", self.draft_vocab_size is None or 2 <= self.draft_vocab_size <= self.vocab_size,
              f"None or in [2, vocab_size={self.vocab_size}]"),
             ("memory_width", self.memory_width is None or (type(self.memory_width) is int and self.memory_width >= 1),
+             "None or an int >= 1"),
+            ("head_mlp", self.head_mlp is None or (type(self.head_mlp) is int and self.head_mlp >= 1),
              "None or an int >= 1"),
             ("memory_width", not (self.joint_attention and self.memory_entry_width != self.width),
              f"None or width={self.width} with joint_attention: its slots share the memory's K/V projections"),
@@ -177,7 +184,7 @@ class FlashMapConfig:
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
 OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik",
                              "draft_draws", "joint_attention", "tau_gated_input",
-                             "memory_width"})
+                             "memory_width", "head_mlp"})
 _TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
           "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.

@@ -63,7 +63,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
     Trainable: tap projection + RMSNorm (with `config.tap_input_norm`, each tap is RMS-normalised first,
     no weights), anchor projection + RMSNorm (both to `config.memory_entry_width`), slot input projection + RMSNorm +
     slot-position embedding, one or two time embedders, n_layers adaLN-Zero blocks, the final adaLN and
-    Linear(w -> d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
+    Linear(w -> d_target) (and with `config.head_mlp` a residual MLP at d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
     """
 
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count field
@@ -85,7 +85,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         self.t_embedder = TimestepEmbedder(c.cond_dim, c.time_scale) if c.two_time else None
         self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta,
                                              joint=c.joint_attention, memory_width=mw) for _ in range(c.n_layers))
-        self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps)
+        self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps, c.head_mlp)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self._set_clock()
@@ -155,6 +155,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
                     nn.init.normal_(lin.weight, std=0.02)
         nn.init.normal_(self.slot_pos, std=SLOT_POS_STD)
         gates = [b.adaLN for b in self.blocks] + [self.final.adaLN, self.final.out]
+        if self.final.head_mlp is not None:  # the head MLP's output Linear: it starts adding nothing
+            gates.append(self.final.head_mlp[2])
         for lin in gates:
             if zero_init:
                 nn.init.zeros_(lin.weight)

@@ -92,7 +92,7 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
 
 def plugin_refusal(config: Any) -> str | None:
     """Why the vLLM plugin's FlashMap model (split block, ungated slot state, memory entries as wide as the
-    trunk) cannot serve a drafter of this FlashMapConfig, or None when it can."""
+    trunk, no head MLP) cannot serve a drafter of this FlashMapConfig, or None when it can."""
     if config.joint_attention:
         return ("joint_attention=True is not served by the vLLM plugin (its FlashMap model runs slot "
                 "self-attention and memory cross-attention)")
@@ -101,6 +101,9 @@ def plugin_refusal(config: Any) -> str | None:
     if config.memory_entry_width != config.width:
         return (f"memory_width={config.memory_width} is not served by the vLLM plugin (its paged memory holds "
                 f"entries as wide as the trunk, width={config.width})")
+    if config.head_mlp is not None:
+        return (f"head_mlp={config.head_mlp} is not served by the vLLM plugin (its FlashMap model's final layer "
+                "ends at the Linear to the target's width)")
     return None
 
 
