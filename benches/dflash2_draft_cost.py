@@ -1,4 +1,4 @@
-"""Draft cost of DFlash2 against DFlash at the CPU recipe's shape (scripts/train_real_drafters.sh): width 896,
+"""Draft cost of DFlash2 against DFlash at the CPU recipe's shape (recipes/train_real_drafters.sh): width 896,
 2 layers, block 9, intermediate 384, 5 taps, 8,192-row draft vocabulary; DFlash2 with convolution group 32 and
 selector rank 32, top-16. Random weights (the cost does not depend on them) and a stand-in target of the real
 one's width whose embedding has 16,384 rows (the drafters read only its embedding and the draft vocabulary's

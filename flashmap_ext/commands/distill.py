@@ -29,7 +29,7 @@ def run(args) -> int:
         raise ValueError("--loss kl: not an option of `flashmap distill` (its targets are the flow teacher's "
                          "distributions; train the teacher with `train flow --loss kl` instead)")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
-    check_window_matches_teacher(args)
+    check_window_matches_teacher(args, teacher_config(args))
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
     teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
@@ -43,15 +43,28 @@ def run(args) -> int:
     return runner.finish("distill", metrics, args)
 
 
-def check_window_matches_teacher(args) -> None:
-    """The student keeps the teacher's context window (`make_student` copies its config): ValueError for
-    a --context-window that differs from it, before any model loads."""
+def teacher_config(args):
+    """The --teacher checkpoint's FlashMapConfig, read before any model loads: ValueError naming --teacher for a
+    folder that is not a FlashMap checkpoint or holds a distilled map (two_time) instead of a flow model."""
+    from flashmap_ext.drafters.common.checkpoint import CheckpointError, load_config
+    from flashmap_ext.drafters.flashmap import FlashMapConfig
+    try:
+        config = load_config(args.teacher, "flashmap", FlashMapConfig.from_dict)
+    except CheckpointError as err:
+        raise CheckpointError(f"--teacher {err}") from None
+    if config.two_time:
+        raise ValueError(f"--teacher {args.teacher}: a distilled flow map (two_time=True), not a flow model; "
+                         "distill from the `train flow` run's drafter/")
+    return config
+
+
+def check_window_matches_teacher(args, config) -> None:
+    """The student keeps the teacher's context window (`make_student` copies `config`, the teacher's):
+    ValueError for a --context-window that differs from it, before any model loads."""
     if getattr(args, "context_window", None) is None:
         return
     requested = args.context_window or None  # 0: --context-window none
-    from flashmap_ext.drafters.common.checkpoint import load_config
-    from flashmap_ext.drafters.flashmap import FlashMapConfig
-    window = load_config(args.teacher, "flashmap", FlashMapConfig.from_dict).context_window
+    window = config.context_window
     if window != requested:
         raise ValueError(f"--context-window {requested}: the student keeps the teacher's context window "
                          f"({window}); train the flow stage (--teacher {args.teacher}) with the window instead")

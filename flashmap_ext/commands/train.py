@@ -183,7 +183,7 @@ def run_flow(args) -> int:
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
     if vocab is not None:
         shape["draft_vocab_size"] = len(vocab)
-    layers = runner.tap_layers(args, cache.meta["target_layer_ids"])
+    layers = runner.tap_layers(args, cache.meta["target_layer_ids"], target.num_layers)
     drafter = FlashMapDrafter.for_target(target, **shape, target_layer_ids=tuple(layers),
                                          two_time=False, tap_input_norm=args.tap_input_norm,
                                          state_loglik=args.state_loglik)
@@ -282,7 +282,7 @@ def run_dflash(args) -> int:
     from flashmap_ext.target import load_target
     target, tokenizer = load_target(args.target, *runner.target_placement(args))
     cache = runner.target_features(args, target)
-    layer_ids = runner.tap_layers(args, cache.meta["target_layer_ids"])
+    layer_ids = runner.tap_layers(args, cache.meta["target_layer_ids"], target.num_layers)
     warn_mask_token_in_data(args)
     tok = tokenizer if hasattr(tokenizer, "__len__") else None
     from flashmap_ext.target import hf_causal_lm
@@ -333,7 +333,7 @@ def run_eagle3(args) -> int:
     spec = shape.pop("draft_vocab_size")
     ids = draft_vocab(args.draft_vocab if args.draft_vocab is not None else spec, cache, rows)
     if args.tap_layers is not None:  # default: EAGLE-3's low/mid/high taps
-        shape["target_layer_ids"] = runner.tap_layers(args, ())
+        shape["target_layer_ids"] = runner.tap_layers(args, (), target.num_layers)
     drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)
 
     options = runner.loss_options(args)

@@ -15,7 +15,7 @@ import copy
 from flashmap_ext.drafters.flashmap.config import SHAPES
 
 # DFlash2 on the CPU presets: the reference's convolution group (16) and selector rank (256) would add ~25 %
-# to the 9.75 M-parameter DFlash of scripts/train_real_drafters.sh; group 32 and rank 32 add 0.42 M + 0.55 M
+# to the 9.75 M-parameter DFlash of recipes/train_real_drafters.sh; group 32 and rank 32 add 0.42 M + 0.55 M
 # (width 896, 2 layers, 8,192-row draft vocabulary): 10.72 M, +9.9 %. qwen3-8b keeps the reference's values.
 SMALL_DFLASH2 = dict(conv_group_size=32, selector_rank=32)
 

@@ -93,15 +93,20 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
 
 
-def tap_layers(args, default) -> list[int]:
-    """--tap-layers as a list of ints, or `default`. Raises ValueError for a malformed list."""
+def tap_layers(args, default, num_layers: int | None = None) -> list[int]:
+    """--tap-layers as a list of ints, or `default`. Raises ValueError for a malformed list, or (given the
+    target's `num_layers`) for an id outside [0, num_layers)."""
     if getattr(args, "tap_layers", None) is None:
         return [int(i) for i in default]
     try:
-        return [int(i) for i in args.tap_layers.split(",")]
+        ids = [int(i) for i in args.tap_layers.split(",")]
     except ValueError:
         raise ValueError(f"--tap-layers: expected comma-separated layer ids like 1,6,11 (got {args.tap_layers!r})") \
             from None
+    if num_layers is not None and not all(0 <= i < num_layers for i in ids):
+        raise ValueError(f"--tap-layers {args.tap_layers}: the target has {num_layers} layers (ids 0 to "
+                         f"{num_layers - 1})")
+    return ids
 
 
 def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
@@ -234,8 +239,8 @@ def open_features(path: str, layer_ids, target=None) -> FeatureCache:
     cache written before manifests recorded it is not checked)."""
     try:
         cache = FeatureCache(path, layers=[int(i) for i in layer_ids])
-    except ValueError as err:
-        raise ValueError(f"--features {err}") from None
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"--features {err}") from None
     if len(cache) == 0:
         raise ValueError(f"--features {path} holds no sequence")
     width = cache.meta["feature_dim"] // len(cache.meta["target_layer_ids"])
@@ -257,8 +262,8 @@ def target_features(args, target) -> FeatureCache:
     the cache or the target at length (draft vocabulary, clock): a cache of another model is refused at once."""
     try:
         layers = FeatureCache(args.features).meta["target_layer_ids"]
-    except ValueError as err:
-        raise ValueError(f"--features {err}") from None
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"--features {err}") from None
     return open_features(args.features, layers, target)
 
 

@@ -519,3 +519,47 @@ def test_block_tree_of_another_drafter_is_refused_before_the_target_loads(capsys
     err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", drafter, "--block-tree", shape,
                           "--tree", "4,2,8"], capsys)
     assert message in err, err
+
+
+def test_drafter_given_as_its_weights_file_names_the_folder(tmp_path, capsys, no_loads):
+    """A path to model.safetensors said '<file>: no config.json there', as if it were a folder."""
+    path = tiny_drafter("flashmap", tmp_path / "d")
+    weights = Path(path) / "model.safetensors"
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", str(weights)], capsys)
+    assert f"--drafter {weights}: a file, not a drafter checkpoint directory" in err, err
+    assert f"pass the folder that holds it ({path})" in err, err
+
+
+@pytest.mark.parametrize("teacher, message", [
+    ("missing", "--teacher {p}: no such directory"),
+    ("dflash", "--teacher {p}/config.json: not a FlashMap checkpoint"),
+    ("map", "--teacher {p}: a distilled flow map (two_time=True), not a flow model"),
+])
+def test_distill_teacher_is_named_before_the_target_loads(teacher, message, tmp_path, capsys, no_loads):
+    path = tmp_path / teacher
+    if teacher == "dflash":
+        tiny_drafter("dflash", path)
+    elif teacher == "map":
+        tiny_drafter("flashmap", path)
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "two_time": True}))
+    err = one_line_error(["distill", *TINY, "--teacher", str(path), "--features", str(tmp_path / "f"),
+                          "--out", str(tmp_path / "o")], capsys)
+    assert message.format(p=path) in err, err
+
+
+def test_train_features_that_are_not_a_cache_name_the_option(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    err = one_line_error(["train", "flow", *TINY, "--features", str(tmp_path / "empty"), "--out",
+                          str(tmp_path / "o"), "--preset", "cpu-tiny"], capsys)
+    assert f"--features {tmp_path / 'empty'}: not a feature cache (no manifest.json)" in err, err
+
+
+def test_tap_layers_outside_the_target_name_the_option():
+    from types import SimpleNamespace
+
+    from flashmap_ext.train.runner import tap_layers
+    assert tap_layers(SimpleNamespace(tap_layers="0,3"), (), 4) == [0, 3]
+    for spec in ("5", "1,4", "-1"):
+        with pytest.raises(ValueError, match=f"^--tap-layers {spec}: the target has 4 layers \\(ids 0 to 3\\)$"):
+            tap_layers(SimpleNamespace(tap_layers=spec), (), 4)

@@ -36,6 +36,9 @@ def read_config(path: str | os.PathLike, expected: str | None = None) -> dict:
     if not folder.exists():
         raise CheckpointError(f"{path}: no such directory (expected a drafter checkpoint: config.json + "
                               f"{WEIGHTS})")
+    if folder.is_file():
+        raise CheckpointError(f"{path}: a file, not a drafter checkpoint directory (config.json + {WEIGHTS}); "
+                              f"pass the folder that holds it ({folder.parent})")
     file = folder / "config.json"
     if not file.is_file():
         hint = ""
