@@ -54,6 +54,8 @@ def make_drafter(kind: str, model):
         return random_flashmap(model, K, TAPS, memory_width=96)
     if kind == "flashmap_head_mlp":
         return random_flashmap(model, K, TAPS, head_mlp=80)
+    if kind == "flashmap_qwen3":
+        return random_flashmap(model, K, TAPS, trunk="qwen3", kv_heads=2, width=model.config.hidden_size)
     if kind == "dflash":
         from flashmap_ext.drafters.dflash import DFlashDrafter
         torch.manual_seed(1)
@@ -74,7 +76,7 @@ def expected_accepts(kind: str, drafter, drafted: list) -> list:
 @pytest.mark.parametrize("prompt_len", [1, 2, 17, 300])
 @pytest.mark.parametrize("kind", ["ar", "oracle", "always_wrong", "reject_in_turn", "random", "flashmap",
                                   "flashmap_joint", "flashmap_gated", "flashmap_wide_memory", "flashmap_head_mlp",
-                                  "dflash"])
+                                  "flashmap_qwen3", "dflash"])
 def test_greedy_identical_to_plain_greedy(model, kind, prompt_len):
     prompt = prompt_of(prompt_len)
     drafter = make_drafter(kind, model)

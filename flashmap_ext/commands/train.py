@@ -55,6 +55,15 @@ def add_parser(subparsers) -> None:
                             "the LM head, so the logits are not confined to a --width-dim subspace (DFlash's hidden "
                             "state is the target's width); reference path only (no fused CUDA kernels, no vLLM "
                             "export)")
+    shape.add_argument("--trunk", choices=("dit", "qwen3"), default="dit",
+                       help="'dit' (default): adaLN-Zero DiT blocks; 'qwen3': DFlash's decoder layer (one "
+                            "grouped-query attention over the memory and the block's own slots, SwiGLU MLP of "
+                            "--width x --mlp-ratio units) at the target's hidden size, the time conditioning "
+                            "added to the slot tokens, the final RMSNorm read by the LM head; reference path only "
+                            "(no fused CUDA kernels, no vLLM export)")
+    shape.add_argument("--kv-heads", type=int, metavar="G",
+                       help="key/value heads of --trunk qwen3 (grouped-query attention; must divide --heads; "
+                            "default --heads)")
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
@@ -154,7 +163,31 @@ def _overrides(args, preset_shape: dict, names: dict) -> dict:
 
 #: drafter size options, each a count >= 1
 SIZE_OPTIONS = ("layers", "width", "heads", "block_size", "cond_dim", "intermediate_size", "draft_tokens",
-                "memory_width", "head_mlp")
+                "memory_width", "head_mlp", "kv_heads")
+
+
+def check_heads(shape: dict) -> None:
+    if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:
+        raise ValueError(f"--heads {shape['heads']}: must divide --width {shape['width']} into heads of an even "
+                         "dimension (rotary embeddings rotate pairs)")
+    kv = shape.get("kv_heads")
+    if kv is not None and shape["heads"] % kv:
+        raise ValueError(f"--kv-heads {kv}: must divide --heads {shape['heads']}")
+
+
+def qwen3_shape(args, shape: dict, d_target: int) -> None:
+    """--trunk qwen3 runs at the target's hidden size d_target: sets shape's trunk and width (ValueError naming
+    --width for another explicit width, --memory-width / --head-mlp / --joint-attention, which it has no use for)."""
+    if args.width is not None and args.width != d_target:
+        raise ValueError(f"--width {args.width}: --trunk qwen3 runs at the target's hidden size, {d_target} "
+                         "(leave --width out)")
+    for opt, given in (("--memory-width", args.memory_width is not None), ("--head-mlp", args.head_mlp is not None),
+                       ("--joint-attention", args.joint_attention)):
+        if given:
+            raise ValueError(f"{opt}: not with --trunk qwen3 (its entries and state are the target's width "
+                             "and its one attention reads memory and slots)")
+    shape.update(trunk="qwen3", width=d_target)
+    check_heads(shape)
 
 
 def run_flow(args) -> int:
@@ -164,7 +197,9 @@ def run_flow(args) -> int:
     shape = _overrides(args, shape, {"layers": "n_layers", "width": "width", "heads": "heads",
                                      "block_size": "block_size", "cond_dim": "cond_dim",
                                      "mlp_ratio": "mlp_ratio", "memory_width": "memory_width",
-                                     "head_mlp": "head_mlp"})
+                                     "head_mlp": "head_mlp", "kv_heads": "kv_heads"})
+    if args.kv_heads is not None and args.trunk != "qwen3":
+        raise ValueError(f"--kv-heads {args.kv_heads}: only --trunk qwen3 has grouped key/value heads")
     if args.joint_attention:
         shape["joint_attention"] = True
     if args.tau_gated_input:
@@ -174,11 +209,12 @@ def run_flow(args) -> int:
                          f"projections with the slots, so the memory entries must be --width {shape['width']} wide")
     if int(shape["width"] * shape.get("mlp_ratio", FlashMapConfig.mlp_ratio)) < 1:
         raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: --width {shape['width']} x ratio leaves no MLP unit")
-    if shape["width"] % shape["heads"] or (shape["width"] // shape["heads"]) % 2:
-        raise ValueError(f"--heads {shape['heads']}: must divide --width {shape['width']} into heads of an even "
-                         "dimension (rotary embeddings rotate pairs)")
+    if args.trunk == "dit":
+        check_heads(shape)
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
+    if args.trunk == "qwen3":
+        qwen3_shape(args, shape, target.model.get_input_embeddings().weight.shape[1])
     cache = runner.target_features(args, target)
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
     if vocab is not None:

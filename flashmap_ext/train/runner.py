@@ -51,7 +51,8 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-from", metavar="DIR",
                    help="warm start: a drafter checkpoint directory (config.json + model.safetensors) of the same "
                         "kind, shape and draft vocabulary whose weights the run starts from (a checkpoint of "
-                        "--out, when resuming, still takes precedence); the optimizer starts fresh")
+                        "--out, when resuming, still takes precedence); the optimizer starts fresh. `train flow "
+                        "--trunk qwen3 --tau-gated-input` also starts from a DFlash checkpoint of its shape")
     p.add_argument("--add-layers", action="store_true",
                    help="with --init-from: the checkpoint may have fewer layers than --layers; they are copied "
                         "into the first ones and each added layer starts as the identity, so training starts "

@@ -24,6 +24,8 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
       residual outputs zeroed), so the deeper drafter starts out computing the checkpoint's function."""
     from flashmap_ext.drafters.load import load_drafter
     source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
+    if type(source).__name__ == "DFlashDrafter" and type(drafter).__name__ == "FlashMapDrafter":
+        return _from_dflash(drafter, source, path)
     added = ()
     if type(source) is not type(drafter):
         if type(source) is not getattr(drafter, "warm_start_base", None):
@@ -60,6 +62,23 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     if grown:
         note += f" (layers {_depth(source)}..{_depth(drafter) - 1} added, each starting as the identity)"
     print(f"warm start: weights from {path}{note}")
+
+
+def _from_dflash(drafter, source, path: str) -> None:
+    """A qwen3-trunk flow model from a DFlash checkpoint (drafters/flashmap/from_dflash.py)."""
+    from flashmap_ext.drafters.flashmap.from_dflash import start_from_dflash
+    if drafter.config.two_time:
+        raise ValueError(f"--init-from {path}: a DFlash checkpoint starts a flow model (`flashmap train flow`), "
+                         "not a distilled map")
+    mine, theirs = getattr(drafter, "d2t", None), getattr(source, "d2t", None)
+    if (mine is None) != (theirs is None) or (mine is not None and not torch.equal(mine, theirs.to(mine.device))):
+        raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
+                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t)")
+    try:
+        start_from_dflash(drafter, source)
+    except ValueError as err:
+        raise ValueError(f"--init-from {path}: {err}") from None
+    print(f"warm start: the qwen3 trunk from the DFlash drafter at {path}")
 
 
 def check_same_time_kind(mine, theirs, path: str) -> None:

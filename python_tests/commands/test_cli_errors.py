@@ -563,3 +563,15 @@ def test_tap_layers_outside_the_target_name_the_option():
     for spec in ("5", "1,4", "-1"):
         with pytest.raises(ValueError, match=f"^--tap-layers {spec}: the target has 4 layers \\(ids 0 to 3\\)$"):
             tap_layers(SimpleNamespace(tap_layers=spec), (), 4)
+
+
+def test_trunk_options_that_do_not_fit(tmp_path, capsys):
+    flow = ["train", "flow", *TINY, "--features", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
+            "--preset", "cpu-tiny", "--device", "cpu"]
+    assert "--kv-heads 2: only --trunk qwen3" in one_line_error([*flow, "--kv-heads", "2"], capsys)
+    err = one_line_error([*flow, "--trunk", "qwen3", "--width", "100"], capsys)
+    assert "--width 100: --trunk qwen3 runs at the target's hidden size" in err
+    err = one_line_error([*flow, "--trunk", "qwen3", "--head-mlp", "8"], capsys)
+    assert "--head-mlp: not with --trunk qwen3" in err
+    assert "--kv-heads 3: must divide --heads 4" in one_line_error([*flow, "--trunk", "qwen3", "--kv-heads", "3"],
+                                                                 capsys)

@@ -160,8 +160,8 @@ def random_flashmap(model, k: int, taps, **fields):
     `fields`: more FlashMapConfig fields (e.g. joint_attention=True)."""
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     torch.manual_seed(1)
-    drafter = FlashMapDrafter.for_target(model, n_layers=2, width=64, heads=4, block_size=k,
-                                         target_layer_ids=taps, **fields)
+    drafter = FlashMapDrafter.for_target(model, **{"n_layers": 2, "width": 64, "heads": 4, **fields}, block_size=k,
+                                         target_layer_ids=taps)
     drafter.reset_parameters(zero_init=False)
     return drafter
 

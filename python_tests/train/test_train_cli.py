@@ -101,6 +101,10 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     assert flow_cfg["head_mlp"] == 48
     assert flow_cfg["two_time"] is False and flow_cfg["draft_vocab_size"] == 64
     assert flow_cfg["tap_input_norm"] is False
+    assert main(["train", "flow", *train_args, "--out", str(tmp_path / "qwen3"), "--steps", "2",
+                 "--trunk", "qwen3", "--heads", "4", "--kv-heads", "2"]) == 0
+    qwen_cfg = json.loads((tmp_path / "qwen3" / "drafter" / "config.json").read_text())
+    assert (qwen_cfg["trunk"], qwen_cfg["kv_heads"], qwen_cfg["width"]) == ("qwen3", 2, qwen_cfg["d_target"])
     assert flow_cfg["context_window"] == 256  # cpu-tiny's max_length: the longest context training showed
     (tmp_path / "vocab.json").write_text(json.dumps({"ids": list(range(0, 257, 2))}))
     assert main(["train", "flow", *train_args, "--out", str(tmp_path / "flow2"), "--steps", "1",

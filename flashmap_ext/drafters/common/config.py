@@ -73,11 +73,13 @@ def rope_scaling(cfg: dict[str, Any]) -> dict | None:
     return None if kind == "default" else {"rope_type": kind, **params}
 
 
-_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "ints": "a list of integers",
-          "floats": "a list of numbers"}
+_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+          "ints": "a list of integers", "floats": "a list of numbers"}
 
 
 def _is(kind: str, value: Any) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
     if kind == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "float":
@@ -90,7 +92,7 @@ def _is(kind: str, value: Any) -> bool:
 
 def check_field_types(cfg: dict[str, Any], schema: dict[str, str], prefix: str = "") -> None:
     """ValueError naming the first field of `cfg` whose JSON value has the wrong type for `schema`
-    (name -> "int" | "float" | "bool" | "ints" | "floats", with a trailing "?" when null is allowed). Fields absent
+    (name -> "str" | "int" | "float" | "bool" | "ints" | "floats", with a trailing "?" when null is allowed). Fields absent
     from `cfg` or `schema` are not checked here. Ints are never accepted for bools nor bools for ints, and
     a float is not an int (JSON `2.5` layers); ints are accepted as floats."""
     for name, kind in schema.items():

@@ -142,6 +142,10 @@ class DiTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, width))
         self.adaLN = nn.Linear(cond_dim, (6 if joint else 9) * width)
 
+    def memory_kv(self, mem: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memory entries' keys/values for this block (`MemoryCrossAttention.memory_kv`)."""
+        return self.cross_attn.memory_kv(mem, positions)
+
     def forward(self, x: torch.Tensor, c: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                 q_pos: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """x [B, A, K, w]; c [B, A, cond_dim]; kv of the memory [B, h, S, hd]; q_pos [B, A·K]."""

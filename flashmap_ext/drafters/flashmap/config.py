@@ -12,6 +12,8 @@ from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.drafters.flashmap.flow import Clock, full_state_clock, table_clock
 
 MODEL_TYPE = "flashmap_drafter"
+#: the trunk kinds (`FlashMapConfig.trunk`)
+TRUNKS = ("dit", "qwen3")
 FORMAT_VERSION = 1
 
 
@@ -65,6 +67,15 @@ class FlashMapConfig:
         so the hidden state the LM head reads is not confined to a width-dim subspace (DFlash's is the full
         d_target); None (the default, and checkpoints made before it): no such MLP. Reference (PyTorch)
         path only: the fused CUDA kernels and the vLLM export refuse it.
+    trunk: "dit" (the default, and checkpoints made before it): adaLN-Zero DiT blocks (`block.DiTBlock`).
+        "qwen3": DFlash's layer (`qwen_block.QwenBlock`: pre-norm, one grouped-query attention over the
+        memory entries and the block's own slots, SwiGLU MLP of round(width·mlp_ratio) units) at
+        width = d_target, the time conditioning added to the slot tokens once (`time_in`), and the final
+        RMSNorm feeding the LM head directly. Not with memory_width, head_mlp or joint_attention (its
+        attention is joint already). Reference (PyTorch) path only: the fused CUDA kernels and the vLLM
+        export refuse it.
+    kv_heads: key/value heads of the "qwen3" trunk's attention (grouped-query; must divide heads); None:
+        `heads`. Only with trunk "qwen3".
     """
     n_layers: int = 6
     width: int = 2048
@@ -92,6 +103,8 @@ class FlashMapConfig:
     tau_gated_input: bool = False
     memory_width: int | None = None
     head_mlp: int | None = None
+    trunk: str = "dit"
+    kv_heads: int | None = None
 
     def __post_init__(self):
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -119,10 +132,37 @@ class FlashMapConfig:
              "None or an int >= 1"),
             ("memory_width", not (self.joint_attention and self.memory_entry_width != self.width),
              f"None or width={self.width} with joint_attention: its slots share the memory's K/V projections"),
+            ("trunk", self.trunk in TRUNKS, f"one of {', '.join(TRUNKS)}"),
+            ("kv_heads", self.kv_heads is None or (type(self.kv_heads) is int and self.kv_heads >= 1
+                                                   and self.heads % self.kv_heads == 0),
+             f"None or an int >= 1 dividing heads={self.heads}"),
+            *self._qwen3_checks(),
         ]
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"FlashMapConfig: invalid {name}={getattr(self, name)!r} (expected {rule})")
+
+    def _qwen3_checks(self) -> list[tuple[str, bool, str]]:
+        """(field, ok, rule) of the fields the trunk choice constrains."""
+        if self.trunk != "qwen3":
+            return [("kv_heads", self.kv_heads is None, 'None unless trunk="qwen3"')]
+        return [("width", self.width == self.d_target,
+                 f'd_target={self.d_target} with trunk="qwen3" (the LM head reads its final state)'),
+                ("memory_width", self.memory_width is None, 'None with trunk="qwen3"'),
+                ("head_mlp", self.head_mlp is None, 'None with trunk="qwen3" (its state is d_target wide)'),
+                ("joint_attention", not self.joint_attention,
+                 'False with trunk="qwen3" (its one attention reads memory and slots already)'),
+                ("mlp_ratio", self.mlp_hidden >= 1, "a ratio leaving >= 1 MLP unit")]
+
+    @property
+    def memory_heads(self) -> int:
+        """Heads of the memory's keys/values: `kv_heads` (qwen3 trunk), else `heads`."""
+        return self.kv_heads or self.heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        """The qwen3 trunk's SwiGLU units: round(width · mlp_ratio)."""
+        return round(self.width * self.mlp_ratio)
 
     @property
     def memory_entry_width(self) -> int:
@@ -184,8 +224,8 @@ class FlashMapConfig:
 #: Fields a format-1 config.json may leave out (added after format 1; absent = the earlier behaviour).
 OPTIONAL_FIELDS = frozenset({"context_window", "tap_input_norm", "clock_t", "clock_tau", "state_loglik",
                              "draft_draws", "joint_attention", "tau_gated_input",
-                             "memory_width", "head_mlp"})
-_TYPES = {"int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
+                             "memory_width", "head_mlp", "trunk", "kv_heads"})
+_TYPES = {"str": "str", "int": "int", "float": "float", "bool": "bool", "tuple[int, ...]": "ints", "int | None": "int?",
           "tuple[float, ...] | None": "floats?"}
 #: JSON type of every field (common.config.check_field_types), from the annotations above.
 SCHEMA = {f.name: _TYPES[f.type] for f in dataclasses.fields(FlashMapConfig)}

@@ -66,10 +66,12 @@ def fused_supported(drafter: nn.Module) -> bool:
     multiple of 64 (d_target, width, cond_dim, MLP hidden) and head dim 64 or 128, no `state_loglik`
     term (the kernels' LM head does not add it), no `joint_attention` (the kernels run the split
     block), no `tau_gated_input` (their slot input is not gated), memory entries as wide as the trunk
-    (`memory_width` None or width) and no `head_mlp` (their final layer ends at the Linear): other drafters
+    (`memory_width` None or width), no `head_mlp` (their final layer ends at the Linear) and the DiT trunk
+    (`trunk` "dit"): other drafters
     take the reference path. (On CPU every shape works.)"""
     c = drafter.config
-    if c.state_loglik or c.joint_attention or c.tau_gated_input or c.memory_entry_width != c.width or c.head_mlp:
+    if (c.state_loglik or c.joint_attention or c.tau_gated_input or c.memory_entry_width != c.width or c.head_mlp
+            or c.trunk != "dit"):
         return False
     widths = (c.d_target, c.width, c.cond_dim, int(c.width * c.mlp_ratio))
     return (drafter.slot_pos.is_cuda and drafter.dtype == torch.bfloat16 and c.head_dim in (64, 128)

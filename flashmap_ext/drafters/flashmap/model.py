@@ -36,6 +36,7 @@ from flashmap_ext.drafters.flashmap.flow import (
 )
 from flashmap_ext.drafters.flashmap.memory import KV, FlashMapMemory, TrainMemory, ragged_mask
 from flashmap_ext.drafters.flashmap.mode import draft_best_of
+from flashmap_ext.drafters.flashmap.qwen_block import NormHead, QwenBlock
 from flashmap_ext.rng import drafter_xi
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
@@ -63,7 +64,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
     Trainable: tap projection + RMSNorm (with `config.tap_input_norm`, each tap is RMS-normalised first,
     no weights), anchor projection + RMSNorm (both to `config.memory_entry_width`), slot input projection + RMSNorm +
     slot-position embedding, one or two time embedders, n_layers adaLN-Zero blocks, the final adaLN and
-    Linear(w -> d_target) (and with `config.head_mlp` a residual MLP at d_target). Frozen and not owned: the target's embedding and LM head (`attach_target`).
+    Linear(w -> d_target) (and with `config.head_mlp` a residual MLP at d_target); with `config.trunk` "qwen3",
+    n_layers DFlash-style layers, `time_in` and a final RMSNorm instead of the blocks and the final layer. Frozen and not owned: the target's embedding and LM head (`attach_target`).
     """
 
     # `--add-layers` (train/warm_start.py): the stack a deeper drafter extends, and its layer-count field
@@ -83,9 +85,15 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         self.slot_pos = nn.Parameter(torch.empty(c.block_size, w))
         self.s_embedder = TimestepEmbedder(c.cond_dim, c.time_scale)
         self.t_embedder = TimestepEmbedder(c.cond_dim, c.time_scale) if c.two_time else None
-        self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta,
-                                             joint=c.joint_attention, memory_width=mw) for _ in range(c.n_layers))
-        self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps, c.head_mlp)
+        self.time_in = None  # the qwen3 trunk's conditioning: Linear(cond_dim -> w) added to every slot token
+        if c.trunk == "qwen3":
+            self.blocks = nn.ModuleList(QwenBlock(w, c.heads, c.memory_heads, c.mlp_hidden, c.norm_eps, c.rope_theta)
+                                        for _ in range(c.n_layers))
+            self.time_in, self.final = nn.Linear(c.cond_dim, w), NormHead(w, c.norm_eps)
+        else:
+            self.blocks = nn.ModuleList(DiTBlock(w, c.heads, c.mlp_ratio, c.cond_dim, c.norm_eps, c.rope_theta,
+                                                 joint=c.joint_attention, memory_width=mw) for _ in range(c.n_layers))
+            self.final = FinalLayer(w, c.cond_dim, c.d_target, c.norm_eps, c.head_mlp)
         if c.draft_vocab_size is not None:  # EAGLE-3 convention: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self._set_clock()
@@ -148,14 +156,18 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         for emb in (self.s_embedder, self.t_embedder):
             if emb is not None:
                 for lin in (emb.mlp[0], emb.mlp[2]):
                     nn.init.normal_(lin.weight, std=0.02)
         nn.init.normal_(self.slot_pos, std=SLOT_POS_STD)
-        gates = [b.adaLN for b in self.blocks] + [self.final.adaLN, self.final.out]
-        if self.final.head_mlp is not None:  # the head MLP's output Linear: it starts adding nothing
+        if self.time_in is not None:  # qwen3 trunk: random layers (as DFlash), the τ conditioning starts at 0
+            gates = [self.time_in]
+        else:
+            gates = [b.adaLN for b in self.blocks] + [self.final.adaLN, self.final.out]
+        if self.time_in is None and self.final.head_mlp is not None:  # the head MLP's output Linear: adds nothing
             gates.append(self.final.head_mlp[2])
         for lin in gates:
             if zero_init:
@@ -166,7 +178,10 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
 
     @staticmethod
     def identity_layer_init(block: nn.Module) -> None:
-        """adaLN-Zero: zeroes the block's modulation Linear, so its gated residuals add nothing."""
+        """Makes `block` pass its input on: adaLN-Zero (a DiT block) zeroes the modulation Linear, so its gated
+        residuals add nothing; a qwen3 block zeroes its residual outputs."""
+        if isinstance(block, QwenBlock):
+            return block.identity_init()
         nn.init.zeros_(block.adaLN.weight), nn.init.zeros_(block.adaLN.bias)
 
     def attach_target(self, target: Any) -> "FlashMapDrafter":
@@ -259,7 +274,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         return self.anchor_norm(self.anchor_proj(self.embed_tokens(token_ids).to(self.dtype)))
 
     def _layer_kvs(self, entries: torch.Tensor, positions: torch.Tensor) -> list[KV]:
-        return [blk.cross_attn.memory_kv(entries, positions) for blk in self.blocks]
+        return [blk.memory_kv(entries, positions) for blk in self.blocks]
 
     def _cond(self, tau_s: torch.Tensor, tau_t: torch.Tensor) -> torch.Tensor:
         """c = SiLU(Emb_s(τ_s) + Emb_t(τ_t)) (FMLM); a flow model (two_time=False) ignores τ_t."""
@@ -276,6 +291,8 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         if self.config.tau_gated_input:
             x = x * tau_s.to(x.dtype)[..., None, None]
         x = x + self.slot_pos
+        if self.time_in is not None:
+            x = x + self.time_in(c)[:, :, None]
         for i, block in enumerate(self.blocks):
             x = block(x, c, kv(i), q_pos, mask)
         return self.final(x, c)
@@ -318,7 +335,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         check_int(f"{type(self).__name__}.new_memory: batch_size", batch_size, 1)
         c = self.config
         device = self.slot_pos.device if device is None else device
-        return own_memory(self, FlashMapMemory.empty(c.n_layers, batch_size, c.heads, c.head_dim,
+        return own_memory(self, FlashMapMemory.empty(c.n_layers, batch_size, c.memory_heads, c.head_dim,
                                                      torch.device(device), self.dtype))
 
     @torch.no_grad()

@@ -101,6 +101,9 @@ def plugin_refusal(config: Any) -> str | None:
     if config.memory_entry_width != config.width:
         return (f"memory_width={config.memory_width} is not served by the vLLM plugin (its paged memory holds "
                 f"entries as wide as the trunk, width={config.width})")
+    if config.trunk != "dit":
+        return (f"trunk={config.trunk!r} is not served by the vLLM plugin (its FlashMap model runs the DiT "
+                "trunk's adaLN blocks)")
     if config.head_mlp is not None:
         return (f"head_mlp={config.head_mlp} is not served by the vLLM plugin (its FlashMap model's final layer "
                 "ends at the Linear to the target's width)")
