@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
                                                      "below --width for small drafters, whose parameters it dominates)")
     shape.add_argument("--mlp-ratio", type=runner.positive_float_arg,
                        help="each block's MLP width as a multiple of --width (default 4; width x ratio is rounded "
-                            "down and must be >= 1)")
+                            "down, with --trunk qwen3 to the nearest, and must be >= 1)")
     shape.add_argument("--joint-attention", action="store_true",
                        help="one attention per block over the memory and the block's own slots (DFlash's layout) "
                             "instead of slot self-attention + memory cross-attention; reference path only (no "
@@ -175,9 +175,13 @@ def check_heads(shape: dict) -> None:
         raise ValueError(f"--kv-heads {kv}: must divide --heads {shape['heads']}")
 
 
-def qwen3_shape(args, shape: dict, d_target: int) -> None:
-    """--trunk qwen3 runs at the target's hidden size d_target: sets shape's trunk and width (ValueError naming
-    --width for another explicit width, --memory-width / --head-mlp / --joint-attention, which it has no use for)."""
+def qwen3_shape(args, shape: dict, model_config) -> None:
+    """--trunk qwen3 runs at the target's hidden size and RoPE base, as DFlash's layers: sets shape's trunk, width
+    and rope_theta from the target's HF config (ValueError naming --width for another explicit width, --mlp-ratio
+    for no MLP unit, --memory-width / --head-mlp / --joint-attention, which it has no use for)."""
+    from flashmap_ext.drafters.common.config import target_shape
+    target = target_shape(model_config)
+    d_target = target["hidden_size"]
     if args.width is not None and args.width != d_target:
         raise ValueError(f"--width {args.width}: --trunk qwen3 runs at the target's hidden size, {d_target} "
                          "(leave --width out)")
@@ -186,7 +190,9 @@ def qwen3_shape(args, shape: dict, d_target: int) -> None:
         if given:
             raise ValueError(f"{opt}: not with --trunk qwen3 (its entries and state are the target's width "
                              "and its one attention reads memory and slots)")
-    shape.update(trunk="qwen3", width=d_target)
+    shape.update(trunk="qwen3", width=d_target, rope_theta=float(target["rope_theta"]))
+    if round(d_target * shape.get("mlp_ratio", 4.0)) < 1:
+        raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: the target's width {d_target} x ratio rounds to no MLP unit")
     check_heads(shape)
 
 
@@ -207,14 +213,14 @@ def run_flow(args) -> int:
     if args.joint_attention and shape.get("memory_width") not in (None, shape["width"]):
         raise ValueError(f"--memory-width {shape['memory_width']}: --joint-attention shares the memory's K/V "
                          f"projections with the slots, so the memory entries must be --width {shape['width']} wide")
-    if int(shape["width"] * shape.get("mlp_ratio", FlashMapConfig.mlp_ratio)) < 1:
+    if args.trunk == "dit" and int(shape["width"] * shape.get("mlp_ratio", FlashMapConfig.mlp_ratio)) < 1:
         raise ValueError(f"--mlp-ratio {shape['mlp_ratio']}: --width {shape['width']} x ratio leaves no MLP unit")
     if args.trunk == "dit":
         check_heads(shape)
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
     if args.trunk == "qwen3":
-        qwen3_shape(args, shape, target.model.get_input_embeddings().weight.shape[1])
+        qwen3_shape(args, shape, target.model.config)
     cache = runner.target_features(args, target)
     vocab = draft_vocab(args.draft_vocab, cache, target.model.get_input_embeddings().weight.shape[0])
     if vocab is not None:

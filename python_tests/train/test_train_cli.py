@@ -137,6 +137,8 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     assert main(["train", "dflash", *dflash, "--steps", "2"]) == 0
     assert main(["train", "dflash", *dflash, "--steps", "3", "--resume"]) == 0
     assert latest(str(tmp_path / "dflash")).endswith("step-00000003")
+    dflash_cfg = json.loads((tmp_path / "dflash" / "drafter" / "config.json").read_text())
+    assert qwen_cfg["rope_theta"] == dflash_cfg["rope_theta"]  # the qwen3 trunk takes the target's RoPE base, as DFlash
     steps = [json.loads(line)["step"] for line in (tmp_path / "dflash" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
     kept = sorted(p.name for p in (tmp_path / "dflash" / "checkpoints").glob("step-*"))

@@ -25,14 +25,15 @@ def dflash_mismatch(drafter, source) -> str | None:
         return "a DFlash checkpoint starts the qwen3 trunk only (--trunk qwen3)"
     if not c.tau_gated_input:
         return "a DFlash checkpoint starts a --tau-gated-input flow model only (else the noise enters its draft)"
-    pairs = [("layers", c.n_layers, s.num_hidden_layers), ("heads", c.heads, s.num_attention_heads),
-             ("kv-heads", c.memory_heads, s.num_key_value_heads), ("head dim", c.head_dim, s.head_dim),
-             ("MLP units", c.mlp_hidden, s.intermediate_size), ("block size", c.block_size + 1, s.block_size),
-             ("tap layers", tuple(c.target_layer_ids), tuple(s.target_layer_ids)),
-             ("rope theta", c.rope_theta, s.rope_theta), ("context window", c.context_window, s.context_window)]
+    pairs = [("--layers", c.n_layers, s.num_hidden_layers), ("--heads", c.heads, s.num_attention_heads),
+             ("--kv-heads", c.memory_heads, s.num_key_value_heads), ("head dim", c.head_dim, s.head_dim),
+             ("MLP units (--mlp-ratio x width)", c.mlp_hidden, s.intermediate_size),
+             ("--block-size (its draft slots: DFlash's block size less the anchor)", c.block_size, s.block_size - 1),
+             ("--tap-layers", tuple(c.target_layer_ids), tuple(s.target_layer_ids)),
+             ("RoPE base", c.rope_theta, s.rope_theta), ("context window", c.context_window, s.context_window)]
     for name, mine, theirs in pairs:
         if mine != theirs:
-            return f"its {name} {theirs} differ from this run's {mine}"
+            return f"{name}: {theirs} in the DFlash checkpoint, {mine} in this run"
     if abs(c.norm_eps - s.rms_norm_eps) > 1e-9 or s.attention_bias or s.rope_scaling:
         return "its norm eps, attention bias or RoPE scaling differ from the qwen3 trunk's"
     if any(s.layer_attention(i) != (False, None) for i in range(s.num_hidden_layers)):
