@@ -33,8 +33,9 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--width", type=int, help="DiT width")
     shape.add_argument("--heads", type=int, help="attention heads (width %% heads == 0)")
     shape.add_argument("--block-size", type=int, help="draft tokens per block (K)")
-    shape.add_argument("--cond-dim", type=int, help="width of the time conditioning c (default 256; keep it at or "
-                                                     "below --width for small drafters, whose parameters it dominates)")
+    shape.add_argument("--cond-dim", type=int, help="width of the time conditioning c (default 256 with every preset, "
+                                                     "cpu-tiny's width 128 included; on a narrow drafter a value at or "
+                                                     "below --width keeps it from dominating the parameters)")
     shape.add_argument("--mlp-ratio", type=runner.positive_float_arg,
                        help="each block's MLP width as a multiple of --width (default 4; width x ratio is rounded "
                             "down, with --trunk qwen3 to the nearest, and must be >= 1)")

@@ -147,6 +147,23 @@ def test_flashmap_fused_step_reads_the_same_window(steps):
     assert torch.equal(f.tokens, r.tokens)
 
 
+def test_export_overwrites_an_earlier_export_only(target, tmp_path):
+    """Rerunning an export replaces it; a folder holding a drafter (the source itself included) is refused untouched."""
+    from flashmap_ext.integrations.vllm.export import export_flashmap
+    flashmap(target, 6).save_pretrained(tmp_path / "w")
+    source_config = (tmp_path / "w" / "config.json").read_text()
+    export_flashmap(tmp_path / "w", tmp_path / "vllm", unwindowed=True)
+    export_flashmap(tmp_path / "w", tmp_path / "vllm", unwindowed=True, seed=3)
+    assert json.loads((tmp_path / "vllm" / "config.json").read_text())["flashmap_seed"] == 3
+    for dst in (tmp_path / "w", tmp_path / "other"):
+        flashmap(target, None).save_pretrained(tmp_path / "other")
+        held = (dst / "config.json").read_text()
+        with pytest.raises(FileExistsError, match="dst: .* not an export for the vLLM plugin"):
+            export_flashmap(tmp_path / "w", dst, unwindowed=True)
+        assert (dst / "config.json").read_text() == held
+    assert (tmp_path / "w" / "config.json").read_text() == source_config
+
+
 def test_flashmap_config_records_the_window(target, tmp_path):
     drafter = flashmap(target, 6)
     drafter.save_pretrained(tmp_path / "w")

@@ -148,12 +148,28 @@ def speculative_config(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path) -> Path:
-    """config.json written, model.safetensors copied from `src`."""
+    """config.json written, model.safetensors copied from `src`. A `dst` that already holds a config.json is
+    overwritten only when that is an earlier export (the plugin's architecture), never a drafter of ours."""
     out = Path(dst)
     if not (src / "model.safetensors").is_file():
         raise FileNotFoundError(f"src: no model.safetensors in {src}")
+    held = _held_architectures(out / "config.json")
+    if held is not None and ARCHITECTURE not in held:
+        raise FileExistsError(f"dst: {out} already holds a checkpoint that is not an export for the vLLM plugin "
+                              f"(architectures={held}): choose another directory")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if (src / "model.safetensors").resolve() != (out / "model.safetensors").resolve():
         shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
     return out
+
+
+def _held_architectures(path: Path) -> list | None:
+    """The `architectures` of the config.json at `path` ([] when it has none or is unreadable), None without one."""
+    if not path.is_file():
+        return None
+    try:
+        held = json.loads(path.read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return list(held) if isinstance(held, list) else []
