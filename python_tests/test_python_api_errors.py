@@ -237,6 +237,15 @@ def test_load_target_takes_the_offline_targets_short_name(tmp_path, monkeypatch)
         assert torch.equal(got, want), name
 
 
+def test_load_target_refuses_a_model_folder_without_tokenizer_files(tmp_path):
+    """transformers loads a one-entry tokenizer from such a folder, which would turn every prompt into no tokens."""
+    from flashmap_ext.target import tiny_random_model
+    tiny_random_model().save_pretrained(tmp_path / "bare")
+    with pytest.raises(ValueError) as err:
+        fm.load_target(tmp_path / "bare", "fp32", "cpu")
+    assert "lacks the tokenizer files" in one_line(err, f"spec {tmp_path / 'bare'}: its tokenizer has")
+
+
 def test_load_target_refuses_what_is_no_name(tmp_path):
     with pytest.raises(TypeError) as err:
         fm.load_target(torch.nn.Linear(2, 2))

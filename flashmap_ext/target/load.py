@@ -25,8 +25,8 @@ def load_target(spec: str | os.PathLike, dtype="fp32",
 
     dtype: "fp32" | "bf16" | "fp16" or a torch.dtype; device: default cuda if available, else cpu.
     Raises FileNotFoundError for a local-looking path that does not exist, ValueError (one line naming
-    --target / --device) for a drafter checkpoint, a directory without config.json, a model that cannot be
-    loaded or a bad device; TypeError for a `spec` that is not a name or path.
+    --target / --device) for a drafter checkpoint, a directory without config.json or tokenizer files, a model
+    that cannot be loaded or a bad device; TypeError for a `spec` that is not a name or path.
     """
     if not isinstance(spec, (str, os.PathLike)):
         raise TypeError(f"--target: expected a model name or path (str), got {type(spec).__name__}")
@@ -50,6 +50,7 @@ def load_target(spec: str | os.PathLike, dtype="fp32",
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         else:
             tokenizer = AutoTokenizer.from_pretrained(name)
+        check_tokenizer(name, tokenizer)
         return Target.from_pretrained(name, dtype=dtype, device=device), tokenizer
     except OSError as err:  # HF: not in the offline cache / no network / not a model repo (several lines)
         if isinstance(err, FileNotFoundError) and str(err).startswith("--target"):
@@ -76,6 +77,15 @@ def _renamed(err: Exception) -> Exception:
         if text.startswith((f"{flag} ", f"{flag}:")):
             return type(err)(arg + text[len(flag):])
     return err
+
+
+def check_tokenizer(name: str, tokenizer: Any) -> None:
+    """ValueError naming --target when the tokenizer found has no vocabulary to speak of (a model folder saved
+    without its tokenizer files loads one of a single entry, which turns every prompt into no tokens)."""
+    if len(tokenizer) < 2:
+        raise ValueError(f"--target {name}: its tokenizer has {len(tokenizer)} entries: the folder lacks the "
+                         "tokenizer files (tokenizer.json or vocab.json + merges.txt, tokenizer_config.json); "
+                         "save them beside the model (tokenizer.save_pretrained(folder))")
 
 
 def check_not_a_drafter(target) -> None:

@@ -158,10 +158,15 @@ def test_export_overwrites_an_earlier_export_only(target, tmp_path):
     for dst in (tmp_path / "w", tmp_path / "other"):
         flashmap(target, None).save_pretrained(tmp_path / "other")
         held = (dst / "config.json").read_text()
-        with pytest.raises(FileExistsError, match="dst: .* not an export for the vLLM plugin"):
+        with pytest.raises(FileExistsError, match="dst: .* holds a FlashMap drafter checkpoint, not an export for"):
             export_flashmap(tmp_path / "w", dst, unwindowed=True)
         assert (dst / "config.json").read_text() == held
     assert (tmp_path / "w" / "config.json").read_text() == source_config
+    for kwargs, error in (({"max_position_embeddings": 0}, ValueError), ({"seed": -1}, ValueError),
+                          ({"seed": 1.5}, TypeError)):
+        with pytest.raises(error, match=next(iter(kwargs))):
+            export_flashmap(tmp_path / "w", tmp_path / "bad", unwindowed=True, **kwargs)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_flashmap_config_records_the_window(target, tmp_path):

@@ -36,7 +36,7 @@ class FlashMapConfig:
         (the flow stage and the distillation teacher): τ_t is ignored and there is no second embedder.
     time_scale: τ is multiplied by this before the sinusoidal embedding.
     rope_theta: RoPE base of the attention over memory entries and slots (absolute positions): the
-        cross-attention of the DiT trunk, the one attention of the qwen3 trunk (`train flow` sets it to the target's).
+        cross-attention of the DiT trunk, the one attention of the qwen3 trunk (`train flow --trunk qwen3` sets it to the target's).
     context_window: W, the drafter reads at most the last W memory entries (committed positions) plus
         its anchor, in training and at inference (common/window.py, DESIGN.md §5.6); None: all of them.
     tap_input_norm: divide each tapped layer's d_target vector by its RMS before the tap projection

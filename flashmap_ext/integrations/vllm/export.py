@@ -75,10 +75,14 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
     the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
     the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export`).
-    NotImplementedError for a drafter the plugin does not run (`plugin_refusal`). Returns `dst`."""
+    NotImplementedError for a drafter the plugin does not run (`plugin_refusal`); ValueError / TypeError naming
+    max_position_embeddings (>= 1) or seed (in [0, 2**63)); FileExistsError for a `dst` that holds anything
+    but an earlier export (rerunning an export replaces it). Returns `dst`."""
+    from flashmap_ext.checks import check_int
     from flashmap_ext.drafters.common.checkpoint import read_config
     from flashmap_ext.drafters.flashmap.config import FlashMapConfig
-
+    check_int("max_position_embeddings", max_position_embeddings, 1)
+    check_int("seed", seed, 0, 2**63)
     read_config(src, expected="flashmap")  # one line for a missing folder or a checkpoint of another kind
     config = FlashMapConfig.load(Path(src) / "config.json")
     refusal = plugin_refusal(config)
@@ -153,10 +157,12 @@ def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path) -> Path:
     out = Path(dst)
     if not (src / "model.safetensors").is_file():
         raise FileNotFoundError(f"src: no model.safetensors in {src}")
-    held = _held_architectures(out / "config.json")
-    if held is not None and ARCHITECTURE not in held:
-        raise FileExistsError(f"dst: {out} already holds a checkpoint that is not an export for the vLLM plugin "
-                              f"(architectures={held}): choose another directory")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"dst: {out} is a file: give a directory")
+    held = _held_kind(out / "config.json")
+    if held is not None and held != "an export for the vLLM plugin":
+        raise FileExistsError(f"dst: {out} already holds {held}, not an export for the vLLM plugin: "
+                              "choose another directory")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if (src / "model.safetensors").resolve() != (out / "model.safetensors").resolve():
@@ -164,12 +170,18 @@ def _write(dst: str | os.PathLike, config: dict[str, Any], src: Path) -> Path:
     return out
 
 
-def _held_architectures(path: Path) -> list | None:
-    """The `architectures` of the config.json at `path` ([] when it has none or is unreadable), None without one."""
+def _held_kind(path: Path) -> str | None:
+    """What the config.json at `path` describes, in words (None without one)."""
+    from flashmap_ext.checkpoint_kind import KINDS, config_kind
     if not path.is_file():
         return None
     try:
-        held = json.loads(path.read_text()).get("architectures")
-    except (OSError, ValueError, AttributeError):
-        return []
-    return list(held) if isinstance(held, list) else []
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "an unreadable config.json"
+    if not isinstance(cfg, dict):
+        return "a config.json that is not a JSON object"
+    if ARCHITECTURE in (cfg.get("architectures") or []):
+        return "an export for the vLLM plugin"
+    kind = config_kind(cfg)
+    return f"{KINDS[kind]} drafter checkpoint" if kind else f"a model (architectures={cfg.get('architectures')})"
