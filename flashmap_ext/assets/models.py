@@ -187,9 +187,10 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     scale × small integer, so fp32 holds the GGUF's weights exactly; `load_target` casts to the run's dtype.
     """
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from flashmap_ext.weights_file import save_weights
     with _one_gguf_parse():
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
         with torch.device("meta"):  # parameter names only, no memory
@@ -199,7 +200,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
         if missing:
             raise AssetError(f"{gguf}: no weights for {sorted(missing)[:5]} ({len(missing)} in all)")
         out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_weights(tensors, out / "model.safetensors", metadata={"format": "pt"})
         del tensors
         if hasattr(config, "quantization_config"):
             del config.quantization_config

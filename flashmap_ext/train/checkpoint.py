@@ -19,7 +19,9 @@ import shutil
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from flashmap_ext.weights_file import save_weights
 
 
 def flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], list]:
@@ -85,14 +87,14 @@ def remove_partial(out: str) -> None:
 def write_rank_rng(tmp: str, rank: int) -> None:
     """Each rank writes its own RNG states into the checkpoint being built at `tmp`."""
     tensors, other = rng_state()
-    save_file(tensors, os.path.join(tmp, f"rng-{rank}.safetensors"), metadata={"other": json.dumps(other)})
+    save_weights(tensors, os.path.join(tmp, f"rng-{rank}.safetensors"), metadata={"other": json.dumps(other)})
 
 
 def write_main(tmp: str, state: dict, model_sd: dict, optim_sd: dict) -> None:
     """Rank 0: writes state.json, model and optimizer tensors into `tmp` (already created)."""
     tensors, groups = flatten_optimizer(optim_sd)
-    save_file({k: v.detach().cpu().contiguous() for k, v in model_sd.items()}, os.path.join(tmp, "model.safetensors"))
-    save_file(tensors, os.path.join(tmp, "optim.safetensors"))
+    save_weights({k: v.detach().cpu().contiguous() for k, v in model_sd.items()}, os.path.join(tmp, "model.safetensors"))
+    save_weights(tensors, os.path.join(tmp, "optim.safetensors"))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({**state, "param_groups": groups}, f, indent=1)
 

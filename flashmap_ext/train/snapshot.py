@@ -16,9 +16,10 @@ import json
 import shutil
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from flashmap_ext.checks import check_int
+from flashmap_ext.weights_file import save_weights
 
 
 def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> Path:
@@ -54,7 +55,7 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
                          f"{k}: {tuple(tensors[k].shape)} against {tuple(ref[k].shape)})")
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(export / "config.json", out / "config.json")
-    save_file({k: v.to(ref[k].dtype) for k, v in tensors.items()}, str(out / "model.safetensors"))
+    save_weights({k: v.to(ref[k].dtype) for k, v in tensors.items()}, out / "model.safetensors")
     return out
 
 

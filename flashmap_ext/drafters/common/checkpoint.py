@@ -9,11 +9,12 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from flashmap_ext.checkpoint_kind import KINDS, config_kind, describe_kind
 from flashmap_ext.target.model import hf_causal_lm, resolve_dtype
+from flashmap_ext.weights_file import save_weights
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -127,7 +128,7 @@ def write_checkpoint(path: str | os.PathLike, config: dict, module: nn.Module | 
     state = module if isinstance(module, dict) else module.state_dict()
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items() if k not in skip}
     tmp = folder / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    save_weights(tensors, tmp, metadata={"format": "pt"})
     os.replace(tmp, folder / WEIGHTS)
     with open(folder / "config.json.tmp", "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)

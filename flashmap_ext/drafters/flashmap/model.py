@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from flashmap_ext.checks import check_int
@@ -40,6 +39,7 @@ from flashmap_ext.drafters.flashmap.qwen_block import NormHead, QwenBlock
 from flashmap_ext.rng import drafter_xi
 from flashmap_ext.target.model import hf_causal_lm
 from flashmap_ext.target.tables import TargetTables
+from flashmap_ext.weights_file import save_weights
 
 # Slot-position init std: the slot token is RMSNorm(Linear(Eᵀx)) (unit RMS) + slot_pos. At τ = 0 that state is
 # pure noise, so at the usual 0.02 the slot's identity would be ~3 % of its token and learn slowly.
@@ -456,7 +456,7 @@ class FlashMapDrafter(ReadsTarget, nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         self.config.save(path / "config.json")
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+        save_weights(state, path / "model.safetensors", metadata={"format": "pt"})
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Any, *, dtype: torch.dtype | str | None = None) -> "FlashMapDrafter":
