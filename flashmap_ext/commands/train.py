@@ -68,6 +68,9 @@ def add_parser(subparsers) -> None:
     flow.add_argument("--tau0-frac", type=runner.fraction_arg, default=0.0,
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
+    flow.add_argument("--rollout-weight", type=runner.fraction_arg, default=0.0, metavar="W",
+                      help="share W of the loss given to the 2-step draft's second evaluation, trained at the "
+                           "--tau0-frac blocks on the state the draft builds from the first one (default 0)")
     add_slot_decay(flow, "7", "default 7 (DFlash's value for 15 slots)")
     flow.add_argument("--no-head-recompute", action="store_true",
                       help="keep the draft-vocab logits for backward instead of recomputing the head under "
@@ -238,12 +241,14 @@ def run_flow(args) -> int:
     if options["loss"] == "kl" and args.tau0_frac <= 0:
         raise ValueError("--loss kl: the flow model trains on the target's distribution at its tau = 0 blocks "
                          "only; set --tau0-frac > 0 (e.g. 0.5)")
+    if args.rollout_weight and args.tau0_frac <= 0:
+        raise ValueError("--rollout-weight: the second step is trained at the tau = 0 blocks; set --tau0-frac > 0")
     if args.clock == "projected":
         drafter.calibrate_clock()  # from the state rows: after the draft vocabulary is set
 
     def loss_fn(model, batch, generator):
         return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
-                         recompute_head=not args.no_head_recompute, **options)
+                         recompute_head=not args.no_head_recompute, rollout_weight=args.rollout_weight, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "flow", target=target)
     return runner.finish("flow", metrics, args)
 

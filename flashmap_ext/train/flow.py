@@ -8,6 +8,8 @@ With `loss="kl"`, blocks at τ = 0 (`tau0_frac` of them) are trained on the targ
 instead (forward KL + ce_weight·CE on its argmax, train/soft_labels.py): there x_t is pure noise, independent
 of the label, so the optimal denoiser is exactly that distribution. Blocks at τ > 0 keep the CE of the data
 token, which their noisy state was made from (its posterior given x_t is not the target's distribution).
+With `rollout_weight` w > 0, blocks at τ = 0 also train the second evaluation of the 2-step draft on the state
+that draft builds (`second_step_loss`); the loss is (1 − w)·(the above) + w·(that CE).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
-from flashmap_ext.drafters.flashmap.flow import interpolant
+from flashmap_ext.drafters.flashmap.flow import flow_map_jump, interpolant
 from flashmap_ext.train.soft_labels import SOFT_KEYS, require_soft_labels, soft_slot_loss
 
 IGNORE = -100
@@ -136,7 +138,8 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
 
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
               anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
-              recompute_head: bool = True, loss: str = "ce", ce_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+              recompute_head: bool = True, loss: str = "ce", ce_weight: float = 0.0,
+              rollout_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """Slot-weighted CE of the flow model on one batch (DESIGN.md §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
@@ -147,9 +150,13 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     to K, `slot_weights`). recompute_head: checkpoint the LM head per anchor chunk (see `chunked`).
     loss: "ce", or "kl" (τ = 0 blocks on the batch's soft labels, module docstring; ValueError without
     them or with tau0_frac = 0, where no block would use them).
-    Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}).
+    rollout_weight: in [0, 1], the share of the loss given to the 2-step draft's second evaluation at the
+    τ = 0 blocks (`second_step_loss`; ValueError when no block is at τ = 0 or for a two-time model).
+    Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}, + step2_loss, step2_acc,
+    step2_accept_len with rollout_weight > 0).
     """
     drafter = unwrap(model)
+    check_rollout(drafter, rollout_weight, tau0_frac)
     if loss == "kl":
         require_soft_labels(batch)
         if tau0_frac <= 0:
@@ -170,12 +177,53 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
             at0 = soft[2][..., None]
             kl = soft_slot_loss(logits, soft[0], soft[1], drafter.to_state_ids, ce_weight)
             ce = torch.where(at0, kl * (soft[1][..., 0] >= 0), ce)
-        return ce, logits.argmax(-1) == y
+        out = ce, logits.argmax(-1) == y
+        return out + (drafter.probs_to_state(torch.softmax(logits.detach(), -1)),) if rollout_weight else out
 
     soft = [b[key] for key in SOFT_KEYS] + [tau == 0] if loss == "kl" else []
-    ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_t, tau, *soft, chunk=anchor_chunk,
-                          recompute=recompute_head)
+    ce, correct, *mean_state = chunked(slot_ce, hidden, b["state_labels"], x_t, tau, *soft, chunk=anchor_chunk,
+                                       recompute=recompute_head)
     valid = b["state_labels"] != IGNORE
     weighted = torch.where((tau == 0)[..., None], b["soft_ids"][..., 0] >= 0, valid) if soft else valid
     total = weighted_mean(ce, weighted, slot_decay)
-    return total, {**block_metrics(total, correct, valid), "tau_mean": float(tau.mean())}
+    metrics = {**block_metrics(total, correct, valid), "tau_mean": float(tau.mean())}
+    if rollout_weight:
+        step2, m2 = second_step_loss(model, b, x_t, mean_state[0], tau == 0, anchor_chunk=anchor_chunk,
+                                     slot_decay=slot_decay, recompute_head=recompute_head)
+        total = (1.0 - rollout_weight) * total + rollout_weight * step2
+        metrics.update({f"step2_{k}": m2[k] for k in ("loss", "acc", "accept_len")}, loss=float(total.detach()))
+    return total, metrics
+
+
+def check_rollout(drafter: FlashMapDrafter, rollout_weight: float, tau0_frac: float) -> None:
+    """ValueError unless rollout_weight is 0, or in (0, 1] with blocks at τ = 0 and a flow model (one time)."""
+    if not 0.0 <= rollout_weight <= 1.0:
+        raise ValueError(f"rollout_weight must be in [0, 1], got {rollout_weight}")
+    if rollout_weight and tau0_frac <= 0:
+        raise ValueError("rollout_weight: the second step is trained on the blocks at τ = 0; set tau0_frac > 0")
+    if rollout_weight and drafter.config.two_time:
+        raise ValueError("rollout_weight: trains a flow model's 2-step draft; this drafter is a two-time map")
+
+
+def second_step_loss(model: torch.nn.Module, b: dict, z: torch.Tensor, mean_state: torch.Tensor,
+                     at0: torch.Tensor, *, anchor_chunk: int, slot_decay: float | None,
+                     recompute_head: bool) -> tuple[torch.Tensor, dict]:
+    """The second evaluation of the 2-step draft (drafters/flashmap/draft.py) at the blocks at0 [B, A]:
+    x_mid = X_{0,t(½)}(z) = (1 − t(½))·z + t(½)·softmax(first evaluation)·E (mean_state [B, A, K, d], no
+    gradient through it), logits = net(x_mid, ½, 1), slot-weighted CE against the labels. z [B, A, K, d]: the
+    blocks' noise (x_t at τ = 0). b: `prepare_batch` output. Returns (loss, block_metrics of those blocks)."""
+    drafter = unwrap(model)
+    B, A = at0.shape
+    x_mid = flow_map_jump(z, mean_state, z.new_zeros(B, A, 1), z.new_full((B, A, 1), drafter.t_mid))
+    half, one = z.new_full((B, A), 0.5), z.new_ones(B, A)
+    hidden = model(b["taps"], b["input_ids"], b["anchor_pos"], x_mid, half, one, return_hidden=True)
+
+    def slot_ce(h: torch.Tensor, y: torch.Tensor, x: torch.Tensor, tau_c: torch.Tensor):
+        logits = drafter.logits_from_hidden(h, drafter.state_term(x, tau_c))
+        ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none").view_as(y)
+        return ce, logits.argmax(-1) == y
+
+    ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_mid, half, chunk=anchor_chunk, recompute=recompute_head)
+    valid = (b["state_labels"] != IGNORE) & at0[..., None]
+    loss = weighted_mean(ce, valid, slot_decay)
+    return loss, block_metrics(loss, correct, valid)

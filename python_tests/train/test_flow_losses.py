@@ -6,6 +6,7 @@ import torch
 
 from conftest import tiny_qwen3
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
+from flashmap_ext.drafters.flashmap.draft import draft_flashmap
 from flashmap_ext.drafters.flashmap.flow import flow_map_jump, t_of_tau
 from flashmap_ext.train.distill import assign_roles, distill_loss, make_student, sample_times
 from flashmap_ext.train.flow import block_taus, flow_loss, noisy_states, slot_weights, stratified_uniform
@@ -205,3 +206,46 @@ def test_distill_loss_is_finite_and_decreases(target):
     assert torch.isfinite(loss) and set(metrics) >= {"loss", "loss_zero", "loss_jump", "acc_01", "tokens"}
     losses = _overfit(student, lambda m, b, g: distill_loss(m, teacher, b, g, 0.25), batch, steps=25, lr=3e-3)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("trunk", [{}, {"trunk": "qwen3", "width": 64, "kv_heads": 2, "tau_gated_input": True}])
+@torch.no_grad()
+def test_rollout_weight_trains_the_two_step_drafts_second_evaluation(target, trunk):
+    """rollout_weight = 1: the loss is the slot-weighted CE of the 2-step draft's logits, as the inference path
+    (draft_flashmap, steps=2, one block at a time from a memory of its prefix) computes them from the same noise."""
+    drafter = make_flow(target, **trunk).eval()
+    batch = make_batch(drafter)
+    loss, m = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0, rollout_weight=1.0)
+    g = torch.Generator().manual_seed(5)
+    block_taus(2, 4, g, 1.0)  # the loss draws τ, then the noise, from its generator
+    z = noisy_states(drafter, batch["labels"], torch.zeros(2, 4), g)
+    w, num, den = slot_weights(4), 0.0, 0.0
+    for b in range(2):
+        for a, p in enumerate(batch["anchor_pos"][b].tolist()):
+            if p < 0:
+                continue
+            memory = drafter.new_memory(1)
+            if p:
+                drafter.extend_memory(memory, batch["input_ids"][b:b + 1, :p], batch["taps"][b:b + 1, :p])
+            logits = draft_flashmap(drafter, memory, batch["input_ids"][b, p:p + 1], steps=2, noise=z[b, a:a + 1],
+                                    return_logits=True).logits[0].double()
+            for k, y in enumerate(batch["labels"][b, a].tolist()):
+                if y >= 0:
+                    num += float(w[k]) * float(torch.logsumexp(logits[k], 0) - logits[k, y])
+                    den += float(w[k])
+    assert loss.item() == pytest.approx(num / den, rel=1e-4)
+    assert m["step2_loss"] == pytest.approx(num / den, rel=1e-4) and 0 <= m["step2_acc"] <= 1
+    half, _ = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0, rollout_weight=0.5)
+    one_step, _ = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0)
+    assert half.item() == pytest.approx(0.5 * one_step.item() + 0.5 * num / den, rel=1e-4)
+
+
+def test_rollout_weight_refusals(target):
+    drafter = make_flow(target)
+    batch = make_batch(drafter)
+    for kw, match in [({"rollout_weight": 1.5, "tau0_frac": 1.0}, "rollout_weight must be in"),
+                      ({"rollout_weight": 0.5}, "tau0_frac > 0")]:
+        with pytest.raises(ValueError, match=match):
+            flow_loss(drafter, batch, torch.Generator().manual_seed(0), **kw)
+    with pytest.raises(ValueError, match="two-time"):
+        flow_loss(make_student(drafter), batch, torch.Generator().manual_seed(0), tau0_frac=1.0, rollout_weight=0.5)
