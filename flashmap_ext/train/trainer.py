@@ -150,6 +150,7 @@ class Trainer:
             raise ValueError("model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.step, self.position = 0, 0
+        self.elapsed_before = 0.0  # training seconds of the run before this process (restored on resume)
         use_autocast = cfg.autocast if cfg.autocast is not None else self.device.type == "cuda"
         self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_autocast)
         self.opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -209,8 +210,9 @@ class Trainer:
         values = parallel.mean([totals[k] for k in keys], self.device)
         return {**dict(zip(keys, values)), "grad_norm": float(norm), "lr": self.optimizer.param_groups[0]["lr"]}
 
-    def save(self) -> str | None:
-        """Writes a checkpoint of the current step (collective: every rank must call it)."""
+    def save(self, elapsed: float | None = None) -> str | None:
+        """Writes a checkpoint of the current step (collective: every rank must call it); elapsed: the run's
+        training seconds so far, restored on resume so metrics.jsonl's elapsed_s keeps counting."""
         model_sd = get_model_state_dict(self.model, options=self.opts)
         optim_sd = get_optimizer_state_dict(self.model, self.optimizer, options=self.opts)
         tmp = ckpt.step_dir(self.cfg.out, self.step) + ".tmp"
@@ -222,6 +224,7 @@ class Trainer:
         path = None
         if self.world.main:
             state = {"step": self.step, "position": self.position, "world_size": self.world.size,
+                     "elapsed_s": self.elapsed_before if elapsed is None else round(elapsed, 3),
                      "config": {k: v for k, v in asdict(self.cfg).items() if k != "progress"}}
             ckpt.write_main(tmp, state, model_sd, optim_sd)
             path = ckpt.publish(self.cfg.out, self.step, self.cfg.keep)
@@ -234,6 +237,7 @@ class Trainer:
         set_model_state_dict(self.model, model_sd, options=StateDictOptions(full_state_dict=True))
         set_optimizer_state_dict(self.model, self.optimizer, optim_sd, options=StateDictOptions(full_state_dict=True))
         self.step, self.position = state["step"], state["position"]
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))  # absent in checkpoints written before it
         if rng is not None:
             ckpt.set_rng_state(*rng)
 
@@ -252,7 +256,7 @@ class Trainer:
             self.log(metrics, started)
         stopping = parallel.any_true(stop.set, self.device)
         if stopping or self.step == cfg.steps or (cfg.save_every and self.step % cfg.save_every == 0):
-            self.save()
+            self.save(time.time() - started)
         return {**metrics, "stopped": stopping}
 
     def last_logged(self) -> dict:
@@ -269,7 +273,7 @@ class Trainer:
     def run(self) -> dict:
         """Trains until cfg.steps (or a signal); checkpoints every save_every steps and at the end. A run
         resumed at or past cfg.steps trains nothing: its last logged metrics, with "complete": True."""
-        cfg, metrics, started = self.cfg, {}, time.time()
+        cfg, metrics, started = self.cfg, {}, time.time() - self.elapsed_before
         if self.step >= cfg.steps:
             self._pool.shutdown()
             return {"step": self.step, **self.last_logged(), "complete": True}

@@ -82,6 +82,8 @@ def test_resume_after_sigterm_is_bit_exact(tmp_path):
     ref = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in logs] == list(range(1, 11))
     assert [m["loss"] for m in logs] == [m["loss"] for m in ref]
+    elapsed = [m["elapsed_s"] for m in logs]
+    assert elapsed == sorted(elapsed) and elapsed[5] >= elapsed[4] > 0, "elapsed_s keeps counting across the resume"
     kept = sorted(os.listdir(tmp_path / "b" / "checkpoints"))
     assert kept == ["latest", "step-00000009", "step-00000010"]  # keep=2, no .tmp left behind
     weights = ckpt.load_model_weights(str(tmp_path / "b" / "checkpoints" / "step-00000010"), Net())
