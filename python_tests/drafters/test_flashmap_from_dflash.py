@@ -65,6 +65,7 @@ def test_layers_copy_over_and_warm_start_dispatches(target, tmp_path):
     (dict(tau_gated_input=False), "--tau-gated-input flow model only"),
     (dict(n_layers=2), "--layers: 1 in the DFlash checkpoint, 2 in this run"),
     (dict(block_size=K + 1), f"--block-size .*: {K} in the DFlash checkpoint, {K + 1} in this run"),
+    (dict(n_layers=2, block_size=K + 1), f"--layers: 1 in .* run; --block-size .*: {K} in the DFlash checkpoint"),
 ])
 def test_refusals(target, fields, why):
     dflash, flow = pair(target, **fields)

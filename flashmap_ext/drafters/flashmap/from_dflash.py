@@ -19,7 +19,8 @@ import torch
 
 
 def dflash_mismatch(drafter, source) -> str | None:
-    """Why `source` (a DFlashDrafter) cannot start `drafter` (a FlashMapDrafter), or None when it can."""
+    """Why `source` (a DFlashDrafter) cannot start `drafter` (a FlashMapDrafter), or None when it can (every
+    differing shape flag at once, so one rerun fixes them all)."""
     c, s = drafter.config, source.config
     if c.trunk != "qwen3":
         return "a DFlash checkpoint starts the qwen3 trunk only (--trunk qwen3)"
@@ -31,9 +32,10 @@ def dflash_mismatch(drafter, source) -> str | None:
              ("--block-size (its draft slots: DFlash's block size less the anchor)", c.block_size, s.block_size - 1),
              ("--tap-layers", tuple(c.target_layer_ids), tuple(s.target_layer_ids)),
              ("RoPE base", c.rope_theta, s.rope_theta), ("context window", c.context_window, s.context_window)]
-    for name, mine, theirs in pairs:
-        if mine != theirs:
-            return f"{name}: {theirs} in the DFlash checkpoint, {mine} in this run"
+    wrong = [f"{name}: {theirs} in the DFlash checkpoint, {mine} in this run" for name, mine, theirs in pairs
+             if mine != theirs]
+    if wrong:
+        return "; ".join(wrong)
     if abs(c.norm_eps - s.rms_norm_eps) > 1e-9 or s.attention_bias or s.rope_scaling:
         return "its norm eps, attention bias or RoPE scaling differ from the qwen3 trunk's"
     if any(s.layer_attention(i) != (False, None) for i in range(s.num_hidden_layers)):
