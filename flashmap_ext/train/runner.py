@@ -413,12 +413,14 @@ def check_same_flags(out: str, args, steps: int | None = None) -> None:
             return os.path.samefile(a, b)
         return a == b
 
-    changed = [f"--{key.replace('_', '-')} {now[key]} (the run's: {before[key]})"
+    def shown(key: str, value) -> str:
+        return f"not given: the default, under --preset {before.get('preset')}" if value is None else str(value)
+
+    changed = [f"--{key.replace('_', '-')} {shown(key, now[key])} (the run's: {shown(key, before[key])})"
                for key in before if key in now and key not in RESUME_MAY_CHANGE and not same(before[key], now[key])]
     if changed:
-        raise ValueError(f"--resume: {out} was started with other flags: {'; '.join(changed)} (None = the "
-                         f"preset's default); rerun with the run's flags ({out}/run.json \"args\"), or choose "
-                         "another --out")
+        raise ValueError(f"--resume: {out} was started with other flags: {'; '.join(changed)}; rerun with the "
+                         f"run's flags ({out}/run.json \"args\"), or choose another --out")
 
 
 def export(drafter: torch.nn.Module, args) -> str:

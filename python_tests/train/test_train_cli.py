@@ -238,9 +238,9 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path):
             "2", "--out", str(run), "--steps", "1"]
     assert main(args) == 0
     before = (run / "run.json").read_text()
-    with pytest.raises(ValueError, match=r"^--resume: .* --width 64 \(the run's: None\)"):
+    with pytest.raises(ValueError, match=r"^--resume: .* --width 64 \(the run's: not given: the default, under --preset cpu-tiny\)"):
         main(args + ["--resume", "--width", "64"])
-    with pytest.raises(ValueError, match=r"--lr 0.005 \(the run's: None\).*--seed 3 \(the run's: 0\)"):
+    with pytest.raises(ValueError, match=r"--lr 0.005 \(the run's: not given: the default, under --preset cpu-tiny\).*--seed 3 \(the run's: 0\)"):
         main(args + ["--resume", "--lr", "5e-3", "--seed", "3"])
     assert (run / "run.json").read_text() == before
     (tmp_path / "x").mkdir()
