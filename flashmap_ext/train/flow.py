@@ -139,7 +139,7 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
               anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
               recompute_head: bool = True, loss: str = "ce", ce_weight: float = 0.0,
-              rollout_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+              rollout_weight: float = 0.0, rollout_reachable: bool = False) -> tuple[torch.Tensor, dict]:
     """Slot-weighted CE of the flow model on one batch (DESIGN.md §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
@@ -152,11 +152,13 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     them or with tau0_frac = 0, where no block would use them).
     rollout_weight: in [0, 1], the share of the loss given to the 2-step draft's second evaluation at the
     τ = 0 blocks (`second_step_loss`; ValueError when no block is at τ = 0 or for a two-time model).
+    rollout_reachable: that CE only at the slots verification reaches, those whose first-step draft prefix
+    is right (`reachable_slots`): there slot k's target is the token after the draft's own prefix.
     Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}, + step2_loss, step2_acc,
     step2_accept_len with rollout_weight > 0).
     """
     drafter = unwrap(model)
-    check_rollout(drafter, rollout_weight, tau0_frac)
+    check_rollout(drafter, rollout_weight, tau0_frac, rollout_reachable)
     if loss == "kl":
         require_soft_labels(batch)
         if tau0_frac <= 0:
@@ -188,30 +190,42 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     total = weighted_mean(ce, weighted, slot_decay)
     metrics = {**block_metrics(total, correct, valid), "tau_mean": float(tau.mean())}
     if rollout_weight:
-        step2, m2 = second_step_loss(model, b, x_t, mean_state[0], tau == 0, anchor_chunk=anchor_chunk,
+        reach = reachable_slots(correct) if rollout_reachable else None
+        step2, m2 = second_step_loss(model, b, x_t, mean_state[0], tau == 0, reach, anchor_chunk=anchor_chunk,
                                      slot_decay=slot_decay, recompute_head=recompute_head)
         total = (1.0 - rollout_weight) * total + rollout_weight * step2
         metrics.update({f"step2_{k}": m2[k] for k in ("loss", "acc", "accept_len")}, loss=float(total.detach()))
     return total, metrics
 
 
-def check_rollout(drafter: FlashMapDrafter, rollout_weight: float, tau0_frac: float) -> None:
-    """ValueError unless rollout_weight is 0, or in (0, 1] with blocks at τ = 0 and a flow model (one time)."""
+def check_rollout(drafter: FlashMapDrafter, rollout_weight: float, tau0_frac: float, reachable: bool = False) -> None:
+    """ValueError unless rollout_weight is 0 (and reachable False), or in (0, 1] with blocks at τ = 0 and a
+    flow model (one time)."""
     if not 0.0 <= rollout_weight <= 1.0:
         raise ValueError(f"rollout_weight must be in [0, 1], got {rollout_weight}")
     if rollout_weight and tau0_frac <= 0:
         raise ValueError("rollout_weight: the second step is trained on the blocks at τ = 0; set tau0_frac > 0")
+    if reachable and not rollout_weight:
+        raise ValueError("rollout_reachable: selects the second step's slots; set rollout_weight > 0")
     if rollout_weight and drafter.config.two_time:
         raise ValueError("rollout_weight: trains a flow model's 2-step draft; this drafter is a two-time map")
 
 
+def reachable_slots(correct: torch.Tensor) -> torch.Tensor:
+    """correct [..., K] bool (draft slot right) -> [..., K] bool: every earlier slot right, so verification
+    gets to slot k (slot 1 always)."""
+    right = correct.long().cumprod(-1).bool()
+    return torch.cat([torch.ones_like(right[..., :1]), right[..., :-1]], -1)
+
+
 def second_step_loss(model: torch.nn.Module, b: dict, z: torch.Tensor, mean_state: torch.Tensor,
-                     at0: torch.Tensor, *, anchor_chunk: int, slot_decay: float | None,
-                     recompute_head: bool) -> tuple[torch.Tensor, dict]:
+                     at0: torch.Tensor, reach: torch.Tensor | None = None, *, anchor_chunk: int,
+                     slot_decay: float | None, recompute_head: bool) -> tuple[torch.Tensor, dict]:
     """The second evaluation of the 2-step draft (drafters/flashmap/draft.py) at the blocks at0 [B, A]:
     x_mid = X_{0,t(½)}(z) = (1 − t(½))·z + t(½)·softmax(first evaluation)·E (mean_state [B, A, K, d], no
     gradient through it), logits = net(x_mid, ½, 1), slot-weighted CE against the labels. z [B, A, K, d]: the
-    blocks' noise (x_t at τ = 0). b: `prepare_batch` output. Returns (loss, block_metrics of those blocks)."""
+    blocks' noise (x_t at τ = 0). b: `prepare_batch` output. reach [B, A, K] bool: the CE at these slots only
+    (`reachable_slots`; None: all). Returns (loss, block_metrics of the at0 blocks over all their slots)."""
     drafter = unwrap(model)
     B, A = at0.shape
     x_mid = flow_map_jump(z, mean_state, z.new_zeros(B, A, 1), z.new_full((B, A, 1), drafter.t_mid))
@@ -225,5 +239,5 @@ def second_step_loss(model: torch.nn.Module, b: dict, z: torch.Tensor, mean_stat
 
     ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_mid, half, chunk=anchor_chunk, recompute=recompute_head)
     valid = (b["state_labels"] != IGNORE) & at0[..., None]
-    loss = weighted_mean(ce, valid, slot_decay)
+    loss = weighted_mean(ce, valid if reach is None else valid & reach, slot_decay)
     return loss, block_metrics(loss, correct, valid)
