@@ -74,6 +74,9 @@ def add_parser(subparsers) -> None:
     flow.add_argument("--rollout-reachable", action="store_true",
                       help="with --rollout-weight: the second evaluation's CE only at the slots verification "
                            "reaches (every earlier slot of the first evaluation's draft right)")
+    flow.add_argument("--reachable", action="store_true",
+                      help="the --tau0-frac blocks' CE only at the slots verification reaches (every earlier slot "
+                           "of their 1-step draft right): slot k learns the token after the draft's own prefix")
     add_slot_decay(flow, "7", "default 7 (DFlash's value for 15 slots)")
     flow.add_argument("--no-head-recompute", action="store_true",
                       help="keep the draft-vocab logits for backward instead of recomputing the head under "
@@ -246,6 +249,8 @@ def run_flow(args) -> int:
                          "only; set --tau0-frac > 0 (e.g. 0.5)")
     if args.rollout_weight and args.tau0_frac <= 0:
         raise ValueError("--rollout-weight: the second step is trained at the tau = 0 blocks; set --tau0-frac > 0")
+    if args.reachable and args.tau0_frac <= 0:
+        raise ValueError("--reachable: selects the slots of the tau = 0 blocks; set --tau0-frac > 0")
     if args.rollout_reachable and not args.rollout_weight:
         raise ValueError("--rollout-reachable: selects the second step's slots; set --rollout-weight > 0")
     if args.clock == "projected":
@@ -254,7 +259,7 @@ def run_flow(args) -> int:
     def loss_fn(model, batch, generator):
         return flow_loss(model, batch, generator, tau0_frac=args.tau0_frac, slot_decay=decay,
                          recompute_head=not args.no_head_recompute, rollout_weight=args.rollout_weight,
-                         rollout_reachable=args.rollout_reachable, **options)
+                         rollout_reachable=args.rollout_reachable, reachable=args.reachable, **options)
     metrics = runner.run_stage(drafter, loss_fn, args, run, "flow", target=target)
     return runner.finish("flow", metrics, args)
 

@@ -139,7 +139,8 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
               anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
               recompute_head: bool = True, loss: str = "ce", ce_weight: float = 0.0,
-              rollout_weight: float = 0.0, rollout_reachable: bool = False) -> tuple[torch.Tensor, dict]:
+              rollout_weight: float = 0.0, rollout_reachable: bool = False,
+              reachable: bool = False) -> tuple[torch.Tensor, dict]:
     """Slot-weighted CE of the flow model on one batch (DESIGN.md §4).
 
     model: a FlashMapDrafter (usually `two_time=False`; a flow map is trained on its diagonal τ_s = τ_t),
@@ -154,6 +155,7 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     τ = 0 blocks (`second_step_loss`; ValueError when no block is at τ = 0 or for a two-time model).
     rollout_reachable: that CE only at the slots verification reaches, those whose first-step draft prefix
     is right (`reachable_slots`): there slot k's target is the token after the draft's own prefix.
+    reachable: the same for the τ = 0 blocks' own CE (the 1-step draft's slots verification reaches).
     Returns (scalar loss with grad, {loss, acc, accept_len, tokens, tau_mean}, + step2_loss, step2_acc,
     step2_accept_len with rollout_weight > 0).
     """
@@ -187,6 +189,8 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
                                        recompute=recompute_head)
     valid = b["state_labels"] != IGNORE
     weighted = torch.where((tau == 0)[..., None], b["soft_ids"][..., 0] >= 0, valid) if soft else valid
+    if reachable:
+        weighted = weighted & (reachable_slots(correct) | (tau != 0)[..., None])
     total = weighted_mean(ce, weighted, slot_decay)
     metrics = {**block_metrics(total, correct, valid), "tau_mean": float(tau.mean())}
     if rollout_weight:

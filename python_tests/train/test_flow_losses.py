@@ -213,13 +213,14 @@ def test_distill_loss_is_finite_and_decreases(target):
 def test_rollout_weight_trains_the_two_step_drafts_second_evaluation(target, trunk):
     """rollout_weight = 1: the loss is the slot-weighted CE of the 2-step draft's logits, as the inference path
     (draft_flashmap, steps=2, one block at a time from a memory of its prefix) computes them from the same noise;
-    rollout_reachable: only at slots whose 1-step draft prefix equals the labels (row 0's labels start with it)."""
+    rollout_reachable (and reachable, for the first evaluation's CE): only at slots whose 1-step draft prefix
+    equals the labels (row 0's labels start with it)."""
     drafter = make_flow(target, **trunk).eval()
     batch = make_batch(drafter)
     g = torch.Generator().manual_seed(5)
     block_taus(2, 4, g, 1.0)  # the loss draws τ, then the noise (independent of the labels), from its generator
     z = noisy_states(drafter, batch["labels"], torch.zeros(2, 4), g)
-    w, num, den, num_r, den_r = slot_weights(4), 0.0, 0.0, 0.0, 0.0
+    w, num, den, num_r, den_r, num_1, den_1 = slot_weights(4), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     for b in range(2):
         for a, p in enumerate(batch["anchor_pos"][b].tolist()):
             if p < 0:
@@ -228,7 +229,8 @@ def test_rollout_weight_trains_the_two_step_drafts_second_evaluation(target, tru
             if p:
                 drafter.extend_memory(memory, batch["input_ids"][b:b + 1, :p], batch["taps"][b:b + 1, :p])
             anchor = batch["input_ids"][b, p:p + 1]
-            first = draft_flashmap(drafter, memory, anchor, steps=1, noise=z[b, a:a + 1]).tokens[0]
+            one = draft_flashmap(drafter, memory, anchor, steps=1, noise=z[b, a:a + 1], return_logits=True)
+            first, logits_1 = one.tokens[0], one.logits[0].double()
             if b == 0:
                 batch["labels"][0, a, :a] = first[:a]  # block a: its first a slots drafted right
             logits = draft_flashmap(drafter, memory, anchor, steps=2, noise=z[b, a:a + 1],
@@ -239,12 +241,16 @@ def test_rollout_weight_trains_the_two_step_drafts_second_evaluation(target, tru
                     num, den = num + ce, den + float(w[k])
                     if torch.equal(first[:k], batch["labels"][b, a, :k]):  # verification reaches slot k
                         num_r, den_r = num_r + ce, den_r + float(w[k])
+                        ce_1 = float(w[k]) * float(torch.logsumexp(logits_1[k], 0) - logits_1[k, y])
+                        num_1, den_1 = num_1 + ce_1, den_1 + float(w[k])
     loss, m = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0, rollout_weight=1.0)
     assert loss.item() == pytest.approx(num / den, rel=1e-4)
     assert m["step2_loss"] == pytest.approx(num / den, rel=1e-4) and 0 <= m["step2_acc"] <= 1
     reach, _ = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0, rollout_weight=1.0,
                          rollout_reachable=True)
     assert den_r < den and reach.item() == pytest.approx(num_r / den_r, rel=1e-4)
+    reach_1, _ = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0, reachable=True)
+    assert reach_1.item() == pytest.approx(num_1 / den_1, rel=1e-4)
     half, _ = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0, rollout_weight=0.5)
     one_step, _ = flow_loss(drafter, batch, torch.Generator().manual_seed(5), tau0_frac=1.0)
     assert half.item() == pytest.approx(0.5 * one_step.item() + 0.5 * num / den, rel=1e-4)
