@@ -326,15 +326,17 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
             held.enter_context(writer_lock(args.out, "training run", "two trainers would overwrite each "
                                                                       "other's checkpoints"))
         check_out_dir(args.out, name, args.resume)
-        if args.resume:
-            check_same_flags(args.out, args, run["steps"])
+        newest = latest(args.out) if args.resume else None
+        complete = newest is not None and int(os.path.basename(newest).split("-")[-1]) >= run["steps"]
+        if args.resume:  # a complete run trains nothing: no schedule note, and its run.json stays as it is
+            check_same_flags(args.out, args, None if complete else run["steps"])
         if getattr(args, "add_layers", False) and not getattr(args, "init_from", None):
             raise ValueError("--add-layers deepens the --init-from checkpoint: pass --init-from DIR")
         if getattr(args, "init_from", None) and not (args.resume and latest(args.out)):  # a checkpoint wins
             if target is None:
                 raise ValueError(f"--init-from: the {name} stage does not take a warm start")
             warm_start(drafter, args.init_from, target, add_layers=getattr(args, "add_layers", False))
-        if int(os.environ.get("RANK", "0")) == 0:
+        if int(os.environ.get("RANK", "0")) == 0 and not complete:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "run.json"), "w") as f:
                 json.dump({"stage": name, "args": {k: v for k, v in vars(args).items() if k != "func"},

@@ -226,6 +226,10 @@ def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):
     assert f"already complete (step 2 of 2); nothing to train. Last logged loss {logged['loss']:.4f}" in out
     assert f"flow: step 2, loss {logged['loss']:.4f}" in out
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2   # nothing appended
+    record = (run / "run.json").read_text()
+    assert main(args[:-3] + ["1", "--log-every", "1", "--resume"]) == 0   # fewer --steps: still nothing to train
+    assert "already complete (step 2 of 1)" in capsys.readouterr().out
+    assert (run / "run.json").read_text() == record, "a run that trains nothing keeps its record"
 
 
 def test_resume_refuses_flags_other_than_the_runs(tmp_path):
