@@ -18,7 +18,7 @@
 #   $OUT/T<t>/compare-*.md (paired Δγ).
 set -euo pipefail
 
-FLOW=${FLOW:-checkpoints/flashmap-flow-qwen2.5-coder-0.5b}
+FLOW=${FLOW:-checkpoints/flashmap-flow-qwen3-qwen2.5-coder-0.5b}
 DFLASH=${DFLASH:-checkpoints/dflash-qwen2.5-coder-0.5b}
 DFLASH2=${DFLASH2-checkpoints/dflash2-qwen2.5-coder-0.5b}
 OUT=${OUT:-runs/compare}; CORES=${CORES:-0}; TEMPS=${TEMPS:-0,1}
