@@ -69,7 +69,7 @@ def add_parser(subparsers) -> None:
                       help="fraction of blocks trained at τ = 0 (pure noise, what 1-step drafting sees); the rest "
                            "τ ~ U[0,1] stratified (default 0: the FLM recipe)")
     flow.add_argument("--rollout-weight", type=runner.fraction_arg, default=0.0, metavar="W",
-                      help="share W of the loss given to the 2-step draft's second evaluation, trained at the "
+                      help="share W in [0, 1] of the loss given to the 2-step draft's second evaluation, trained at the "
                            "--tau0-frac blocks on the state the draft builds from the first one (default 0)")
     flow.add_argument("--rollout-reachable", action="store_true",
                       help="with --rollout-weight: the second evaluation's CE only at the slots verification "
