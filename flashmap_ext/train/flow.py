@@ -136,6 +136,15 @@ def block_taus(batch_size: int, num_anchors: int, generator: torch.Generator, ta
     return tau.view(batch_size, num_anchors)
 
 
+def head_ce(drafter: FlashMapDrafter, h: torch.Tensor, y: torch.Tensor, x: torch.Tensor,
+            tau_c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [..., K, V_s] fp32, per-slot CE [..., K] against y, 0 where y = −100) of hidden h [..., K, d] for
+    slot states x at clocks tau_c [...]."""
+    logits = drafter.logits_from_hidden(h, drafter.state_term(x, tau_c))
+    ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none").view_as(y)
+    return logits, ce
+
+
 def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *,
               anchor_chunk: int = 16, tau0_frac: float = 0.0, slot_decay: float | None = SLOT_DECAY,
               recompute_head: bool = True, loss: str = "ce", ce_weight: float = 0.0,
@@ -175,8 +184,7 @@ def flow_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator, *
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"], x_t, tau, tau, return_hidden=True)
 
     def slot_ce(h: torch.Tensor, y: torch.Tensor, x: torch.Tensor, tau_c: torch.Tensor, *soft: torch.Tensor):
-        logits = drafter.logits_from_hidden(h, drafter.state_term(x, tau_c))
-        ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none").view_as(y)
+        logits, ce = head_ce(drafter, h, y, x, tau_c)
         if soft:
             at0 = soft[2][..., None]
             kl = soft_slot_loss(logits, soft[0], soft[1], drafter.to_state_ids, ce_weight)
@@ -237,8 +245,7 @@ def second_step_loss(model: torch.nn.Module, b: dict, z: torch.Tensor, mean_stat
     hidden = model(b["taps"], b["input_ids"], b["anchor_pos"], x_mid, half, one, return_hidden=True)
 
     def slot_ce(h: torch.Tensor, y: torch.Tensor, x: torch.Tensor, tau_c: torch.Tensor):
-        logits = drafter.logits_from_hidden(h, drafter.state_term(x, tau_c))
-        ce = F.cross_entropy(logits.flatten(0, -2), y.flatten(), ignore_index=IGNORE, reduction="none").view_as(y)
+        logits, ce = head_ce(drafter, h, y, x, tau_c)
         return ce, logits.argmax(-1) == y
 
     ce, correct = chunked(slot_ce, hidden, b["state_labels"], x_mid, half, chunk=anchor_chunk, recompute=recompute_head)
