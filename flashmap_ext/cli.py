@@ -72,6 +72,12 @@ def interrupt_hint(args, started: float) -> str:
     return RESUME_HINT.get(args.command, "")
 
 
+def command_name(args) -> str:
+    """`train flow`, `bench compare`, `generate`: the words that name what ran, as its parser's errors do."""
+    words = [args.command, getattr(args, "stage", None), getattr(args, "action", None)]
+    return " ".join(w for w in words if w)
+
+
 def main(argv=None) -> int:
     """Runs one command. User errors (bad arguments, missing files) print one line and exit 2; Ctrl-C prints
     one line and exits 130; FLASHMAP_DEBUG=1 shows the full traceback instead."""
@@ -92,13 +98,13 @@ def main(argv=None) -> int:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         message = " ".join(str(err).split())  # one line, whatever the library's message looked like
-        print(f"flashmap {args.command}: error: {message}", file=sys.stderr)
+        print(f"flashmap {command_name(args)}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if os.environ.get("FLASHMAP_DEBUG") == "1":
             raise
         print(flush=True)  # ends a line the command was streaming (generate, demo) before the stderr line
-        print(f"flashmap {args.command}: interrupted{interrupt_hint(args, started)}", file=sys.stderr)
+        print(f"flashmap {command_name(args)}: interrupted{interrupt_hint(args, started)}", file=sys.stderr)
         return 130
 
 

@@ -245,12 +245,12 @@ def run_flow(args) -> int:
     decay = slot_decay_arg(args.slot_decay)
     options = runner.loss_options(args)
     if options["loss"] == "kl" and args.tau0_frac <= 0:
-        raise ValueError("--loss kl: the flow model trains on the target's distribution at its tau = 0 blocks "
+        raise ValueError("--loss kl: the flow model trains on the target's distribution at its τ = 0 blocks "
                          "only; set --tau0-frac > 0 (e.g. 0.5)")
     if args.rollout_weight and args.tau0_frac <= 0:
-        raise ValueError("--rollout-weight: the second step is trained at the tau = 0 blocks; set --tau0-frac > 0")
+        raise ValueError("--rollout-weight: the second step is trained at the τ = 0 blocks; set --tau0-frac > 0")
     if args.reachable and args.tau0_frac <= 0:
-        raise ValueError("--reachable: selects the slots of the tau = 0 blocks; set --tau0-frac > 0")
+        raise ValueError("--reachable: selects the slots of the τ = 0 blocks; set --tau0-frac > 0")
     if args.rollout_reachable and not args.rollout_weight:
         raise ValueError("--rollout-reachable: selects the second step's slots; set --rollout-weight > 0")
     if args.clock == "projected":

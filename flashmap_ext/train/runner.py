@@ -80,7 +80,7 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss", choices=LOSSES, default="ce",
                    help="ce: cross-entropy of the data tokens; kl: forward KL to the target's top-k distribution "
                         "stored by `flashmap features --topk K` (+ --kl-ce-weight x CE on its argmax; the flow "
-                        "model uses it at its tau = 0 blocks). Default ce")
+                        "model uses it at its τ = 0 blocks). Default ce")
     g.add_argument("--kl-ce-weight", type=float, default=0.0, metavar="W",
                    help="--loss kl: weight of the CE on the target's argmax added to the KL (default 0)")
     g.add_argument("--seed", type=seed_arg, default=0)

@@ -55,7 +55,7 @@ def test_unknown_row_and_bad_pair_are_refused(tmp_path, capsys):
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results()))
     assert compare([str(path), "--pair", "A"]) == 2
-    assert capsys.readouterr().err == "flashmap bench: error: --pair 'A': expected A,B (two bench row names)\n"
+    assert capsys.readouterr().err == "flashmap bench compare: error: --pair 'A': expected A,B (two bench row names)\n"
     assert compare([str(path), "--pair", "A,B", "--out", str(tmp_path / "d.json")]) == 0
     assert json.loads((tmp_path / "d.json").read_text())["A - B"]["gsm8k"]["prompts"] == 2
 
@@ -237,11 +237,11 @@ def test_rows_without_gamma_or_shared_prompts_are_refused_in_one_line(tmp_path, 
     path.write_text(json.dumps(res))
     assert compare([str(path), "--pair", "A,HF greedy"]) == 2
     err = capsys.readouterr().err
-    assert err == ("flashmap bench: error: --pair A,HF greedy: row 'HF greedy' has no γ (no drafting rounds: AR and "
+    assert err == ("flashmap bench compare: error: --pair A,HF greedy: row 'HF greedy' has no γ (no drafting rounds: AR and "
                    "the peer rows such as HF greedy and prompt lookup draft nothing)\n")
     assert compare([str(path), "--pair", "A,C"]) == 2  # A only on gsm8k, C only on mtbench
     err = capsys.readouterr().err
-    assert err == ("flashmap bench: error: --pair A,C: rows 'A' and 'C' share no (dataset, prompt) with rounds in "
+    assert err == ("flashmap bench compare: error: --pair A,C: rows 'A' and 'C' share no (dataset, prompt) with rounds in "
                    "both, so there is nothing to pair\n")
 
 
@@ -267,7 +267,7 @@ def test_out_that_cannot_be_a_json_file_is_refused_before_any_output(tmp_path, c
                       f"--out {tmp_path}/no/d.json: no folder {tmp_path}/no; --out is a JSON file path in an existing "
                       "folder")):
         assert compare([str(path), "--pair", "A,B", "--out", str(out)]) == 2
-        assert capsys.readouterr() == ("", f"flashmap bench: error: {err}\n")
+        assert capsys.readouterr() == ("", f"flashmap bench compare: error: {err}\n")
 
 
 def test_missing_default_pair_row_names_the_default_not_the_option(tmp_path, capsys, monkeypatch):
@@ -275,7 +275,7 @@ def test_missing_default_pair_row_names_the_default_not_the_option(tmp_path, cap
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results()))
     assert compare([str(path)]) == 2
-    assert capsys.readouterr().err == ("flashmap bench: error: no row 'FlashMap-2' for the default pair "
+    assert capsys.readouterr().err == ("flashmap bench compare: error: no row 'FlashMap-2' for the default pair "
                                        "FlashMap-2,FlashMap-1 (rows: AR, A, B): give --pair A,B, or --rows for "
                                        "every row's γ\n")
 
@@ -288,8 +288,8 @@ def test_ar_and_a_row_paired_with_itself_are_refused(tmp_path, capsys, monkeypat
     path = tmp_path / "results.json"
     path.write_text(json.dumps(res))
     assert compare([str(path), "--pair", "A,AR"]) == 2
-    assert capsys.readouterr().err == ("flashmap bench: error: --pair A,AR: row 'AR' has no γ (no drafting rounds: "
+    assert capsys.readouterr().err == ("flashmap bench compare: error: --pair A,AR: row 'AR' has no γ (no drafting rounds: "
                                        "AR and the peer rows such as HF greedy and prompt lookup draft nothing)\n")
     assert compare([str(path), "--pair", "B,B"]) == 2
-    assert capsys.readouterr().err == ("flashmap bench: error: --pair B,B: a row paired with itself (Δγ is 0 by "
+    assert capsys.readouterr().err == ("flashmap bench compare: error: --pair B,B: a row paired with itself (Δγ is 0 by "
                                        "construction): name two rows\n")

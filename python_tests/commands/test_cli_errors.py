@@ -575,3 +575,15 @@ def test_trunk_options_that_do_not_fit(tmp_path, capsys):
     assert "--head-mlp: not with --trunk qwen3" in err
     assert "--kv-heads 3: must divide --heads 4" in one_line_error([*flow, "--trunk", "qwen3", "--kv-heads", "3"],
                                                                  capsys)
+
+
+def test_runtime_errors_name_the_stage_as_the_parser_does(tmp_path, capsys):
+    """A refusal raised while `train flow` runs used to say `flashmap train: error:` while the same stage's
+    argument errors say `flashmap train flow: error:`."""
+    argv = ["train", "flow", *TINY, "--features", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]
+    err = one_line_error(argv, capsys)
+    assert err.startswith("flashmap train flow: error: "), err
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--steps", "x"])
+    parse_err = capsys.readouterr().err
+    assert parse_err.startswith("flashmap train flow: error: argument --steps"), parse_err

@@ -34,7 +34,7 @@ def test_rows_in_run_order_with_delta_gamma_against_the_baseline(tmp_path, capsy
 
 def test_no_finished_arm_and_unknown_baseline(tmp_path, capsys):
     assert cli.main(["eval", "ablation", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"flashmap eval: error: {tmp_path}: no finished arm (arm.json + eval/eval.json)\n"
+    assert capsys.readouterr().err == f"flashmap eval ablation: error: {tmp_path}: no finished arm (arm.json + eval/eval.json)\n"
     write_arm(tmp_path, "flow", "flow", "--block-size 5", (1.3, 1.2, 1.25, 1.25), (0.25, 0.16, 0.2, 0.2), 1000)
     with pytest.raises(ValueError, match="--baseline 'dflash'"):
         table.markdown(table.load_arms(tmp_path), "dflash")

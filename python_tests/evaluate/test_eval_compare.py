@@ -18,7 +18,7 @@ from flashmap_ext.evaluate import compare
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
     assert cli.main(["eval", "compare", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"flashmap eval: error: {message}") and err.count("\n") == 1
+    assert err.startswith(f"flashmap eval compare: error: {message}") and err.count("\n") == 1
 
 
 def test_pooled_gamma_and_paired_delta_by_hand():

@@ -181,7 +181,7 @@ def test_cli_prints_one_line_for_a_malformed_point(tmp_path, capsys):
     edit_point(path, "steps", 0)
     assert cli.main(["eval", "curve", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "flashmap eval: error:" in err and "steps must be a positive integer" in err
+    assert err.count("\n") == 1 and "flashmap eval curve: error:" in err and "steps must be a positive integer" in err
 
 
 def test_every_series_has_its_own_line_style(tmp_path, monkeypatch):

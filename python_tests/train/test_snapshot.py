@@ -48,13 +48,13 @@ def test_cli_writes_the_snapshot_and_names_a_missing_step(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["train", "snapshot", str(run), "10", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("flashmap train: error: ") and "step-00000010" in err and err.count("\n") == 1
+    assert err.startswith("flashmap train snapshot: error: ") and "step-00000010" in err and err.count("\n") == 1
 
 
 def test_cli_refuses_a_negative_step_naming_step(tmp_path, capsys):
     run = run_dir(tmp_path, {"w": torch.zeros(2, 3), "d2t": torch.arange(4)})
     assert cli.main(["train", "snapshot", str(run), "-5", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == "flashmap train: error: STEP must be >= 0, got -5\n"
+    assert capsys.readouterr().err == "flashmap train snapshot: error: STEP must be >= 0, got -5\n"
     assert not (tmp_path / "o").exists()
 
 
