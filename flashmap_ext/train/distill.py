@@ -9,6 +9,10 @@ Per block (anchor), with times in τ and states/γ in interpolant time t = t(τ)
 - off-diagonal target, no grad, live student weights: midpoint τ_u = (τ_s+τ_t)/2, A = δ_{s,u}(x_s),
   X_su = ((1−u)/(1−s))·x_s + ((u−s)/(1−s))·A, B = δ_{u,t}(X_su), target = γ·A + (1−γ)·B with
   γ = (1−t)(u−s)/((1−u)(t−s));
+- a τ-gated student (`config.tau_gated_input`) sees no state at τ_s = 0, so its δ_{0,t} is a function of the
+  context alone, and the soft CE's minimiser is the noise average of the exact map's δ_{0,t}(x_0), which is
+  E[x_1 | context] for every t (E X_{0,t}(x_0) = t·E x_1 and E x_0 = 0): the teacher's D(·, 0). Its 0→1 blocks
+  take that target instead of the two half-jumps;
 - loss: slot-weighted soft cross-entropy −Σ_v target_v·log δ̂_{s,t}(x_s)_v, w_k = exp(−(k−1)/7).
 Roles are assigned per anchor column (all rows share them) when A ≥ 2, so the teacher runs only on the
 zero-length columns and the two extra student passes only on the others.
@@ -123,15 +127,18 @@ def _half_jumps(model: nn.Module, drafter: FlashMapDrafter, b: dict, cols: torch
 
 
 def _soft_targets(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter, h: dict) -> torch.Tensor:
-    """Target distributions [B, a, K, V_s] fp32 for one column group (module docstring)."""
-    if kind != "jump":
+    """Target distributions [B, a, K, V_s] fp32 for one column group (module docstring): the teacher's D
+    where h["zero"] (zero-length) or h["start"] (a gated student's 0→1 jump), the semigroup target elsewhere."""
+    if "teacher" in h:
         teacher_d = torch.softmax(teacher.logits_from_hidden(h["teacher"]), -1)
         if kind == "zero":
             return teacher_d
     gamma = h["gamma"][..., None, None]
     a = torch.softmax(student.logits_from_hidden(h["a"]), -1)
     target = gamma * a + (1 - gamma) * torch.softmax(student.logits_from_hidden(h["b"]), -1)
-    return target if kind == "jump" else torch.where(h["zero"][..., None, None], teacher_d, target)
+    if "teacher" not in h:
+        return target
+    return torch.where((h["zero"] | h["start"])[..., None, None], teacher_d, target)
 
 
 def _group_soft_ce(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter, h: dict,
@@ -173,11 +180,13 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
     hidden = student(b["taps"], b["input_ids"], b["anchor_pos"], x_s, times["tau_s"].float(),
                      times["tau_t"].float(), return_hidden=True)
     ce, pred = hidden.new_zeros(b["labels"].shape, dtype=torch.float32), torch.zeros_like(b["labels"])
+    start = one & drafter.config.tau_gated_input  # 0→1 jumps whose target is the teacher's D(·, 0)
     for cols, kind in _column_groups(zero):
         cols_d = cols.to(device)
-        h = {"student": hidden[:, cols_d], "gamma": gamma[:, cols_d], "zero": zero.to(device)[:, cols_d]}
+        h = {"student": hidden[:, cols_d], "gamma": gamma[:, cols_d], "zero": zero.to(device)[:, cols_d],
+             "start": start.to(device)[:, cols_d]}
         with torch.no_grad():
-            if kind != "jump":
+            if kind != "jump" or bool(start[:, cols].any()):
                 h["teacher"] = teacher(b["taps"], b["input_ids"], b["anchor_pos"][:, cols_d], x_s[:, cols_d],
                                        times["tau_s"][:, cols_d].float(), times["tau_s"][:, cols_d].float(),
                                        return_hidden=True)

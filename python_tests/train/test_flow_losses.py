@@ -198,6 +198,35 @@ def test_jump_blocks_match_a_hand_computed_semigroup_target(target):
     assert metrics["loss_jump"] == pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_a_gated_students_zero_to_one_jumps_take_the_teachers_first_step(target, gated):
+    """With `tau_gated_input` the student's δ_{0,1} is context-only: its target is the teacher's D(·, 0),
+    not the two half-jumps (which a non-gated student keeps)."""
+    shape = {"trunk": "qwen3", "width": 64, "kv_heads": 2, "tau_gated_input": gated}
+    teacher = make_flow(target, **shape)
+    student = make_student(teacher)
+    with torch.no_grad():
+        student.t_embedder.mlp[2].weight.normal_(std=0.5)  # δ_{0,1} no longer equals the teacher's D(·, 0)
+    batch = make_batch(teacher, A=4)
+    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))  # the roles distill_loss will draw
+    assert one.any()
+    batch = _only(batch, one)
+    args = (batch["taps"], batch["input_ids"], batch["anchor_pos"])
+    with torch.no_grad():
+        x0 = noisy_states(student, batch["labels"], torch.zeros(2, 4, dtype=torch.float64),
+                          torch.Generator().manual_seed(0))
+        zeros, ones = torch.zeros(2, 4), torch.ones(2, 4)
+        d0 = torch.softmax(teacher.forward_train(*args, x0, zeros, zeros), -1)
+        logp = torch.log_softmax(student.forward_train(*args, x0, zeros, ones), -1)
+        w = slot_weights(4) * (batch["labels"] != -100)
+        expected = ((-(d0 * logp).sum(-1)) * w).sum() / w.sum()
+    _, metrics = distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5)
+    if gated:  # context-only: the noise draw does not matter, so x0 above need not be distill_loss's
+        assert metrics["loss_jump"] == pytest.approx(expected.item(), rel=1e-5)
+    else:
+        assert abs(metrics["loss_jump"] - expected.item()) > 1e-3
+
+
 def test_distill_loss_is_finite_and_decreases(target):
     teacher = make_flow(target)
     student = make_student(teacher)
