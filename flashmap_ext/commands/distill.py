@@ -29,7 +29,9 @@ def run(args) -> int:
         raise ValueError("--loss kl: not an option of `flashmap distill` (its targets are the flow teacher's "
                          "distributions; train the teacher with `train flow --loss kl` instead)")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
-    check_window_matches_teacher(args, teacher_config(args))
+    config = teacher_config(args)
+    check_window_matches_teacher(args, config)
+    check_taps_match_teacher(args, config)
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
     teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
@@ -68,3 +70,15 @@ def check_window_matches_teacher(args, config) -> None:
     if window != requested:
         raise ValueError(f"--context-window {requested}: the student keeps the teacher's context window "
                          f"({window}); train the flow stage (--teacher {args.teacher}) with the window instead")
+
+
+def check_taps_match_teacher(args, config) -> None:
+    """The student reads the teacher's taps (`make_student` copies its config): ValueError for a --tap-layers
+    that names other layers, before any model loads (it would otherwise be recorded in run.json and ignored)."""
+    if getattr(args, "tap_layers", None) is None:
+        return
+    ids = runner.tap_layers(args, None)
+    if list(ids) != list(config.target_layer_ids):
+        taps = ",".join(map(str, config.target_layer_ids))
+        raise ValueError(f"--tap-layers {args.tap_layers}: the student reads the teacher's taps ({taps}); "
+                         f"leave --tap-layers out, or train the flow stage (--teacher {args.teacher}) on those layers")

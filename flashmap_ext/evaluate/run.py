@@ -94,6 +94,10 @@ def spec_drafter(target, path: str, steps: int | None, draws: int, given: str | 
         raise ValueError(f"--drafter {given or f'{path}:{steps}'}: STEPS (and DRAWS) apply to FlashMap drafters "
                          f"only, not {with_article(type(d).__name__)}")
     if draws > 1:
+        if isinstance(d, FlashMapDrafter) and not d.draws_differ(steps):
+            raise ValueError(f"--drafter {given or f'{path}:{steps}x{draws}'}: {draws} noise draws of a "
+                             "tau_gated_input drafter at 1 step are one block repeated (its one-step draft ignores "
+                             "the noise): use 1 draw, or 2 steps")
         return BestOfDrafter(d, steps, draws)
     return StepsDrafter(d, steps) if steps is not None else d
 

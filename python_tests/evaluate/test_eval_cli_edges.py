@@ -82,6 +82,9 @@ def test_eval_echoes_each_drafter_spec_as_given(drafter_dir, tmp_path, capsys):
     target, _ = load_target("tiny-random", "fp32", "cpu")
     DFlashDrafter.for_target(target, mask_token_id=0, num_hidden_layers=1, block_size=4,
                              target_layer_ids=[0, 1]).save_pretrained(tmp_path / "df")
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    FlashMapDrafter.for_target(target, n_layers=1, width=32, heads=2, block_size=4,
+                               tau_gated_input=True).save_pretrained(tmp_path / "gated")
     data = heldout(tmp_path / "h.jsonl", {"math": LONG}, target="tiny-random")
 
     def run(*specs):
@@ -93,7 +96,10 @@ def test_eval_echoes_each_drafter_spec_as_given(drafter_dir, tmp_path, capsys):
     capsys.readouterr()
     for spec, says in ((f"fm={drafter_dir}:3x4", "STEPS must be 1 or 2"),
                        (f"df={tmp_path / 'df'}:1x4", "STEPS (and DRAWS) apply to FlashMap drafters only, not a "
-                                                     "DFlashDrafter")):
+                                                     "DFlashDrafter"),
+                       (f"g={tmp_path / 'gated'}:1x4", "4 noise draws of a tau_gated_input drafter at 1 step are "
+                                                       "one block repeated (its one-step draft ignores the noise): "
+                                                       "use 1 draw, or 2 steps")):  # as `generate --draws` says
         assert run(spec) == 2
         err = capsys.readouterr().err
         assert err == f"flashmap eval: error: --drafter {spec}: {says}\n", err

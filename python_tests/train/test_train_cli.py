@@ -132,6 +132,11 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     with pytest.raises(ValueError, match="keeps the teacher's context window"):
         main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"), "--out",
               str(tmp_path / "map2"), "--context-window", "none"])
+    taps = ",".join(map(str, map_cfg["target_layer_ids"]))
+    with pytest.raises(ValueError, match="^--tap-layers 0: the student reads the teacher's taps"):  # was ignored
+        main(["distill", *train_args, "--teacher", str(tmp_path / "flow" / "drafter"), "--out",
+              str(tmp_path / "map2"), "--tap-layers", "0"])
+    assert taps != "0"
     dflash = [*train_args, "--out", str(tmp_path / "dflash"), "--mask-token-id", "0", "--save-every", "1",
               "--log-every", "1"]
     assert main(["train", "dflash", *dflash, "--steps", "2"]) == 0
