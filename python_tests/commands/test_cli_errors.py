@@ -530,6 +530,17 @@ def test_drafter_given_as_its_weights_file_names_the_folder(tmp_path, capsys, no
     assert f"pass the folder that holds it ({path})" in err, err
 
 
+def test_drafter_given_as_a_runs_latest_pointer_names_the_runs_drafter(tmp_path, capsys, no_loads):
+    """RUN/checkpoints/latest used to point to RUN/checkpoints, which holds no config.json either."""
+    run = tmp_path / "run"
+    tiny_drafter("flashmap", run / "drafter")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step-00000010\n")
+    err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", str(run / "checkpoints" / "latest")],
+                         capsys)
+    assert f"the trained drafter of this run is {run / 'drafter'}" in err, err
+
+
 @pytest.mark.parametrize("teacher, message", [
     ("missing", "--teacher {p}: no such directory"),
     ("dflash", "--teacher {p}/config.json: not a FlashMap checkpoint"),

@@ -29,6 +29,15 @@ class UnsupportedCheckpoint(CheckpointError, NotImplementedError):
     """A well-formed checkpoint using a feature this implementation does not reproduce."""
 
 
+def _file_hint(file: Path) -> str:
+    """Where the drafter is when a file was given: its own folder, or (a run's checkpoints/latest) the run's
+    drafter/."""
+    run_drafter = file.parent.parent / "drafter"
+    if not (file.parent / "config.json").is_file() and (run_drafter / "config.json").is_file():
+        return f"the trained drafter of this run is {run_drafter}"
+    return f"pass the folder that holds it ({file.parent})"
+
+
 def read_config(path: str | os.PathLike, expected: str | None = None) -> dict:
     """The parsed `config.json` of checkpoint folder `path`. CheckpointError (one line) for a missing
     folder or file, invalid JSON, an empty or non-object config, or (with `expected`, a kind of KINDS)
@@ -39,7 +48,7 @@ def read_config(path: str | os.PathLike, expected: str | None = None) -> dict:
                               f"{WEIGHTS})")
     if folder.is_file():
         raise CheckpointError(f"{path}: a file, not a drafter checkpoint directory (config.json + {WEIGHTS}); "
-                              f"pass the folder that holds it ({folder.parent})")
+                              f"{_file_hint(folder)}")
     file = folder / "config.json"
     if not file.is_file():
         hint = ""
