@@ -90,7 +90,8 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     r.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     r.add_argument("--target-dtype", choices=["fp32", "bf16", "fp16"], help="default: bf16 on CUDA, else fp32")
     r.add_argument("--log-every", type=int, default=10,
-                   help="steps between lines of <out>/metrics.jsonl (>= 1; the last step is always logged)")
+                   help="steps between lines of <out>/metrics.jsonl (>= 1; a run that reaches --steps logs its "
+                        "last step too; one stopped by Ctrl-C ends at its last multiple of N)")
     r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
 
 
