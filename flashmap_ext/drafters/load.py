@@ -63,14 +63,20 @@ def load_drafter(path: str, target: Any, kind: str | None = None, *, dtype: torc
         if not hasattr(drafter.config, "draft_draws"):
             raise ValueError(f"draws: the {type(drafter).__name__} has no noise draws (FlashMap drafters only)")
         drafter.config.draft_draws = check_int("draws", draws, 1, 65)
-    if getattr(drafter.config, "draft_draws", 1) > 1 and not drafter.draws_differ():
-        raise ValueError(f"draws: {drafter.config.draft_draws} noise draws of a tau_gated_input drafter at 1 step "
-                         "are one block repeated (its one-step draft ignores the noise): use 1 draw, or 2 steps")
+    check_draws_differ(drafter, getattr(drafter.config, "draft_draws", 1), None, "draws")
     if context_window != KEEP:
         if not hasattr(drafter.config, "context_window"):
             raise ValueError(f"context_window: the {type(drafter).__name__} has no context window")
         drafter.config.context_window = check_window(context_window)
     return drafter.to(dtype=dtype).eval()
+
+
+def check_draws_differ(drafter, draws: int, steps: int | None, name: str) -> None:
+    """ValueError starting with `name` when `draws` > 1 noise draws of a FlashMap drafter at `steps` (None: its
+    config's) would all draft the same block (`draws_differ`: a tau_gated_input drafter at 1 step)."""
+    if draws > 1 and hasattr(drafter, "draws_differ") and not drafter.draws_differ(steps):
+        raise ValueError(f"{name}: {draws} noise draws of a tau_gated_input drafter at 1 step are one block "
+                         "repeated (its one-step draft ignores the noise): use 1 draw, or 2 steps")
 
 
 @contextmanager

@@ -88,16 +88,13 @@ def spec_drafter(target, path: str, steps: int | None, draws: int, given: str | 
     of `draws` noise draws. given: the --drafter text, for the error of STEPS on another drafter."""
     from flashmap_ext.bench.methods import BestOfDrafter, StepsDrafter
     from flashmap_ext.drafters.flashmap.model import FlashMapDrafter
-    from flashmap_ext.drafters.load import load_drafter
+    from flashmap_ext.drafters.load import check_draws_differ, load_drafter
     d = load_drafter(path, target)
     if steps is not None and not isinstance(d, FlashMapDrafter):
         raise ValueError(f"--drafter {given or f'{path}:{steps}'}: STEPS (and DRAWS) apply to FlashMap drafters "
                          f"only, not {with_article(type(d).__name__)}")
     if draws > 1:
-        if isinstance(d, FlashMapDrafter) and not d.draws_differ(steps):
-            raise ValueError(f"--drafter {given or f'{path}:{steps}x{draws}'}: {draws} noise draws of a "
-                             "tau_gated_input drafter at 1 step are one block repeated (its one-step draft ignores "
-                             "the noise): use 1 draw, or 2 steps")
+        check_draws_differ(d, draws, steps, f"--drafter {given or f'{path}:{steps}x{draws}'}")
         return BestOfDrafter(d, steps, draws)
     return StepsDrafter(d, steps) if steps is not None else d
 
