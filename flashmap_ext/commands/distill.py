@@ -19,6 +19,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--teacher", required=True, help="the flow drafter: <flow run>/drafter (from `train flow`)")
     p.add_argument("--frac-01", type=runner.fraction_arg, default=1 / 16,
                    help="fraction of all jumps that go 0→1, in [0, 1] (default 1/16; '1/16' or 0.0625)")
+    p.add_argument("--data-weight", type=runner.fraction_arg, default=0.0, metavar="W",
+                   help="weight of the data label in the targets taken from the teacher (zero-length jumps and a "
+                        "τ-gated student's 0→1 jumps): (1 − W)·teacher + W·label, in [0, 1] (default 0: the "
+                        "teacher alone). W > 0 lets the one-step map learn past its teacher")
     p.set_defaults(func=run)
 
 
@@ -40,7 +44,7 @@ def run(args) -> int:
     teacher.to(device)
 
     def loss_fn(model, batch, generator):
-        return distill_loss(model, teacher, batch, generator, frac_01=args.frac_01)
+        return distill_loss(model, teacher, batch, generator, frac_01=args.frac_01, data_weight=args.data_weight)
     metrics = runner.run_stage(student, loss_fn, args, run_settings, "distill", target=target)
     return runner.finish("distill", metrics, args)
 

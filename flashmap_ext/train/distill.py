@@ -13,6 +13,10 @@ Per block (anchor), with times in τ and states/γ in interpolant time t = t(τ)
   context alone, and the soft CE's minimiser is the noise average of the exact map's δ_{0,t}(x_0), which is
   E[x_1 | context] for every t (E X_{0,t}(x_0) = t·E x_1 and E x_0 = 0): the teacher's D(·, 0). Its 0→1 blocks
   take that target instead of the two half-jumps;
+- `data_weight` w mixes the data label into every target that is the teacher's D: (1 − w)·D + w·onehot(label).
+  D estimates E[x_1 | state, context], of which the label is an unbiased one-sample estimate: w > 0 trades the
+  teacher's bias for the data's variance, and w = 1 trains those blocks on the data alone (the flow-matching
+  diagonal of self-distillation), so the student's one step is no longer capped at the teacher's;
 - loss: slot-weighted soft cross-entropy −Σ_v target_v·log δ̂_{s,t}(x_s)_v, w_k = exp(−(k−1)/7).
 Roles are assigned per anchor column (all rows share them) when A ≥ 2, so the teacher runs only on the
 zero-length columns and the two extra student passes only on the others.
@@ -126,11 +130,23 @@ def _half_jumps(model: nn.Module, drafter: FlashMapDrafter, b: dict, cols: torch
     return h_a, model(b["taps"], b["input_ids"], anchors, x_su, tau_u, tau_t, return_hidden=True)
 
 
-def _soft_targets(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter, h: dict) -> torch.Tensor:
-    """Target distributions [B, a, K, V_s] fp32 for one column group (module docstring): the teacher's D
-    where h["zero"] (zero-length) or h["start"] (a gated student's 0→1 jump), the semigroup target elsewhere."""
+def _teacher_target(teacher: FlashMapDrafter, h: dict, data_weight: float) -> torch.Tensor:
+    """(1 − w)·softmax(teacher logits) + w·onehot(h["labels"]) [B, a, K, V_s] fp32 (ignored labels count as
+    row 0: their slots are masked out of the loss)."""
+    teacher_d = torch.softmax(teacher.logits_from_hidden(h["teacher"]), -1)
+    if data_weight == 0:
+        return teacher_d
+    onehot = nn.functional.one_hot(h["labels"].clamp_min(0), teacher_d.shape[-1]).to(teacher_d.dtype)
+    return (1 - data_weight) * teacher_d + data_weight * onehot
+
+
+def _soft_targets(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter, h: dict,
+                  data_weight: float = 0.0) -> torch.Tensor:
+    """Target distributions [B, a, K, V_s] fp32 for one column group (module docstring): the teacher's D (mixed
+    with the data label by `data_weight`) where h["zero"] (zero-length) or h["start"] (a gated student's 0→1
+    jump), the semigroup target elsewhere."""
     if "teacher" in h:
-        teacher_d = torch.softmax(teacher.logits_from_hidden(h["teacher"]), -1)
+        teacher_d = _teacher_target(teacher, h, data_weight)
         if kind == "zero":
             return teacher_d
     gamma = h["gamma"][..., None, None]
@@ -142,7 +158,7 @@ def _soft_targets(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter,
 
 
 def _group_soft_ce(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter, h: dict,
-                   chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   chunk: int, data_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(soft CE [B, a, K] with grad, student argmax [B, a, K]) for one column group, chunked."""
     names = sorted(h)
 
@@ -150,23 +166,26 @@ def _group_soft_ce(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter
         parts = dict(zip(names, tensors))
         logp = torch.log_softmax(student.logits_from_hidden(parts["student"]), -1)
         with torch.no_grad():
-            target = _soft_targets(kind, student, teacher, parts)
+            target = _soft_targets(kind, student, teacher, parts, data_weight)
         return -(target * logp).sum(-1), logp.argmax(-1)
 
     return tuple(chunked(fn, *(h[n] for n in names), chunk=chunk))
 
 
 def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, generator: torch.Generator,
-                 frac_01: float = 1 / 16, *, anchor_chunk: int = 16) -> tuple[torch.Tensor, dict]:
+                 frac_01: float = 1 / 16, *, data_weight: float = 0.0,
+                 anchor_chunk: int = 16) -> tuple[torch.Tensor, dict]:
     """Semigroup flow-map distillation loss on one batch (module docstring; DESIGN.md §4).
 
     student: a two-time FlashMapDrafter (`make_student`), optionally DDP-wrapped (called as `student(...)`).
     teacher: the frozen flow model (evaluated without grad). batch: as `train.flow.flow_loss`.
     frac_01: fraction of all blocks that jump 0→1 (default 1/16). generator: CPU source of roles, τ, noise.
+    data_weight: weight w in [0, 1] of the data label in the teacher's targets (module docstring; default 0).
     Returns (scalar loss with grad, {loss, loss_zero, loss_jump, acc_01, tokens}): loss_zero / loss_jump
     are the weighted soft CE of the zero-length and the other blocks; acc_01 is top-1 accuracy of the
     0→1 blocks against the data labels.
     """
+    data_weight = check_real("data_weight", data_weight, 0.0, 1.0)
     drafter = unwrap(student)
     b = prepare_batch(drafter, batch)
     device, (B, A) = b["labels"].device, b["anchor_pos"].shape
@@ -184,7 +203,7 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
     for cols, kind in _column_groups(zero):
         cols_d = cols.to(device)
         h = {"student": hidden[:, cols_d], "gamma": gamma[:, cols_d], "zero": zero.to(device)[:, cols_d],
-             "start": start.to(device)[:, cols_d]}
+             "start": start.to(device)[:, cols_d], "labels": b["state_labels"][:, cols_d]}
         with torch.no_grad():
             if kind != "jump" or bool(start[:, cols].any()):
                 h["teacher"] = teacher(b["taps"], b["input_ids"], b["anchor_pos"][:, cols_d], x_s[:, cols_d],
@@ -192,7 +211,7 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
                                        return_hidden=True)
             if kind != "zero":
                 h["a"], h["b"] = _half_jumps(student, drafter, b, cols_d, x_s, times, anchor_chunk)
-        group_ce, group_pred = _group_soft_ce(kind, drafter, teacher, h, anchor_chunk)
+        group_ce, group_pred = _group_soft_ce(kind, drafter, teacher, h, anchor_chunk, data_weight)
         ce, pred = ce.index_copy(1, cols_d, group_ce), pred.index_copy(1, cols_d, group_pred)
     valid = b["state_labels"] != IGNORE
     zero_d, one_d = zero.to(device)[..., None], one.to(device)[..., None]
@@ -205,11 +224,12 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
     return loss, metrics
 
 
-def distill_loss_fn(teacher: FlashMapDrafter, frac_01: float = 1 / 16,
+def distill_loss_fn(teacher: FlashMapDrafter, frac_01: float = 1 / 16, data_weight: float = 0.0,
                     anchor_chunk: int = 16) -> Callable[[nn.Module, dict, torch.Generator], tuple]:
     """`loss_fn(model, batch, generator)` for train.trainer with a fixed frozen teacher."""
     teacher.requires_grad_(False).eval()
 
     def loss_fn(model: nn.Module, batch: dict, generator: torch.Generator):
-        return distill_loss(model, teacher, batch, generator, frac_01, anchor_chunk=anchor_chunk)
+        return distill_loss(model, teacher, batch, generator, frac_01, data_weight=data_weight,
+                            anchor_chunk=anchor_chunk)
     return loss_fn

@@ -227,6 +227,35 @@ def test_a_gated_students_zero_to_one_jumps_take_the_teachers_first_step(target,
         assert abs(metrics["loss_jump"] - expected.item()) > 1e-3
 
 
+@pytest.mark.parametrize("weight", [0.0, 0.3, 1.0])
+def test_data_weight_mixes_the_label_into_the_teachers_targets(target, weight):
+    """data_weight w: a gated student's 0→1 blocks take (1 − w)·D(·, 0) + w·onehot(label), so their soft CE is
+    (1 − w)·CE against the teacher + w·CE against the data label (hard CE, computed by hand)."""
+    teacher = make_flow(target, trunk="qwen3", width=64, kv_heads=2, tau_gated_input=True)
+    student = make_student(teacher)
+    with torch.no_grad():
+        student.t_embedder.mlp[2].weight.normal_(std=0.5)
+    batch = make_batch(teacher, A=4)
+    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))
+    batch = _only(batch, one)
+    args = (batch["taps"], batch["input_ids"], batch["anchor_pos"])
+    with torch.no_grad():
+        x0 = noisy_states(student, batch["labels"], torch.zeros(2, 4, dtype=torch.float64),
+                          torch.Generator().manual_seed(0))  # context-only at τ = 0: any draw gives the same
+        zeros, ones = torch.zeros(2, 4), torch.ones(2, 4)
+        d0 = torch.softmax(teacher.forward_train(*args, x0, zeros, zeros), -1)
+        logp = torch.log_softmax(student.forward_train(*args, x0, zeros, ones), -1)
+        ids = student.to_state_ids(batch["labels"])
+        hard = -logp.gather(-1, ids.clamp_min(0)[..., None])[..., 0]
+        per_slot = (1 - weight) * (-(d0 * logp).sum(-1)) + weight * hard
+        w = slot_weights(4) * (ids != -100)
+        expected = (per_slot * w).sum() / w.sum()
+    _, metrics = distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5, data_weight=weight)
+    assert metrics["loss_jump"] == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="data_weight"):
+        distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5, data_weight=1.5)
+
+
 def test_distill_loss_is_finite_and_decreases(target):
     teacher = make_flow(target)
     student = make_student(teacher)
