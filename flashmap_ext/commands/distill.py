@@ -15,7 +15,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("distill", help="distil a flow drafter into a 1-2 step flow map",
                               description=__doc__, epilog=runner.EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    runner.add_training_args(p)
+    runner.add_training_args(p, init_from_note=": here a distilled map (a `distill` run's drafter/); the "
+                                              "student otherwise starts as --teacher's Euler step",
+                            add_layers=False)
     p.add_argument("--teacher", required=True, help="the flow drafter: <flow run>/drafter (from `train flow`)")
     p.add_argument("--frac-01", type=runner.fraction_arg, default=1 / 16,
                    help="fraction of all jumps that go 0→1, in [0, 1] (default 1/16; '1/16' or 0.0625)")

@@ -181,6 +181,9 @@ def check_shape_arguments(args, kind: str | None) -> None:
     if args.tree is not None and getattr(args, "lookup", False) and kind is None:
         raise ValueError(LOOKUP_TREE_ALONE)
     block_tree = getattr(args, "block_tree", None)
+    if block_tree and kind == "eagle3":
+        raise ValueError(f"--block-tree {block_tree}: for a FlashMap, DFlash or DFlash2 drafter (got an EAGLE-3 "
+                         "drafter, which drafts its own tree from --tree): drop --block-tree")
     for shape, kinds, why in (("multinoise", ("flashmap",), "the other drafters draft deterministically"),
                               ("selector", ("dflash2",), "the candidate selector is DFlash2's")):
         if block_tree == shape and kind not in kinds:  # before the target loads and the first token streams

@@ -27,7 +27,8 @@ def add_parser(subparsers) -> None:
     flow = stages.add_parser("flow", help="FlashMap flow model (the distillation teacher)", epilog=runner.EPILOG,
                              description="Train the FlashMap flow model (DESIGN.md §4) on a feature cache.",
                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    runner.add_training_args(flow)
+    runner.add_training_args(flow, init_from_note=". With --trunk qwen3 --tau-gated-input it also starts from a "
+                                                 "DFlash checkpoint of its shape")
     shape = flow.add_argument_group("drafter shape (default: from --preset)")
     shape.add_argument("--layers", type=int, help="DiT blocks")
     shape.add_argument("--width", type=int, help="DiT width")
@@ -116,7 +117,7 @@ def add_parser(subparsers) -> None:
                               description="Train the EAGLE-3 baseline on a feature cache of its low/mid/high "
                                           "taps (`flashmap features --layers eagle3`).",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    runner.add_training_args(eagle)
+    runner.add_training_args(eagle, add_layers=False)
     shape = eagle.add_argument_group("drafter shape (default: from --preset)")
     shape.add_argument("--draft-vocab-size", type=int, help="rows of the draft LM head (capped at the target's)")
     shape.add_argument("--draft-tokens", type=int, help="chain length drafted per round")

@@ -40,8 +40,10 @@ Several GPUs or nodes: torchrun --nproc-per-node 8 -m flashmap_ext.cli train flo
 Interrupted (Ctrl-C, SIGTERM, preemption)? Rerun the same command with --resume."""
 
 
-def add_training_args(p: argparse.ArgumentParser) -> None:
-    """Options common to every training stage; unset values come from --preset."""
+def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_layers: bool = True) -> None:
+    """Options common to every training stage; unset values come from --preset. `init_from_note`: a sentence the
+    stage adds to --init-from's help (what else it starts from); `add_layers`: whether the stage has --layers
+    and so --add-layers."""
     p.add_argument("--target", required=True, help="the target: hub name, local dir, .gguf file, or 'tiny-random'")
     p.add_argument("--features", required=True, help="feature cache directory written by `flashmap features`")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, drafter/")
@@ -51,12 +53,12 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-from", metavar="DIR",
                    help="warm start: a drafter checkpoint directory (config.json + model.safetensors) of the same "
                         "kind, shape and draft vocabulary whose weights the run starts from (a checkpoint of "
-                        "--out, when resuming, still takes precedence); the optimizer starts fresh. `train flow "
-                        "--trunk qwen3 --tau-gated-input` also starts from a DFlash checkpoint of its shape")
-    p.add_argument("--add-layers", action="store_true",
-                   help="with --init-from: the checkpoint may have fewer layers than --layers; they are copied "
-                        "into the first ones and each added layer starts as the identity, so training starts "
-                        "from the checkpoint's function (flow, dflash, dflash2)")
+                        "--out, when resuming, still takes precedence); the optimizer starts fresh" + init_from_note)
+    if add_layers:
+        p.add_argument("--add-layers", action="store_true",
+                       help="with --init-from: the checkpoint may have fewer layers than --layers; they are copied "
+                            "into the first ones and each added layer starts as the identity, so training starts "
+                            "from the checkpoint's function")
     p.add_argument("--tap-layers", metavar="IDS",
                    help="target layers whose taps the drafter reads, e.g. 1,6,11,16,21: a subset of --features "
                         "(default: flow/dflash all of the cache's, eagle3 its low/mid/high layers)")

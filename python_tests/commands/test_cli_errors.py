@@ -513,7 +513,8 @@ def test_convert_to_a_file_names_the_destination(tmp_path, capsys):
 
 @pytest.mark.parametrize("drafter, shape, message", [
     ("checkpoints/dflash-qwen2.5-coder-0.5b", "multinoise", "--block-tree multinoise: for a FlashMap drafter only"),
-    ("random", "selector", "--block-tree selector: for a DFlash2 drafter only")])
+    ("random", "selector", "--block-tree selector: for a DFlash2 drafter only"),
+    ("checkpoints/eagle3-qwen2.5-coder-0.5b", "topk", "--block-tree topk: for a FlashMap, DFlash or DFlash2 drafter")])
 def test_block_tree_of_another_drafter_is_refused_before_the_target_loads(capsys, no_loads, drafter, shape, message):
     """A DFlash checkpoint with a multi-noise tree used to stream the prompt's first token, then fail."""
     err = one_line_error(["generate", *TINY, "--prompt", "x", "--drafter", drafter, "--block-tree", shape,

@@ -59,6 +59,7 @@ def test_trainer_refuses_log_every_zero():
                                        (["distill", "--teacher", "t", "--frac-01", "-0.5"], "--frac-01"),
                                        (["distill", "--teacher", "t", "--frac-01", "1/0"], "--frac-01"),
                                        (["distill", "--teacher", "t", "--frac-01", "nan"], "--frac-01"),
+                                       (["distill", "--teacher", "t", "--data-weight", "1.5"], "--data-weight"),
                                        (["train", "flow", "--tau0-frac", "1.5"], "--tau0-frac")])
 def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys):
     """`distill --frac-01 2` and `-0.5` used to train normally."""
@@ -67,6 +68,19 @@ def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
     assert f"argument {flag}: expected a fraction in [0, 1]" in err
+
+
+@pytest.mark.parametrize("argv", [["distill", "--teacher", "t"], ["train", "eagle3"]])
+def test_stages_without_layers_have_no_add_layers(argv, capsys):
+    """`distill --help` offered --add-layers ('than --layers', which distill does not have) and --init-from
+    from a DFlash checkpoint, both `train flow`'s."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--target", "tiny-random", "--features", "f", "--out", "o", "--add-layers"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --add-layers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    help_text = capsys.readouterr().out
+    assert "--add-layers" not in help_text and "DFlash checkpoint" not in help_text
 
 
 def test_distill_roles_refuse_a_fraction_outside_zero_one():
