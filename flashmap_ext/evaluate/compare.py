@@ -53,16 +53,18 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
 def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
     from flashmap_ext.evaluate.heldout import add_taps, check_anchors_left, slot_hits
-    from flashmap_ext.evaluate.run import load_heldout, scored_slots, spec_drafter
+    from flashmap_ext.evaluate.run import load_heldout, note_fewer_slots, scored_slots, spec_drafter
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
     drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, args.drafter)}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
-    check_anchors_left(seqs, max(scored_slots(args.slots, d) for d in drafters.values()), 1, args.max_length)
+    scored = {name: scored_slots(args.slots, d) for name, d in drafters.items()}
+    check_anchors_left(seqs, max(scored.values()), 1, args.max_length)
+    note_fewer_slots(args.slots, scored)
     add_taps(target, seqs, sorted({i for d in drafters.values() for i in d.target_layer_ids}))
     counts = {}
     for name, d in drafters.items():
-        hits = slot_hits(d, seqs, scored_slots(args.slots, d), dtype=target.dtype)
+        hits = slot_hits(d, seqs, scored[name], dtype=target.dtype)
         counts[name] = [[int(h.long().cumprod(1).sum()), int(h.shape[0])] for h in hits]
         print(f"{name}: γ {gamma(counts[name]):.4f}", file=sys.stderr, flush=True)
     return counts, seqs

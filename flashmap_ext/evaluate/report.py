@@ -40,6 +40,8 @@ def markdown(report: dict) -> str:
             accs = s["slot_accuracy"][:shown]
             accs = " | ".join([figure(a) for a in accs] + ["–"] * (shown - len(accs)))  # fewer slots: "–" cells
             lines.append(f"| {name} | {dom} | {s['anchors']} | {accs} | {figure(s['gamma'])} |")
+    if k > shown:
+        lines += ["", f"Slots {shown + 1}–{k}: eval.json (slot_accuracy) and eval.png; γ implied counts all {k}."]
     cover = ", ".join(f"{n} {figure(r['draft_vocab_coverage'])}" for n, r in res.items() if "draft_vocab_coverage" in r)
     if cover:
         lines += ["", f"Share of slot-1 labels inside each drafter's draft vocabulary (the rest can never be "

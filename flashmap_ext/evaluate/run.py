@@ -104,6 +104,15 @@ def scored_slots(slots: int, drafter) -> int:
     return min(slots, drafter.num_draft_tokens)
 
 
+def note_fewer_slots(slots: int, scored: dict) -> None:
+    """Says on stderr which drafters draft fewer tokens than --slots `slots` ({name: slots scored}): they are
+    scored on all of theirs, so a larger --slots does not change their figures."""
+    fewer = [f"{name} {k}" for name, k in scored.items() if k < slots]
+    if fewer:
+        print(f"--slots {slots}: scored on every draft token of the drafters that draft fewer "
+              f"({', '.join(fewer)})", file=sys.stderr)
+
+
 def evaluate(target, drafters: dict, seqs: list[HeldoutSequence], k: int, *, stride: int = 1,
              batch_size: int = 8) -> dict:
     """{drafter name: {domain | "all": summarize(...)}} plus per-drafter wall seconds; taps computed once."""
@@ -141,6 +150,7 @@ def run(args) -> int:
         return run_state_probe(args, target, drafters, seqs, dtype)
     scored = {name: scored_slots(args.slots, d) for name, d in drafters.items()}
     check_anchors_left(seqs, max(scored.values()), args.stride, args.max_length)
+    note_fewer_slots(args.slots, scored)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
     agreement = greedy_agreement(seqs)
     warn_foreign_answers(seqs, args.target, agreement)
