@@ -70,10 +70,12 @@ def run(args) -> int:
     layers = tap_layers(args.layers, target.num_layers)
     if args.store:
         return run_store(args, target, tokenizer, layers)
+    first = other_data(args.out, args.data)
     report = DataReport()
     samples = first_read(load_samples(args.data, tokenizer, enable_thinking=args.thinking,
                                       max_length=args.max_length, report=report))
-    samples = same_tokens_as_cached(args.out, samples, f"--out {args.out}", f"--data {args.data}")
+    samples = same_tokens_as_cached(args.out, samples, f"--out {args.out}", f"--data {args.data}",
+                                    first and f"--data {first}")
     meta = {"target": args.target, "data": args.data, "enable_thinking": args.thinking,
             "max_length": args.max_length}
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
@@ -83,6 +85,23 @@ def run(args) -> int:
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
           f"{report.summary(args.max_length)}", file=sys.stderr)
     return 0
+
+
+def other_data(out: str, data: str) -> str | None:
+    """The --data the cache at `out` was started from when it is another file than `data` (else None); says so
+    on stderr: the new file's sequences are added to it (one cache may hold several files)."""
+    import json
+    import os
+    try:
+        with open(os.path.join(out, "manifest.json")) as f:
+            first = json.load(f).get("data")
+    except (OSError, ValueError):
+        return None
+    if not first or os.path.abspath(first) == os.path.abspath(data):
+        return None
+    print(f"features: --out {out} holds the sequences of --data {first}; adding those of {data} to it "
+          "(a cache of their own needs another --out)", file=sys.stderr)
+    return first
 
 
 def first_read(samples):

@@ -55,9 +55,12 @@ def writer_lock(root: str, what: str = "feature cache",
 
     Raises CacheBusy naming the directory, `what` it holds and the holder's pid when another process (or another
     open writer in this one) holds it; the lock goes with the process, so a killed writer never leaves it stale.
+    A directory this call made that holds nothing but the lock file at the end (a refused start) is removed.
     """
+    made = not os.path.isdir(root)
     os.makedirs(root, exist_ok=True)
-    fd = os.open(os.path.join(root, "writer.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    lock = os.path.join(root, "writer.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,6 +72,9 @@ def writer_lock(root: str, what: str = "feature cache",
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
+        if made and os.listdir(root) == ["writer.lock"]:
+            os.remove(lock)
+            os.rmdir(root)
         os.close(fd)  # releases the lock
 
 
@@ -327,17 +333,24 @@ class FeatureCache(torch.utils.data.Dataset):
         return {**self.__dict__, "_maps": {}}
 
 
-def same_tokens_as_cached(root: str, samples: Iterable, name: str, source: str) -> Iterator:
+def same_tokens_as_cached(root: str, samples: Iterable, name: str, source: str,
+                          first_source: str | None = None) -> Iterator:
     """Yields `samples` as they come; ValueError (naming `name`, the cache, and `source`, what holds the
     samples) at the first one whose id cache `root` already holds with other tokens: its conversation was
     edited since, and a resumed cache would keep serving the old features. Ids the cache holds that the
     samples lack are not checked here (one cache may hold the sequences of several files). The cache is read
-    when the first sample is asked for, so a writer opened before that has recovered it already."""
+    when the first sample is asked for, so a writer opened before that has recovered it already.
+    `first_source`: the other file the cache was started from, when it was; the message then says that the id
+    repeats across the two files instead."""
     cache = FeatureCache(root) if os.path.exists(os.path.join(root, "manifest.json")) else None
     where = {i: n for n, i in enumerate(cache.ids)} if cache is not None else {}
     for s in samples:
         n = where.get(s.id)
         if n is not None and not np.array_equal(cache.tokens(n), np.asarray(s.input_ids, dtype=np.int32)):
+            if first_source:
+                raise ValueError(f"{name}: holds a sequence {s.id!r} of {first_source} with other tokens than "
+                                 f"{source}'s: ids repeat across the two files (a record's line number unless it "
+                                 "has an \"id\"); give the records distinct ids, or use another --out")
             raise ValueError(f"{name}: sequence {s.id!r} is cached with other tokens than {source} holds now "
                              "(it was rewritten since); remove the cache folder and run again")
         yield s

@@ -9,6 +9,7 @@ import torch
 from flashmap_ext.cli import build_parser, main
 from flashmap_ext.commands.features import tap_layers
 from flashmap_ext.train.checkpoint import latest
+from flashmap_ext.train.features import FeatureCache
 from flashmap_ext.train.runner import settings, window_arg
 
 COMMANDS = [["train", "flow"], ["train", "dflash"], ["train", "dflash2"], ["train", "eagle3"], ["distill"], ["data", "regenerate"],
@@ -192,6 +193,24 @@ def tiny_feature_cache(tmp_path, words) -> list[str]:
     return common
 
 
+def test_features_into_a_cache_of_another_data_file_says_it_adds(tmp_path, capsys):
+    """`features --out F --data other.jsonl` added other.jsonl's sequences to F without a word."""
+    common = tiny_feature_cache(tmp_path, ("one",))
+    capsys.readouterr()
+    assert main(["features", *common, "--data", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "f")]) == 0
+    assert "adding those of" not in capsys.readouterr().err  # the same file: a resumed cache
+    other = tmp_path / "other.jsonl"
+    record = json.loads((tmp_path / "r.jsonl").read_text().replace("say one", "say two"))
+    other.write_text(json.dumps(record) + "\n")  # line 0 again: the id of r.jsonl's sequence, other tokens
+    with pytest.raises(ValueError, match=r"ids repeat across the two files .* give the records distinct ids"):
+        main(["features", *common, "--data", str(other), "--out", str(tmp_path / "f")])
+    other.write_text(json.dumps({**record, "id": "two"}) + "\n")
+    assert main(["features", *common, "--data", str(other), "--out", str(tmp_path / "f")]) == 0
+    err = capsys.readouterr().err
+    assert f"holds the sequences of --data {tmp_path / 'r.jsonl'}; adding those of {other}" in err, err
+    assert FeatureCache(str(tmp_path / "f")).ids == ["0/0", "two/0"]
+
+
 def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):
     """`train flow --resume` on a dflash run used to overwrite its run.json, then die in load_state_dict with
     a screenful of unexpected keys; an interrupted run used to end with the normal success line only."""
@@ -312,6 +331,21 @@ def test_a_second_trainer_on_one_out_is_refused_while_the_first_runs(tmp_path, c
         assert err.count("\n") == 1 and not (run / "run.json").exists()
     assert main(argv) == 0  # the lock went with its holder
     assert (run / "drafter" / "model.safetensors").is_file()
+
+
+def test_a_refused_start_leaves_no_run_folder(tmp_path, capsys, monkeypatch):
+    """A start refused inside the trainer's lock (here --add-layers without --init-from) left an --out folder
+    holding only writer.lock; a folder that was there before stays."""
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    common = tiny_feature_cache(tmp_path, ("one", "two"))
+    argv = ["train", "dflash", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
+            "--batch-size", "2", "--steps", "1", "--mask-token-id", "0", "--add-layers"]
+    assert main([*argv, "--out", str(tmp_path / "new")]) == 2
+    assert "--add-layers deepens the --init-from checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "old").mkdir()
+    assert main([*argv, "--out", str(tmp_path / "old")]) == 2
+    assert (tmp_path / "old").is_dir()
 
 
 def test_context_window_is_the_cache_crop_when_shorter(tmp_path):
