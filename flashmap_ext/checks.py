@@ -15,7 +15,10 @@ def check_int(name: str, value, low: int, high: int | None = None) -> int:
     value = int(value)
     if value < low or (high is not None and value >= high):
         span = f"[{low}, {bound_text(high)})" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {'in ' if high is not None else ''}{span}, got {value}")
+        must = f"must be {'in ' if high is not None else ''}{span}"
+        if name.startswith("--"):  # a command-line option: the CLI's "--flag: ... (got V)"
+            raise ValueError(f"{name}: {must} (got {value})")
+        raise ValueError(f"{name} {must}, got {value}")
     return value
 
 

@@ -110,7 +110,7 @@ def test_a_layer_the_target_lacks_is_refused_before_the_cache_is_written(tmp_pat
     a, out = tmp_path / "a.jsonl", tmp_path / "f"
     conversations(a, ["one", "two"])
     err = one_line_error(features(a, out, "--layers", "10"), capsys)
-    assert err.startswith("flashmap features: error: --layers must be in [0, 4), got 10")
+    assert err.startswith("flashmap features: error: --layers: must be in [0, 4) (got 10)")
     assert not (out / "manifest.json").exists()
     assert cli.main(features(a, out, "--layers", "1")) == 0
     assert FeatureCache(str(out)).meta["target_layer_ids"] == [1]

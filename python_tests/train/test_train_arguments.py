@@ -19,13 +19,13 @@ def _raise_user_errors(monkeypatch):
 
 STAGES = [["train", "flow"], ["train", "dflash"], ["train", "eagle3"],
           ["distill", "--teacher", "no-such-teacher"]]
-BAD = [(["--log-every", "0"], r"^--log-every must be >= 1, got 0$"),
-       (["--save-every", "-1"], r"^--save-every must be >= 0, got -1$"),
-       (["--max-length", "0"], r"^--max-length must be >= 2, got 0$"),
-       (["--max-length", "1"], r"^--max-length must be >= 2, got 1$"),
-       (["--steps", "0"], r"^--steps must be >= 1, got 0$"),
-       (["--num-anchors", "0"], r"^--num-anchors must be >= 1, got 0$"),
-       (["--keep-checkpoints", "-2"], r"^--keep-checkpoints must be >= 0, got -2$")]
+BAD = [(["--log-every", "0"], r"^--log-every: must be >= 1 \(got 0\)$"),
+       (["--save-every", "-1"], r"^--save-every: must be >= 0 \(got -1\)$"),
+       (["--max-length", "0"], r"^--max-length: must be >= 2 \(got 0\)$"),
+       (["--max-length", "1"], r"^--max-length: must be >= 2 \(got 1\)$"),
+       (["--steps", "0"], r"^--steps: must be >= 1 \(got 0\)$"),
+       (["--num-anchors", "0"], r"^--num-anchors: must be >= 1 \(got 0\)$"),
+       (["--keep-checkpoints", "-2"], r"^--keep-checkpoints: must be >= 0 \(got -2\)$")]
 
 
 @pytest.mark.parametrize("stage", STAGES, ids=lambda s: " ".join(s[:2]))
@@ -45,7 +45,7 @@ def test_counts_out_of_range_are_refused_before_any_file_is_read(stage, flag, me
 def test_features_refuses_a_max_length_below_two(length, tmp_path):
     """`features --max-length -1` cropped the last token off every sequence (--data does not exist: the check
     comes first)."""
-    with pytest.raises(ValueError, match=f"^--max-length must be >= 2, got {length}$"):
+    with pytest.raises(ValueError, match=rf"^--max-length: must be >= 2 \(got {length}\)$"):
         main(["features", "--target", "tiny-random", "--data", str(tmp_path / "c.jsonl"), "--out",
               str(tmp_path / "f"), "--max-length", length])
 

@@ -188,7 +188,7 @@ def test_resume_takes_the_checkpoint_not_the_warm_start_and_says_when_steps_chan
 @pytest.mark.parametrize("flags, message", [
     (["--lr", "inf"], "--lr: must be a finite number > 0 (got inf)"),
     (["--warmup", "nan"], "--warmup: must be a finite number >= 0 (got nan)"),
-    (["--width", "0"], "--width must be >= 1, got 0"),
+    (["--width", "0"], "--width: must be >= 1 (got 0)"),
     (["--heads", "3"], "--heads 3: must divide --width 128"),
 ])
 def test_size_and_rate_flags_are_refused_in_one_line(tmp_path, capsys, flags, message):
