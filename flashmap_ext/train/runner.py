@@ -361,10 +361,13 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
 
 def finish(name: str, metrics: dict, args) -> int:
     """Prints a stage's last line; its exit code: 130 when a signal stopped it before --steps (a script's
-    `train ... && distill ...` must not go on with half-trained weights), else 0."""
+    `train ... && distill ...` must not go on with half-trained weights; its last line, "stopped by a signal",
+    is `run_stage`'s), else 0."""
+    if metrics.get("stopped"):
+        return 130
     print(f"{name}: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {args.out}/drafter")
-    return 130 if metrics.get("stopped") else 0
+    return 0
 
 
 def check_out_dir(out: str, stage: str, resume: bool) -> None:

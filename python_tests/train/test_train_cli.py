@@ -231,7 +231,9 @@ def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monke
     capsys.readouterr()
     # a stopped run exited 0, so `train ... && distill ...` went on with half-trained weights
     assert main(["train", "dflash", *args[:-1], "3", "--mask-token-id", "0", "--resume"]) == 130
-    assert "stopped by a signal at step 1 of 3" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "stopped by a signal at step 1 of 3" in err
+    assert "drafter in" not in out  # the completion line used to follow the stop, as if the run had ended
 
 
 def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):
