@@ -94,6 +94,7 @@ def add_parser(subparsers) -> None:
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary: the N most frequent supervised ids of --features, or a JSON file "
                             "with 'ids' (target ids); the flow lives on these rows only (default: full vocab)")
+    runner.add_new_draft_vocab(shape)
     flow.set_defaults(func=run_flow)
     dflash = stages.add_parser("dflash", help="DFlash baseline drafter", epilog=runner.EPILOG,
                                description="Train the DFlash baseline drafter on a feature cache.",
@@ -127,6 +128,7 @@ def add_parser(subparsers) -> None:
                             "FlashMap and DFlash drafters do), instead of training EAGLE-3's own head")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary as for `train flow` (overrides --draft-vocab-size)")
+    runner.add_new_draft_vocab(shape)
     shape.add_argument("--ttt-steps", type=int, default=7, help="training-time-test unroll length (default 7)")
     eagle.set_defaults(func=run_eagle3)
     from flashmap_ext.train import snapshot
@@ -146,6 +148,7 @@ def add_dflash_args(parser):
     shape.add_argument("--intermediate-size", type=int, help="MLP width (default: the target's)")
     shape.add_argument("--draft-vocab", metavar="N|FILE",
                        help="draft vocabulary as for `train flow` (drafts and loss on these LM-head rows only)")
+    runner.add_new_draft_vocab(shape)
     shape.add_argument("--mask-token-id", type=int,
                        help="embedding row used as the mask token of the draft slots: a token the training data "
                             "never uses (a warning counts its uses in --features). Default: the first row past the "

@@ -97,6 +97,14 @@ def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_
     r.add_argument("--no-progress", action="store_true", help="no tqdm bar (metrics still go to metrics.jsonl)")
 
 
+def add_new_draft_vocab(group) -> None:
+    """--new-draft-vocab, beside a stage's --draft-vocab."""
+    group.add_argument("--new-draft-vocab", action="store_true",
+                       help="with --init-from: start from the checkpoint's weights on this run's --draft-vocab "
+                            "instead of refusing a checkpoint drafted from other rows (only for drafters whose "
+                            "head is the target's frozen LM-head rows, where no weight depends on the vocabulary)")
+
+
 def tap_layers(args, default, num_layers: int | None = None) -> list[int]:
     """--tap-layers as a list of ints, or `default`. Raises ValueError for a malformed list, or (given the
     target's `num_layers`) for an id outside [0, num_layers)."""
@@ -333,12 +341,15 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
         complete = newest is not None and int(os.path.basename(newest).split("-")[-1]) >= run["steps"]
         if args.resume:  # a complete run trains nothing: no schedule note, and its run.json stays as it is
             check_same_flags(args.out, args, None if complete else run["steps"])
-        if getattr(args, "add_layers", False) and not getattr(args, "init_from", None):
-            raise ValueError("--add-layers deepens the --init-from checkpoint: pass --init-from DIR")
+        for flag in ("add_layers", "new_draft_vocab"):
+            if getattr(args, flag, False) and not getattr(args, "init_from", None):
+                raise ValueError(f"--{flag.replace('_', '-')} applies to the --init-from checkpoint: pass "
+                                 "--init-from DIR")
         if getattr(args, "init_from", None) and not (args.resume and latest(args.out)):  # a checkpoint wins
             if target is None:
                 raise ValueError(f"--init-from: the {name} stage does not take a warm start")
-            warm_start(drafter, args.init_from, target, add_layers=getattr(args, "add_layers", False))
+            warm_start(drafter, args.init_from, target, add_layers=getattr(args, "add_layers", False),
+                       new_vocab=getattr(args, "new_draft_vocab", False))
         if int(os.environ.get("RANK", "0")) == 0 and not complete:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, "run.json"), "w") as f:

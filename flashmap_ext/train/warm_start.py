@@ -9,7 +9,8 @@ import torch
 from flashmap_ext.checks import with_article
 
 
-def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool = False) -> None:
+def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool = False,
+               new_vocab: bool = False) -> None:
     """Copies the weights of the drafter checkpoint at `path` into `drafter` (in place, its dtype kept).
 
     The checkpoint must be of the same class, hold every tensor of `drafter`'s state dict with the same shape
@@ -21,7 +22,10 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
       selector);
     - add_layers: the checkpoint may have fewer layers than `drafter` (its config otherwise equal); they are
       copied into the first ones and each added layer starts as the identity (`identity_layer_init`: its
-      residual outputs zeroed), so the deeper drafter starts out computing the checkpoint's function."""
+      residual outputs zeroed), so the deeper drafter starts out computing the checkpoint's function;
+    - new_vocab: the checkpoint's draft vocabulary (`d2t`, `draft_vocab_size`) may differ from `drafter`'s,
+      which keeps its own; allowed only where no trained tensor depends on it (a head made of the target's
+      frozen LM-head rows: FlashMap, DFlash), so every weight is copied and only the rows drafted from change."""
     from flashmap_ext.drafters.load import load_drafter
     source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
     if type(source).__name__ == "DFlashDrafter" and type(drafter).__name__ == "FlashMapDrafter":
@@ -39,7 +43,10 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     mine = {k: v for k, v in mine.items() if k not in kept and k not in grown}
     deeper = (not add_layers and _depth(drafter) > _depth(source)
               and "; or --add-layers to start this deeper drafter from it") or ""
-    differ = config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
+    vocab = ("d2t", "draft_vocab_size") if new_vocab else ()
+    mine = {k: v for k, v in mine.items() if not k.endswith(vocab)} if vocab else mine
+    differ = [d for d in config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
+              if not d.startswith(vocab)]
     if differ:  # first: a field name says more than the tensors whose shapes it changes
         raise ValueError(f"--init-from {path}: its config differs from this run's ({'; '.join(differ[:3])}); "
                          f"pass the flags it was trained with (its config.json){deeper}")
@@ -52,13 +59,17 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     d2t = [k for k in mine if k.endswith("d2t")]
     if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
         raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
-                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t)")
+                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t), or --new-draft-vocab "
+                         "to start its weights on this vocabulary")
     with torch.no_grad():
         for key, value in mine.items():
             value.copy_(theirs[key].to(value.dtype))
         for layer in _layers(drafter)[_depth(source):] if grown else ():
             drafter.identity_layer_init(layer)
     note = f" ({len(kept)} tensors of the added modules at their initialisation)" if kept else ""
+    if new_vocab:
+        size = lambda d: getattr(d.config, "draft_vocab_size", None) or "all"  # noqa: E731
+        note += f" (draft vocabulary: {size(source)} rows in the checkpoint, {size(drafter)} in this run)"
     if grown:
         note += f" (layers {_depth(source)}..{_depth(drafter) - 1} added, each starting as the identity)"
     print(f"warm start: weights from {path}{note}")

@@ -343,7 +343,7 @@ def test_a_refused_start_leaves_no_run_folder(tmp_path, capsys, monkeypatch):
     argv = ["train", "dflash", *common, "--features", str(tmp_path / "f"), "--preset", "cpu-tiny",
             "--batch-size", "2", "--steps", "1", "--mask-token-id", "0", "--add-layers"]
     assert main([*argv, "--out", str(tmp_path / "new")]) == 2
-    assert "--add-layers deepens the --init-from checkpoint" in capsys.readouterr().err
+    assert "--add-layers applies to the --init-from checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
     (tmp_path / "old").mkdir()
     assert main([*argv, "--out", str(tmp_path / "old")]) == 2

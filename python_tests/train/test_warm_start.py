@@ -6,6 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 from flashmap_ext.cli import main
+from flashmap_ext.drafters.common.vocab import DraftVocab
 from flashmap_ext.train import runner
 from python_tests.train.test_train_cli import tiny_feature_cache
 
@@ -229,3 +230,31 @@ def test_a_drafter_class_is_named_with_its_article(tmp_path):
     eagle = Eagle3Drafter.for_target(target, num_draft_tokens=3, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"a FlashMapDrafter checkpoint, this stage trains an Eagle3Drafter$"):
         runner.warm_start(eagle, str(tmp_path / "fm"), target)
+
+
+def test_new_draft_vocab_copies_every_weight_onto_the_runs_vocabulary(tmp_path):
+    """--new-draft-vocab: a FlashMap checkpoint drafted from 64 rows starts a drafter of 96 other rows with
+    every weight copied and the run's own d2t kept; without it the other vocabulary is refused; an EAGLE-3
+    drafter with a trained head (a tensor per draft row) is refused even with it."""
+    from conftest import tiny_qwen3
+    from flashmap_ext.drafters.eagle3 import Eagle3Drafter
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    target = tiny_qwen3()
+    shape = dict(n_layers=1, width=32, heads=2, block_size=4, target_layer_ids=[0, 2], init="random")
+    src = FlashMapDrafter.for_target(target, draft_vocab_size=64, **shape)
+    src.set_draft_vocab(torch.arange(64) + 40, target)
+    src.save_pretrained(tmp_path / "src")
+    dst = FlashMapDrafter.for_target(target, draft_vocab_size=96, **{**shape, "init": "zero"})
+    dst.set_draft_vocab(torch.arange(96) + 7, target)
+    with pytest.raises(ValueError, match="draft_vocab_size=64 .*this run: 96"):
+        runner.warm_start(dst, str(tmp_path / "src"), target)
+    runner.warm_start(dst, str(tmp_path / "src"), target, new_vocab=True)
+    theirs = src.state_dict()
+    for key, value in dst.state_dict().items():
+        expected = DraftVocab.offsets(torch.arange(96) + 7, 96) if key == "d2t" else theirs[key]
+        assert torch.equal(value, expected), key
+    e3 = Eagle3Drafter.for_target(target, draft_ids=torch.arange(64) + 40, frozen_lm_head=False)
+    e3.save_pretrained(tmp_path / "e3")
+    other = Eagle3Drafter.for_target(target, draft_ids=torch.arange(96) + 7, frozen_lm_head=False)
+    with pytest.raises(ValueError, match="not the shape of this run's drafter"):
+        runner.warm_start(other, str(tmp_path / "e3"), target, new_vocab=True)
