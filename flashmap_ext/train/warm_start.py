@@ -24,8 +24,9 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
       copied into the first ones and each added layer starts as the identity (`identity_layer_init`: its
       residual outputs zeroed), so the deeper drafter starts out computing the checkpoint's function;
     - new_vocab: the checkpoint's draft vocabulary (`d2t`, `draft_vocab_size`) may differ from `drafter`'s,
-      which keeps its own; allowed only where no trained tensor depends on it (a head made of the target's
-      frozen LM-head rows: FlashMap, DFlash), so every weight is copied and only the rows drafted from change."""
+      which keeps its own (and a FlashMap drafter its clock table, built from those rows); allowed only where no
+      trained tensor depends on it (a head made of the target's frozen LM-head rows: FlashMap, DFlash), so every
+      weight is copied and only the rows drafted from change."""
     from flashmap_ext.drafters.load import load_drafter
     source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
     if type(source).__name__ == "DFlashDrafter" and type(drafter).__name__ == "FlashMapDrafter":
@@ -43,7 +44,7 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     mine = {k: v for k, v in mine.items() if k not in kept and k not in grown}
     deeper = (not add_layers and _depth(drafter) > _depth(source)
               and "; or --add-layers to start this deeper drafter from it") or ""
-    vocab = ("d2t", "draft_vocab_size") if new_vocab else ()
+    vocab = ("d2t", "draft_vocab_size", "clock_t") if new_vocab else ()  # clock_t, clock_tau: built from E
     mine = {k: v for k, v in mine.items() if not k.endswith(vocab)} if vocab else mine
     differ = [d for d in config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
               if not d.startswith(vocab)]
@@ -134,8 +135,14 @@ def config_differences(mine, theirs, depth_fields: tuple[str, ...] = ()) -> list
     depth_fields (--add-layers): the layer count may grow, and a per-layer list (DFlash's `layer_types`) must
     begin with the checkpoint's."""
     a, b = _as_saved(mine), _as_saved(theirs)
-    return [f"{k}={b[k]!r} (this run: {a[k]!r})" for k in a
+    return [f"{k}={_short(b[k])} (this run: {_short(a[k])})" for k in a
             if k in b and a[k] != b[k] and not (k in depth_fields and _extends(a[k], b[k]))]
+
+
+def _short(value) -> str:
+    """repr of a config value, a long list or table as its length (a clock table has thousands of entries)."""
+    text = repr(value)
+    return f"<{len(value)} values>" if len(text) > 60 and isinstance(value, (list, tuple)) else text
 
 
 def _extends(longer, shorter) -> bool:

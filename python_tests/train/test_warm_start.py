@@ -258,3 +258,18 @@ def test_new_draft_vocab_copies_every_weight_onto_the_runs_vocabulary(tmp_path):
     other = Eagle3Drafter.for_target(target, draft_ids=torch.arange(96) + 7, frozen_lm_head=False)
     with pytest.raises(ValueError, match="not the shape of this run's drafter"):
         runner.warm_start(other, str(tmp_path / "e3"), target, new_vocab=True)
+
+
+def test_a_config_difference_names_a_long_table_by_its_length():
+    """A differing clock table (thousands of floats) used to be printed in full in the one-line refusal."""
+    import dataclasses
+
+    from conftest import tiny_qwen3
+    from flashmap_ext.drafters.flashmap import FlashMapDrafter
+    from flashmap_ext.train.warm_start import config_differences
+    base = FlashMapDrafter.for_target(tiny_qwen3(), n_layers=1, width=32, heads=2, block_size=4,
+                                      target_layer_ids=[0, 2]).config
+    a = dataclasses.replace(base, clock_t=tuple(i / 999 for i in range(1000)), clock_tau=tuple(i / 999 for i in range(1000)))
+    b = dataclasses.replace(a, clock_tau=tuple((i / 999) ** 2 for i in range(1000)))
+    (line,) = config_differences(a, b)
+    assert line == "clock_tau=<1000 values> (this run: <1000 values>)"
