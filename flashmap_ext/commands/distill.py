@@ -25,6 +25,9 @@ def add_parser(subparsers) -> None:
                    help="weight of the data label in the targets taken from the teacher (zero-length jumps and a "
                         "τ-gated student's 0→1 jumps): (1 − W)·teacher + W·label, in [0, 1] (default 0: the "
                         "teacher alone). W > 0 lets the one-step map learn past its teacher")
+    p.add_argument("--reachable", action="store_true",
+                   help="the 0→1 jumps' loss only at the slots verification reaches (those whose one-step draft "
+                        "prefix is right), as `train flow --reachable` trains a teacher's one step")
     p.set_defaults(func=run)
 
 
@@ -46,7 +49,8 @@ def run(args) -> int:
     teacher.to(device)
 
     def loss_fn(model, batch, generator):
-        return distill_loss(model, teacher, batch, generator, frac_01=args.frac_01, data_weight=args.data_weight)
+        return distill_loss(model, teacher, batch, generator, frac_01=args.frac_01, data_weight=args.data_weight,
+                            reachable=args.reachable)
     metrics = runner.run_stage(student, loss_fn, args, run_settings, "distill", target=target)
     return runner.finish("distill", metrics, args)
 

@@ -17,6 +17,8 @@ Per block (anchor), with times in τ and states/γ in interpolant time t = t(τ)
   D estimates E[x_1 | state, context], of which the label is an unbiased one-sample estimate: w > 0 trades the
   teacher's bias for the data's variance, and w = 1 trains those blocks on the data alone (the flow-matching
   diagonal of self-distillation), so the student's one step is no longer capped at the teacher's;
+- `reachable`: the 0→1 blocks' loss only at the slots verification reaches, those whose one-step draft prefix
+  (the student's argmax) equals the data labels, as `train flow --reachable` trains the teacher's one step;
 - loss: slot-weighted soft cross-entropy −Σ_v target_v·log δ̂_{s,t}(x_s)_v, w_k = exp(−(k−1)/7).
 Roles are assigned per anchor column (all rows share them) when A ≥ 2, so the teacher runs only on the
 zero-length columns and the two extra student passes only on the others.
@@ -38,6 +40,7 @@ from flashmap_ext.train.flow import (
     chunked,
     noisy_states,
     prepare_batch,
+    reachable_slots,
     stratified_uniform,
     unwrap,
     weighted_mean,
@@ -173,7 +176,7 @@ def _group_soft_ce(kind: str, student: FlashMapDrafter, teacher: FlashMapDrafter
 
 
 def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, generator: torch.Generator,
-                 frac_01: float = 1 / 16, *, data_weight: float = 0.0,
+                 frac_01: float = 1 / 16, *, data_weight: float = 0.0, reachable: bool = False,
                  anchor_chunk: int = 16) -> tuple[torch.Tensor, dict]:
     """Semigroup flow-map distillation loss on one batch (module docstring; DESIGN.md §4).
 
@@ -181,6 +184,7 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
     teacher: the frozen flow model (evaluated without grad). batch: as `train.flow.flow_loss`.
     frac_01: fraction of all blocks that jump 0→1 (default 1/16). generator: CPU source of roles, τ, noise.
     data_weight: weight w in [0, 1] of the data label in the teacher's targets (module docstring; default 0).
+    reachable: the 0→1 blocks' loss only at the slots verification reaches (module docstring).
     Returns (scalar loss with grad, {loss, loss_zero, loss_jump, acc_01, tokens}): loss_zero / loss_jump
     are the weighted soft CE of the zero-length and the other blocks; acc_01 is top-1 accuracy of the
     0→1 blocks against the data labels.
@@ -215,7 +219,11 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
         ce, pred = ce.index_copy(1, cols_d, group_ce), pred.index_copy(1, cols_d, group_pred)
     valid = b["state_labels"] != IGNORE
     zero_d, one_d = zero.to(device)[..., None], one.to(device)[..., None]
-    loss = weighted_mean(ce, valid)
+    if reachable:
+        valid_loss = valid & (reachable_slots(pred == b["state_labels"]) | ~one_d)
+    else:
+        valid_loss = valid
+    loss = weighted_mean(ce, valid_loss)
     with torch.no_grad():
         metrics = {"loss": float(loss), "loss_zero": float(weighted_mean(ce, valid & zero_d)),
                    "loss_jump": float(weighted_mean(ce, valid & ~zero_d)),

@@ -256,6 +256,42 @@ def test_data_weight_mixes_the_label_into_the_teachers_targets(target, weight):
         distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5, data_weight=1.5)
 
 
+def test_distill_reachable_keeps_the_slots_verification_reaches(target):
+    """reachable: a gated student's 0→1 blocks are scored only at slot 1 and at the slots after a right draft
+    prefix (the student's argmax against the labels, checked slot by slot here)."""
+    teacher = make_flow(target, trunk="qwen3", width=64, kv_heads=2, tau_gated_input=True)
+    student = make_student(teacher)
+    with torch.no_grad():
+        student.t_embedder.mlp[2].weight.normal_(std=0.5)
+    batch = make_batch(teacher, A=4)
+    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))
+    batch = _only(batch, one)
+    args = (batch["taps"], batch["input_ids"], batch["anchor_pos"])
+    with torch.no_grad():
+        x0 = noisy_states(student, batch["labels"], torch.zeros(2, 4, dtype=torch.float64),
+                          torch.Generator().manual_seed(0))
+        zeros, ones = torch.zeros(2, 4), torch.ones(2, 4)
+        d0 = torch.softmax(teacher.forward_train(*args, x0, zeros, zeros), -1)
+        logp = torch.log_softmax(student.forward_train(*args, x0, zeros, ones), -1)
+        pred = logp.argmax(-1)  # context-only: the labels below do not change it
+        for a in range(4):  # row 0, block a: its first a slots drafted right (where the block is scored)
+            keep = batch["labels"][0, a, :a] != -100
+            batch["labels"][0, a, :a] = torch.where(keep, student.to_target_ids(pred[0, a, :a]), -100)
+        ids = student.to_state_ids(batch["labels"])
+        ce, w_all = -(d0 * logp).sum(-1), slot_weights(4)
+        num = den = 0.0
+        for b in range(2):
+            for a in range(4):
+                for k in range(4):
+                    prefix_right = all(int(pred[b, a, j]) == int(ids[b, a, j]) for j in range(k))
+                    if ids[b, a, k] != -100 and prefix_right:
+                        num, den = num + float(w_all[k] * ce[b, a, k]), den + float(w_all[k])
+    plain, _ = distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5)
+    loss, _ = distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5, reachable=True)
+    assert loss.item() == pytest.approx(num / den, rel=1e-5) and abs(loss.item() - plain.item()) > 1e-4
+    assert den > sum(float(w_all[0]) for b in range(2) for a in range(4) if ids[b, a, 0] != -100)  # past slot 1
+
+
 def test_distill_loss_is_finite_and_decreases(target):
     teacher = make_flow(target)
     student = make_student(teacher)
