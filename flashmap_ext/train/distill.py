@@ -219,11 +219,8 @@ def distill_loss(student: nn.Module, teacher: FlashMapDrafter, batch: dict, gene
         ce, pred = ce.index_copy(1, cols_d, group_ce), pred.index_copy(1, cols_d, group_pred)
     valid = b["state_labels"] != IGNORE
     zero_d, one_d = zero.to(device)[..., None], one.to(device)[..., None]
-    if reachable:
-        valid_loss = valid & (reachable_slots(pred == b["state_labels"]) | ~one_d)
-    else:
-        valid_loss = valid
-    loss = weighted_mean(ce, valid_loss)
+    reach = reachable_slots(pred == b["state_labels"]) | ~one_d if reachable else True
+    loss = weighted_mean(ce, valid & reach)
     with torch.no_grad():
         metrics = {"loss": float(loss), "loss_zero": float(weighted_mean(ce, valid & zero_d)),
                    "loss_jump": float(weighted_mean(ce, valid & ~zero_d)),
