@@ -37,6 +37,11 @@ def run(args) -> int:
     if args.loss != "ce":
         raise ValueError("--loss kl: not an option of `flashmap distill` (its targets are the flow teacher's "
                          "distributions; train the teacher with `train flow --loss kl` instead)")
+    if args.kl_ce_weight:
+        raise ValueError("--kl-ce-weight: not an option of `flashmap distill` (its targets are the flow teacher's "
+                         "distributions)")
+    if args.reachable and args.frac_01 == 0:
+        raise ValueError("--reachable: selects the slots of the 0→1 jumps; set --frac-01 > 0")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
     config = teacher_config(args)
     check_window_matches_teacher(args, config)

@@ -129,6 +129,7 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
     check_counts(args)
+    loss_options(args)  # --kl-ce-weight checked before any model or cache loads
     for key in ("lr", "warmup"):
         value = getattr(args, key, None)
         if value is not None and not (math.isfinite(value) and value >= 0 and (value > 0 or key == "warmup")):
@@ -215,6 +216,9 @@ def loss_options(args) -> dict:
     weight = getattr(args, "kl_ce_weight", 0.0)
     if not weight >= 0:
         raise ValueError(f"--kl-ce-weight: expected a weight >= 0, got {weight}")
+    if weight and getattr(args, "loss", "ce") != "kl":
+        raise ValueError(f"--kl-ce-weight {weight:g}: the weight of the CE added to --loss kl's KL; pass --loss kl, "
+                         "or leave it out (--loss ce is the CE alone)")
     return {"loss": getattr(args, "loss", "ce"), "ce_weight": weight}
 
 

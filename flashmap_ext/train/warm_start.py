@@ -30,7 +30,7 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     from flashmap_ext.drafters.load import load_drafter
     source = load_drafter(path, target, dtype=torch.float32, flag="--init-from")
     if type(source).__name__ == "DFlashDrafter" and type(drafter).__name__ == "FlashMapDrafter":
-        return _from_dflash(drafter, source, path)
+        return _from_dflash(drafter, source, path, new_vocab)
     added = ()
     if type(source) is not type(drafter):
         if type(source) is not getattr(drafter, "warm_start_base", None):
@@ -44,7 +44,8 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
     mine = {k: v for k, v in mine.items() if k not in kept and k not in grown}
     deeper = (not add_layers and _depth(drafter) > _depth(source)
               and "; or --add-layers to start this deeper drafter from it") or ""
-    vocab = ("d2t", "draft_vocab_size", "clock_t") if new_vocab else ()  # clock_t, clock_tau: built from E
+    revocab = check_vocab(drafter, source, path, new_vocab)
+    vocab = ("d2t", "draft_vocab_size", "clock_t") if revocab else ()  # clock_t, clock_tau: built from E's rows
     mine = {k: v for k, v in mine.items() if not k.endswith(vocab)} if vocab else mine
     differ = [d for d in config_differences(drafter.config, source.config, drafter.depth_fields if grown else ())
               if not d.startswith(vocab)]
@@ -53,39 +54,53 @@ def warm_start(drafter: torch.nn.Module, path: str, target, *, add_layers: bool 
                          f"pass the flags it was trained with (its config.json){deeper}")
     missing = sorted(set(mine) - set(theirs))
     shapes = sorted(k for k in mine if k in theirs and mine[k].shape != theirs[k].shape)
+    if revocab and shapes:
+        raise ValueError(f"--new-draft-vocab: --init-from {path} trained tensors of one row per draft token "
+                         f"({', '.join(shapes[:3])}: e.g. an EAGLE-3 head without --frozen-lm-head), which another "
+                         "vocabulary cannot take; pass the checkpoint's vocabulary as --draft-vocab instead")
     if missing or shapes:
         raise ValueError(f"--init-from {path}: not the shape of this run's drafter (missing: {missing[:3]}, "
                          f"other shapes: {shapes[:3]}); pass the flags it was trained with (its config.json)"
                          f"{deeper}")
-    d2t = [k for k in mine if k.endswith("d2t")]
-    if any(not torch.equal(mine[k], theirs[k]) for k in d2t):
-        raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
-                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t), or --new-draft-vocab "
-                         "to start its weights on this vocabulary")
     with torch.no_grad():
         for key, value in mine.items():
             value.copy_(theirs[key].to(value.dtype))
         for layer in _layers(drafter)[_depth(source):] if grown else ():
             drafter.identity_layer_init(layer)
     note = f" ({len(kept)} tensors of the added modules at their initialisation)" if kept else ""
-    if new_vocab:
-        size = lambda d: getattr(d.config, "draft_vocab_size", None) or "all"  # noqa: E731
-        note += f" (draft vocabulary: {size(source)} rows in the checkpoint, {size(drafter)} in this run)"
+    if revocab:
+        note += f" (draft vocabulary: {_rows(source)} rows in the checkpoint, {_rows(drafter)} in this run)"
     if grown:
         note += f" (layers {_depth(source)}..{_depth(drafter) - 1} added, each starting as the identity)"
     print(f"warm start: weights from {path}{note}")
 
 
-def _from_dflash(drafter, source, path: str) -> None:
+def _rows(drafter) -> int | str:
+    return getattr(drafter.config, "draft_vocab_size", None) or "all"
+
+
+def check_vocab(drafter, source, path: str, new_vocab: bool) -> bool:
+    """True when the checkpoint drafts from other rows than `drafter` (`d2t`) and `new_vocab` allows it;
+    ValueError naming --init-from and --new-draft-vocab when they differ without it."""
+    mine, theirs = getattr(drafter, "d2t", None), getattr(source, "d2t", None)
+    if (mine is None) == (theirs is None) and (mine is None or (mine.shape == theirs.shape
+                                                                and torch.equal(mine, theirs.to(mine.device)))):
+        return False
+    if not new_vocab:
+        raise ValueError(f"--init-from {path}: its draft vocabulary ({_rows(source)} rows) differs from this run's "
+                         f"--draft-vocab ({_rows(drafter)}); pass the checkpoint's ids as --draft-vocab "
+                         "(recipes/long_run.sh writes them from its d2t), or --new-draft-vocab to start its weights "
+                         "on this run's vocabulary")
+    return True
+
+
+def _from_dflash(drafter, source, path: str, new_vocab: bool = False) -> None:
     """A qwen3-trunk flow model from a DFlash checkpoint (drafters/flashmap/from_dflash.py)."""
     from flashmap_ext.drafters.flashmap.from_dflash import start_from_dflash
     if drafter.config.two_time:
         raise ValueError(f"--init-from {path}: a DFlash checkpoint starts a flow model (`flashmap train flow`), "
                          "not a distilled map")
-    mine, theirs = getattr(drafter, "d2t", None), getattr(source, "d2t", None)
-    if (mine is None) != (theirs is None) or (mine is not None and not torch.equal(mine, theirs.to(mine.device))):
-        raise ValueError(f"--init-from {path}: its draft vocabulary differs from --draft-vocab's; pass the "
-                         "checkpoint's ids (recipes/long_run.sh writes them from its d2t)")
+    check_vocab(drafter, source, path, new_vocab)
     try:
         start_from_dflash(drafter, source)
     except ValueError as err:

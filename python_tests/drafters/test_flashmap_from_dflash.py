@@ -60,6 +60,20 @@ def test_layers_copy_over_and_warm_start_dispatches(target, tmp_path):
                                                                                dflash.norm.weight)
 
 
+def test_a_dflash_start_takes_another_draft_vocabulary_with_new_draft_vocab(target, tmp_path):
+    """--new-draft-vocab reached the flow-checkpoint path only: a DFlash start on another --draft-vocab was
+    refused even with it."""
+    dflash, _ = pair(target)
+    dflash.save_pretrained(tmp_path / "dflash")
+    _, flow = pair(target, draft_vocab_size=32)
+    flow.set_draft_vocab(torch.arange(32) + 3, target)
+    with pytest.raises(ValueError, match=r"draft vocabulary \(all rows\) differs .*--new-draft-vocab"):
+        warm_start(flow, str(tmp_path / "dflash"), target)
+    warm_start(flow, str(tmp_path / "dflash"), target, new_vocab=True)
+    assert torch.equal(flow.tap_proj.weight, dflash.fc.weight)
+    assert torch.equal(flow.vocab.target_ids, torch.arange(32) + 3)
+
+
 @pytest.mark.parametrize("fields, why", [
     (dict(trunk="dit", kv_heads=None, width=64, heads=4), "starts the qwen3 trunk only"),
     (dict(tau_gated_input=False), "--tau-gated-input flow model only"),

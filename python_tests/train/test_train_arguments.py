@@ -70,6 +70,21 @@ def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys
     assert f"argument {flag}: expected a fraction in [0, 1]" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["train", "flow", "--kl-ce-weight", "0.5"], "--kl-ce-weight 0.5: the weight of the CE added to --loss kl's KL"),
+    (["train", "eagle3", "--kl-ce-weight", "0.5"], "--kl-ce-weight 0.5: the weight of the CE added to --loss kl's"),
+    (["distill", "--teacher", "t", "--kl-ce-weight", "1"], "--kl-ce-weight: not an option of `flashmap distill`"),
+    (["distill", "--teacher", "t", "--frac-01", "0", "--reachable"], "--reachable: selects the slots of the 0→1")])
+def test_options_that_would_do_nothing_are_refused(argv, message, tmp_path, capsys, monkeypatch):
+    """--kl-ce-weight without --loss kl and distill's --reachable without 0→1 jumps trained as if not given."""
+    from flashmap_ext.train import runner
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    monkeypatch.setattr(runner, "run_stage", lambda *a, **kw: pytest.fail("trained"))
+    assert main([*argv, "--target", "tiny-random", "--features", str(tmp_path / "f"), "--out", str(tmp_path / "o"),
+                 "--preset", "cpu-tiny"]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["distill", "--teacher", "t"], ["train", "eagle3"]])
 def test_stages_without_layers_have_no_add_layers(argv, capsys):
     """`distill --help` offered --add-layers ('than --layers', which distill does not have) and --init-from

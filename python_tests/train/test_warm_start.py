@@ -246,7 +246,8 @@ def test_new_draft_vocab_copies_every_weight_onto_the_runs_vocabulary(tmp_path):
     src.save_pretrained(tmp_path / "src")
     dst = FlashMapDrafter.for_target(target, draft_vocab_size=96, **{**shape, "init": "zero"})
     dst.set_draft_vocab(torch.arange(96) + 7, target)
-    with pytest.raises(ValueError, match="draft_vocab_size=64 .*this run: 96"):
+    with pytest.raises(ValueError, match=r"its draft vocabulary \(64 rows\) differs from this run's --draft-vocab "
+                                         r"\(96\); .* or --new-draft-vocab"):
         runner.warm_start(dst, str(tmp_path / "src"), target)
     runner.warm_start(dst, str(tmp_path / "src"), target, new_vocab=True)
     theirs = src.state_dict()
@@ -256,7 +257,7 @@ def test_new_draft_vocab_copies_every_weight_onto_the_runs_vocabulary(tmp_path):
     e3 = Eagle3Drafter.for_target(target, draft_ids=torch.arange(64) + 40, frozen_lm_head=False)
     e3.save_pretrained(tmp_path / "e3")
     other = Eagle3Drafter.for_target(target, draft_ids=torch.arange(96) + 7, frozen_lm_head=False)
-    with pytest.raises(ValueError, match="not the shape of this run's drafter"):
+    with pytest.raises(ValueError, match=r"^--new-draft-vocab: .*\(lm_head.weight: .*--frozen-lm-head"):
         runner.warm_start(other, str(tmp_path / "e3"), target, new_vocab=True)
 
 
