@@ -429,6 +429,23 @@ def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
     assert err == "flashmap generate: interrupted\n" and out.endswith("\n"), (out, err)
 
 
+def test_ctrl_c_before_a_training_run_saved_a_checkpoint_does_not_point_to_resume(monkeypatch, capsys, tmp_path):
+    """Ctrl-C while the target loaded said 'rerun with --resume ... from the newest checkpoint', of which there
+    was none; once a checkpoint exists it does."""
+    from flashmap_ext.commands import train
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "run_flow", interrupted)
+    argv = ["train", "flow", "--target", "tiny-random", "--features", "f", "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 130
+    assert capsys.readouterr().err == ("flashmap train flow: interrupted; no checkpoint was saved yet: rerun the "
+                                       "same command to start again\n")
+    (tmp_path / "run" / "checkpoints" / "step-00000010").mkdir(parents=True)
+    assert cli.main(argv) == 130
+    assert "rerun with --resume to continue from the newest checkpoint" in capsys.readouterr().err
+
+
 def test_ctrl_c_while_the_commands_load_prints_one_line(monkeypatch, capsys):
     def loading():
         raise KeyboardInterrupt
