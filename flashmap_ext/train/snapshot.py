@@ -1,8 +1,8 @@
 """`flashmap train snapshot`: a drafter directory from a training checkpoint, for mid-run points of a
 learning curve.
 
-`flashmap train --keep-checkpoints 0` keeps every `checkpoints/step-N/model.safetensors` of a run; the run's
-export (`RUN/drafter`) holds the config and the per-tensor dtypes of a finished drafter. This writes OUT with
+`flashmap train STAGE --keep-checkpoints 0` (and `flashmap distill --keep-checkpoints 0`) keeps every
+`checkpoints/step-N/model.safetensors` of a run; the run's export (`RUN/drafter`) holds the config and the per-tensor dtypes of a finished drafter. This writes OUT with
 that config.json and step N's weights cast to the export's dtypes, so that `flashmap eval` loads it like the
 export (a snapshot of the last step holds the export's tensors exactly). A run still under way has no export yet:
 `--template DIR` takes the config and dtypes from another drafter folder of the same architecture instead
