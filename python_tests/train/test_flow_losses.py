@@ -198,18 +198,16 @@ def test_jump_blocks_match_a_hand_computed_semigroup_target(target):
     assert metrics["loss_jump"] == pytest.approx(expected.item(), rel=1e-5)
 
 
-@pytest.mark.parametrize("gated", [True, False])
-def test_a_gated_students_zero_to_one_jumps_take_the_teachers_first_step(target, gated):
-    """With `tau_gated_input` the student's δ_{0,1} is context-only: its target is the teacher's D(·, 0),
-    not the two half-jumps (which a non-gated student keeps)."""
-    shape = {"trunk": "qwen3", "width": 64, "kv_heads": 2, "tau_gated_input": gated}
-    teacher = make_flow(target, **shape)
+def _zero_to_one(target, gated: bool = True):
+    """(teacher, student, batch, teacher D(·, 0), student log δ_{0,1}) for a qwen3-trunk student (τ-gated or not)
+    whose δ_{0,1} is no longer the teacher's, on a batch scored at its 0→1 blocks only (the roles distill_loss
+    draws with seed 5 and frac_01 0.5), from one noise draw (a gated student's logits do not depend on it)."""
+    teacher = make_flow(target, trunk="qwen3", width=64, kv_heads=2, tau_gated_input=gated)
     student = make_student(teacher)
     with torch.no_grad():
-        student.t_embedder.mlp[2].weight.normal_(std=0.5)  # δ_{0,1} no longer equals the teacher's D(·, 0)
+        student.t_embedder.mlp[2].weight.normal_(std=0.5)
     batch = make_batch(teacher, A=4)
-    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))  # the roles distill_loss will draw
-    assert one.any()
+    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))
     batch = _only(batch, one)
     args = (batch["taps"], batch["input_ids"], batch["anchor_pos"])
     with torch.no_grad():
@@ -218,6 +216,15 @@ def test_a_gated_students_zero_to_one_jumps_take_the_teachers_first_step(target,
         zeros, ones = torch.zeros(2, 4), torch.ones(2, 4)
         d0 = torch.softmax(teacher.forward_train(*args, x0, zeros, zeros), -1)
         logp = torch.log_softmax(student.forward_train(*args, x0, zeros, ones), -1)
+    return teacher, student, batch, d0, logp
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_a_gated_students_zero_to_one_jumps_take_the_teachers_first_step(target, gated):
+    """With `tau_gated_input` the student's δ_{0,1} is context-only: its target is the teacher's D(·, 0),
+    not the two half-jumps (which a non-gated student keeps)."""
+    teacher, student, batch, d0, logp = _zero_to_one(target, gated)
+    with torch.no_grad():
         w = slot_weights(4) * (batch["labels"] != -100)
         expected = ((-(d0 * logp).sum(-1)) * w).sum() / w.sum()
     _, metrics = distill_loss(student, teacher, batch, torch.Generator().manual_seed(5), 0.5)
@@ -231,20 +238,8 @@ def test_a_gated_students_zero_to_one_jumps_take_the_teachers_first_step(target,
 def test_data_weight_mixes_the_label_into_the_teachers_targets(target, weight):
     """data_weight w: a gated student's 0→1 blocks take (1 − w)·D(·, 0) + w·onehot(label), so their soft CE is
     (1 − w)·CE against the teacher + w·CE against the data label (hard CE, computed by hand)."""
-    teacher = make_flow(target, trunk="qwen3", width=64, kv_heads=2, tau_gated_input=True)
-    student = make_student(teacher)
+    teacher, student, batch, d0, logp = _zero_to_one(target)
     with torch.no_grad():
-        student.t_embedder.mlp[2].weight.normal_(std=0.5)
-    batch = make_batch(teacher, A=4)
-    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))
-    batch = _only(batch, one)
-    args = (batch["taps"], batch["input_ids"], batch["anchor_pos"])
-    with torch.no_grad():
-        x0 = noisy_states(student, batch["labels"], torch.zeros(2, 4, dtype=torch.float64),
-                          torch.Generator().manual_seed(0))  # context-only at τ = 0: any draw gives the same
-        zeros, ones = torch.zeros(2, 4), torch.ones(2, 4)
-        d0 = torch.softmax(teacher.forward_train(*args, x0, zeros, zeros), -1)
-        logp = torch.log_softmax(student.forward_train(*args, x0, zeros, ones), -1)
         ids = student.to_state_ids(batch["labels"])
         hard = -logp.gather(-1, ids.clamp_min(0)[..., None])[..., 0]
         per_slot = (1 - weight) * (-(d0 * logp).sum(-1)) + weight * hard
@@ -259,20 +254,8 @@ def test_data_weight_mixes_the_label_into_the_teachers_targets(target, weight):
 def test_distill_reachable_keeps_the_slots_verification_reaches(target):
     """reachable: a gated student's 0→1 blocks are scored only at slot 1 and at the slots after a right draft
     prefix (the student's argmax against the labels, checked slot by slot here)."""
-    teacher = make_flow(target, trunk="qwen3", width=64, kv_heads=2, tau_gated_input=True)
-    student = make_student(teacher)
+    teacher, student, batch, d0, logp = _zero_to_one(target)
     with torch.no_grad():
-        student.t_embedder.mlp[2].weight.normal_(std=0.5)
-    batch = make_batch(teacher, A=4)
-    zero, one = assign_roles(2, 4, 0.5, torch.Generator().manual_seed(5))
-    batch = _only(batch, one)
-    args = (batch["taps"], batch["input_ids"], batch["anchor_pos"])
-    with torch.no_grad():
-        x0 = noisy_states(student, batch["labels"], torch.zeros(2, 4, dtype=torch.float64),
-                          torch.Generator().manual_seed(0))
-        zeros, ones = torch.zeros(2, 4), torch.ones(2, 4)
-        d0 = torch.softmax(teacher.forward_train(*args, x0, zeros, zeros), -1)
-        logp = torch.log_softmax(student.forward_train(*args, x0, zeros, ones), -1)
         pred = logp.argmax(-1)  # context-only: the labels below do not change it
         for a in range(4):  # row 0, block a: its first a slots drafted right (where the block is scored)
             keep = batch["labels"][0, a, :a] != -100
