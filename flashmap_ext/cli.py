@@ -69,15 +69,11 @@ def interrupt_hint(args, started: float) -> str:
         results = os.path.join(getattr(args, "out", "") or "", "results.json")
         if not (os.path.isfile(results) and os.path.getmtime(results) >= started):
             return "; no dataset had finished, so nothing was written"
-    if args.command in ("train", "distill") and not has_checkpoint(getattr(args, "out", None)):
-        return "; no checkpoint was saved yet: rerun the same command to start again"
+    if args.command in ("train", "distill"):
+        from flashmap_ext.train.checkpoint import latest  # what --resume continues from
+        if latest(getattr(args, "out", None) or "") is None:
+            return "; no checkpoint was saved yet: rerun the same command to start again"
     return RESUME_HINT.get(args.command, "")
-
-
-def has_checkpoint(out: str | None) -> bool:
-    """Whether a training run's --out holds a checkpoint (what --resume continues from)."""
-    folder = os.path.join(out or "", "checkpoints")
-    return os.path.isdir(folder) and any(name.startswith("step-") for name in os.listdir(folder))
 
 
 def command_name(args) -> str:

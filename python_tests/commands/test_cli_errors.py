@@ -442,6 +442,7 @@ def test_ctrl_c_before_a_training_run_saved_a_checkpoint_does_not_point_to_resum
     assert capsys.readouterr().err == ("flashmap train flow: interrupted; no checkpoint was saved yet: rerun the "
                                        "same command to start again\n")
     (tmp_path / "run" / "checkpoints" / "step-00000010").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step-00000010\n")
     assert cli.main(argv) == 130
     assert "rerun with --resume to continue from the newest checkpoint" in capsys.readouterr().err
 
