@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     runner.add_training_args(p, init_from_note=": here a distilled map (a `distill` run's drafter/); the "
                                               "student otherwise starts as --teacher's Euler step",
-                            add_layers=False)
+                            add_layers=False, from_teacher=True)
     p.add_argument("--teacher", required=True, help="the flow drafter: <flow run>/drafter (from `train flow`)")
     p.add_argument("--frac-01", type=runner.fraction_arg, default=1 / 16,
                    help="fraction of all jumps that go 0→1, in [0, 1] (default 1/16; '1/16' or 0.0625)")
@@ -28,24 +28,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--reachable", action="store_true",
                    help="the 0→1 jumps' loss only at the slots verification reaches (those whose one-step draft "
                         "prefix is right), as `train flow --reachable` trains a teacher's one step")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, tap_layers=None, context_window=None)  # the student keeps the teacher's taps, window
 
 
 def run(args) -> int:
     from flashmap_ext.drafters.flashmap import FlashMapDrafter
     from flashmap_ext.train.distill import distill_loss, make_student
-    if args.loss != "ce":
-        raise ValueError("--loss kl: not an option of `flashmap distill` (its targets are the flow teacher's "
-                         "distributions; train the teacher with `train flow --loss kl` instead)")
-    if args.kl_ce_weight:
-        raise ValueError("--kl-ce-weight: not an option of `flashmap distill` (its targets are the flow teacher's "
-                         "distributions)")
     if args.reachable and args.frac_01 == 0:
         raise ValueError("--reachable: selects the slots of the 0→1 jumps; set --frac-01 > 0")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
-    config = teacher_config(args)
-    check_window_matches_teacher(args, config)
-    check_taps_match_teacher(args, config)
+    teacher_config(args)  # a --teacher that is not a flow model refused before any model loads
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
     teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
@@ -74,26 +66,3 @@ def teacher_config(args):
                          "distill from the `train flow` run's drafter/")
     return config
 
-
-def check_window_matches_teacher(args, config) -> None:
-    """The student keeps the teacher's context window (`make_student` copies `config`, the teacher's):
-    ValueError for a --context-window that differs from it, before any model loads."""
-    if getattr(args, "context_window", None) is None:
-        return
-    requested = args.context_window or None  # 0: --context-window none
-    window = config.context_window
-    if window != requested:
-        raise ValueError(f"--context-window {requested}: the student keeps the teacher's context window "
-                         f"({window}); train the flow stage (--teacher {args.teacher}) with the window instead")
-
-
-def check_taps_match_teacher(args, config) -> None:
-    """The student reads the teacher's taps (`make_student` copies its config): ValueError for a --tap-layers
-    that names other layers, before any model loads (it would otherwise be recorded in run.json and ignored)."""
-    if getattr(args, "tap_layers", None) is None:
-        return
-    ids = runner.tap_layers(args, None)
-    if list(ids) != list(config.target_layer_ids):
-        taps = ",".join(map(str, config.target_layer_ids))
-        raise ValueError(f"--tap-layers {args.tap_layers}: the student reads the teacher's taps ({taps}); "
-                         f"leave --tap-layers out, or train the flow stage (--teacher {args.teacher}) on those layers")

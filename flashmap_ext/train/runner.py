@@ -40,10 +40,12 @@ Several GPUs or nodes: torchrun --nproc-per-node 8 -m flashmap_ext.cli train flo
 Interrupted (Ctrl-C, SIGTERM, preemption)? Rerun the same command with --resume."""
 
 
-def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_layers: bool = True) -> None:
+def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_layers: bool = True,
+                      from_teacher: bool = False) -> None:
     """Options common to every training stage; unset values come from --preset. `init_from_note`: a sentence the
     stage adds to --init-from's help (what else it starts from); `add_layers`: whether the stage has --layers
-    and so --add-layers."""
+    and so --add-layers; `from_teacher`: the drafter copies a teacher's taps and context window and learns the
+    teacher's distributions, so the stage has no --tap-layers, --context-window, --loss or --kl-ce-weight."""
     p.add_argument("--target", required=True, help="the target: hub name, local dir, .gguf file, or 'tiny-random'")
     p.add_argument("--features", required=True, help="feature cache directory written by `flashmap features`")
     p.add_argument("--out", required=True, help="run directory: checkpoints/, metrics.jsonl, drafter/")
@@ -59,9 +61,10 @@ def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_
                        help="with --init-from: the checkpoint may have fewer layers than --layers; they are copied "
                             "into the first ones and each added layer starts as the identity, so training starts "
                             "from the checkpoint's function")
-    p.add_argument("--tap-layers", metavar="IDS",
-                   help="target layers whose taps the drafter reads, e.g. 1,6,11,16,21: a subset of --features "
-                        "(default: flow/dflash all of the cache's, eagle3 its low/mid/high layers)")
+    if not from_teacher:
+        p.add_argument("--tap-layers", metavar="IDS",
+                       help="target layers whose taps the drafter reads, e.g. 1,6,11,16,21: a subset of --features "
+                            "(default: flow/dflash all of the cache's, eagle3 its low/mid/high layers)")
     g = p.add_argument_group("optimisation (default: from --preset)")
     g.add_argument("--steps", type=int, help="optimizer steps")
     g.add_argument("--lr", type=float, help="peak learning rate (AdamW, warmup then cosine)")
@@ -71,20 +74,22 @@ def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_
     g.add_argument("--num-anchors", type=int, help="random anchors (blocks) per sequence per step")
     g.add_argument("--max-length", type=int,
                    help="crop sequences to this many tokens (>= 2: an anchor and the token it predicts)")
-    g.add_argument("--context-window", type=window_arg, metavar="W",
-                   help="FlashMap/DFlash: the drafter reads the last W committed positions only, in training and "
-                        "inference (recorded in its config.json); 'none': all of them; default: the longest "
-                        "context training shows it, --max-length or the --features cache's shorter crop")
+    if not from_teacher:
+        g.add_argument("--context-window", type=window_arg, metavar="W",
+                       help="FlashMap/DFlash: the drafter reads the last W committed positions only, in training "
+                            "and inference (recorded in its config.json); 'none': all of them; default: the longest "
+                            "context training shows it, --max-length or the --features cache's shorter crop")
     g.add_argument("--save-every", type=int, help="steps between checkpoints (0: only at the end)")
     g.add_argument("--keep-checkpoints", type=int, default=2, metavar="N",
                    help="checkpoints kept in <out>/checkpoints, the newest N (0: all, e.g. for a learning curve; "
                         "default 2)")
-    g.add_argument("--loss", choices=LOSSES, default="ce",
-                   help="ce: cross-entropy of the data tokens; kl: forward KL to the target's top-k distribution "
-                        "stored by `flashmap features --topk K` (+ --kl-ce-weight x CE on its argmax; the flow "
-                        "model uses it at its τ = 0 blocks). Default ce")
-    g.add_argument("--kl-ce-weight", type=float, default=0.0, metavar="W",
-                   help="--loss kl: weight of the CE on the target's argmax added to the KL (default 0)")
+    if not from_teacher:
+        g.add_argument("--loss", choices=LOSSES, default="ce",
+                       help="ce: cross-entropy of the data tokens; kl: forward KL to the target's top-k "
+                            "distribution stored by `flashmap features --topk K` (+ --kl-ce-weight x CE on its "
+                            "argmax; the flow model uses it at its τ = 0 blocks). Default ce")
+        g.add_argument("--kl-ce-weight", type=float, default=0.0, metavar="W",
+                       help="--loss kl: weight of the CE on the target's argmax added to the KL (default 0)")
     g.add_argument("--seed", type=seed_arg, default=0)
     r = p.add_argument_group("runtime")
     r.add_argument("--parallel", choices=parallel.MODES, default="none",

@@ -73,7 +73,6 @@ def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys
 @pytest.mark.parametrize("argv, message", [
     (["train", "flow", "--kl-ce-weight", "0.5"], "--kl-ce-weight 0.5: the weight of the CE added to --loss kl's KL"),
     (["train", "eagle3", "--kl-ce-weight", "0.5"], "--kl-ce-weight 0.5: the weight of the CE added to --loss kl's"),
-    (["distill", "--teacher", "t", "--kl-ce-weight", "1"], "--kl-ce-weight: not an option of `flashmap distill`"),
     (["distill", "--teacher", "t", "--frac-01", "0", "--reachable"], "--reachable: selects the slots of the 0→1")])
 def test_options_that_would_do_nothing_are_refused(argv, message, tmp_path, capsys, monkeypatch):
     """--kl-ce-weight without --loss kl and distill's --reachable without 0→1 jumps trained as if not given."""
@@ -83,6 +82,19 @@ def test_options_that_would_do_nothing_are_refused(argv, message, tmp_path, caps
     assert main([*argv, "--target", "tiny-random", "--features", str(tmp_path / "f"), "--out", str(tmp_path / "o"),
                  "--preset", "cpu-tiny"]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--loss", "kl"], ["--kl-ce-weight", "1"], ["--context-window", "none"],
+                                    ["--tap-layers", "0"]])
+def test_distill_has_no_options_the_teacher_decides(option, capsys):
+    """The student keeps the teacher's taps and window and learns its distributions: distill offered --loss,
+    --kl-ce-weight, --context-window and --tap-layers only to refuse them after parsing."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["distill", "--teacher", "t", "--target", "tiny-random", "--features", "f", "--out", "o", *option])
+    assert exit_.value.code == 2 and f"unrecognized arguments: {' '.join(option)}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["distill", "--help"])
+    assert option[0] not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv", [["distill", "--teacher", "t"], ["train", "eagle3"]])
@@ -175,11 +187,11 @@ def every_stage_refuses(tmp_path, extra: list, pattern: str) -> None:
     tiny-random raise ValueError matching `pattern` and write no --out."""
     common = ["--target", "tiny-random", "--features", str(tmp_path / "f"), "--preset", "cpu-tiny", "--steps", "1",
               *extra]
-    for stage in (["train", "flow"], ["train", "dflash", "--mask-token-id", "0"], ["train", "eagle3"],
-                  ["distill", "--teacher", str(tmp_path / "teacher")]):
+    for stage in (["train", "flow", "--tap-layers", "1"], ["train", "dflash", "--mask-token-id", "0", "--tap-layers", "1"],
+                  ["train", "eagle3", "--tap-layers", "1"], ["distill", "--teacher", str(tmp_path / "teacher")]):
         out = tmp_path / stage[1]
         with pytest.raises(ValueError, match=pattern):
-            main([*stage, *common, "--tap-layers", "1", "--out", str(out)])
+            main([*stage, *common, "--out", str(out)])
         assert not out.exists()
 
 
