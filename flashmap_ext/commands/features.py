@@ -6,8 +6,8 @@ to memory-mappable shards in --out (bf16 by default, ~n_taps·d·2 bytes per tok
 prefilled in length-sorted, right-padded batches of --batch-tokens. Safe to interrupt: rerun the same command
 and it skips the sequences already cached. A rerun is refused when --max-length, --layers, --dtype or --topk
 differ from the cache's, or when a cached sequence has other tokens now (its conversation was edited); the
-cache may hold the sequences of other --data files too (run once per file into one --out). The manifest
-records a fingerprint of the target's weights (whatever their dtype): `flashmap train` and `flashmap distill`
+cache may hold the sequences of other --data files too (run once per file into one --out; the manifest keeps
+the first file as "data" and each file's report of kept/dropped samples). It also records a fingerprint of the target's weights (whatever their dtype): `flashmap train` and `flashmap distill`
 refuse the cache with a --target of other weights.
 
 With --store the features go to the feature store under the asset cache (`train.feature_store`: one cache
@@ -81,7 +81,7 @@ def run(args) -> int:
     n = cache_features(target.model, samples, args.out, layers, dtype=args.dtype, meta=meta,
                        progress=not args.no_progress, topk=args.topk, batch_tokens=args.batch_tokens,
                        window=256 if args.batch_tokens > 1 else 1)
-    update_manifest(args.out, {"samples": report.as_dict()})
+    update_manifest(args.out, manifest_report(args.out, first and args.data, report.as_dict()))
     print(f"features: cached {n} new sequences (layers {layers}) in {args.out}; {args.data}: "
           f"{report.summary(args.max_length)}", file=sys.stderr)
     return 0
@@ -102,6 +102,18 @@ def other_data(out: str, data: str) -> str | None:
     print(f"features: --out {out} holds the sequences of --data {first}; adding those of {data} to it "
           "(a cache of their own needs another --out)", file=sys.stderr)
     return first
+
+
+def manifest_report(out: str, added: str | None, samples: dict) -> dict:
+    """The manifest fields recording this run's data report: "samples" for the --data the cache started from,
+    else `added` (another file's path) keyed into "added_data" beside the reports of files added before."""
+    if not added:
+        return {"samples": samples}
+    import json
+    import os
+    with open(os.path.join(out, "manifest.json")) as f:
+        before = json.load(f).get("added_data", {})
+    return {"added_data": {**before, added: {"samples": samples}}}
 
 
 def first_read(samples):

@@ -170,7 +170,7 @@ def fraction_arg(text: str) -> float:
     try:
         value = Fraction(text.strip())
     except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1] such as 1/16 or 0.0625, got {text!r}") \
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], as a decimal or a fraction (0.5, 1/2), got {text!r}") \
             from None
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")

@@ -203,6 +203,9 @@ def test_features_into_a_cache_of_another_data_file_says_it_adds(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"holds the sequences of --data {tmp_path / 'r.jsonl'}; adding those of {other}" in err, err
     assert FeatureCache(str(tmp_path / "f")).ids == ["0/0", "two/0"]
+    manifest = json.loads((tmp_path / "f" / "manifest.json").read_text())  # each file's report, the first kept
+    assert manifest["data"] == str(tmp_path / "r.jsonl") and manifest["samples"]["kept"] == 1
+    assert manifest["added_data"][str(other)]["samples"]["kept"] == 1
 
 
 def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monkeypatch):
