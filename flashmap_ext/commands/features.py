@@ -7,8 +7,9 @@ prefilled in length-sorted, right-padded batches of --batch-tokens. Safe to inte
 and it skips the sequences already cached. A rerun is refused when --max-length, --layers, --dtype or --topk
 differ from the cache's, or when a cached sequence has other tokens now (its conversation was edited); the
 cache may hold the sequences of other --data files too (run once per file into one --out; the manifest keeps
-the first file as "data" and each file's report of kept/dropped samples). It also records a fingerprint of the target's weights (whatever their dtype): `flashmap train` and `flashmap distill`
-refuse the cache with a --target of other weights.
+the first file as "data" and each file's report of kept/dropped samples). It also records a fingerprint
+of the target's weights (whatever their dtype): `flashmap train` and `flashmap distill` refuse the cache
+with a --target of other weights.
 
 With --store the features go to the feature store under the asset cache (`train.feature_store`: one cache
 per corpus part, keyed by the part, the target, the taps and the settings), extended with the new sequences
