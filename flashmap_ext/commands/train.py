@@ -298,11 +298,12 @@ def slot_decay_arg(spec: str) -> float | None:
     return value
 
 
-def draft_vocab(spec, cache, rows: int):
+def draft_vocab(spec, cache, rows: int, option: str = "--draft-vocab"):
     """[n] int64 target ids for a draft vocabulary, or None (spec None: the full vocabulary).
 
     spec: a JSON file holding a list of target ids or {"ids": [...]}, or a count N: the N most frequent
-    response (loss-masked) tokens of the feature cache, capped at `rows`. Raises ValueError otherwise."""
+    response (loss-masked) tokens of the feature cache, capped at `rows` (said on stderr, naming `option`,
+    what set the count). Raises ValueError otherwise."""
     import os
 
     import torch
@@ -320,7 +321,7 @@ def draft_vocab(spec, cache, rows: int):
     if not str(spec).isdigit() or int(spec) < 1:
         raise ValueError(f"--draft-vocab: expected a count N >= 1 or a JSON file (got {spec!r})")
     if int(spec) > rows:
-        print(f"--draft-vocab {spec}: the target has {rows} embedding rows; the draft vocabulary is all {rows}",
+        print(f"{option} {spec}: the target has {rows} embedding rows; the draft vocabulary is all {rows}",
               file=sys.stderr)
     counts = count_tokens((cache.supervised_tokens(i) for i in range(len(cache))), rows)
     return build_draft_vocab(counts, min(int(spec), rows))
@@ -394,7 +395,11 @@ def run_eagle3(args) -> int:
     cache = runner.target_features(args, target)
     rows = target.model.get_input_embeddings().weight.shape[0]
     spec = shape.pop("draft_vocab_size")
-    ids = draft_vocab(args.draft_vocab if args.draft_vocab is not None else spec, cache, rows)
+    if args.draft_vocab is not None:
+        ids = draft_vocab(args.draft_vocab, cache, rows)
+    else:
+        given = args.draft_vocab_size is not None
+        ids = draft_vocab(spec, cache, rows, "--draft-vocab-size" if given else f"--preset {args.preset}'s draft vocabulary")
     if args.tap_layers is not None:  # default: EAGLE-3's low/mid/high taps
         shape["target_layer_ids"] = runner.tap_layers(args, (), target.num_layers)
     drafter = Eagle3Drafter.for_target(target, draft_ids=ids, dtype=torch.float32, **shape)

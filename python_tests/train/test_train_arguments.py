@@ -268,3 +268,20 @@ def test_dflash_warns_when_the_mask_token_occurs_in_the_training_data(tmp_path, 
     err = capsys.readouterr().err
     assert (f"train dflash: warning: --mask-token-id 7 occurs 3 times in the sequences of --features "
             f"{tmp_path / 'f'};") in err
+
+
+def test_a_capped_draft_vocabulary_names_what_set_it(capsys):
+    """`train eagle3` without --draft-vocab said "--draft-vocab 32000: ..." about the preset's count."""
+    from flashmap_ext.commands.train import draft_vocab
+
+    class Cache:  # two sequences whose supervised tokens are 1, 2, 2 and 3
+        def __len__(self):
+            return 2
+
+        def supervised_tokens(self, i):
+            return torch.tensor([[1, 2], [2, 3]][i])
+    ids = draft_vocab("32000", Cache(), 6, "--preset cpu-tiny's draft vocabulary")
+    assert sorted(ids.tolist()) == list(range(6))  # capped at the target's rows
+    assert capsys.readouterr().err.startswith("--preset cpu-tiny's draft vocabulary 32000: the target has 6 ")
+    assert draft_vocab("2", Cache(), 6).tolist() == [1, 2]  # the two most frequent (ties: lower id); no note
+    assert capsys.readouterr().err == ""
