@@ -429,11 +429,6 @@ def check_same_flags(out: str, args, steps: int | None = None) -> None:
         before = saved.get("args", {})
     except (OSError, ValueError):
         return
-    was = saved.get("settings", {}).get("steps")
-    if steps is not None and was is not None and steps != was:
-        print(f"--resume: --steps {steps} (the run was started with {was}): the warmup and cosine schedule are "
-              f"those of {steps} steps from the checkpoint on, so the learning rate differs from the run's",
-              file=sys.stderr)
     now = json.loads(json.dumps(vars(args), default=str))  # as run.json stores it
 
     def same(a, b) -> bool:
@@ -449,6 +444,11 @@ def check_same_flags(out: str, args, steps: int | None = None) -> None:
     if changed:
         raise ValueError(f"--resume: {out} was started with other flags: {'; '.join(changed)}; rerun with the "
                          f"run's flags ({out}/run.json \"args\"), or choose another --out")
+    was = saved.get("settings", {}).get("steps")
+    if steps is not None and was is not None and steps != was:
+        print(f"--resume: --steps {steps} (the run was started with {was}): the warmup and cosine schedule are "
+              f"those of {steps} steps from the checkpoint on, so the learning rate differs from the run's",
+              file=sys.stderr)
 
 
 def export(drafter: torch.nn.Module, args) -> str:

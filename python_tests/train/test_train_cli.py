@@ -255,7 +255,7 @@ def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):
     assert (run / "run.json").read_text() == record, "a run that trains nothing keeps its record"
 
 
-def test_resume_refuses_flags_other_than_the_runs(tmp_path):
+def test_resume_refuses_flags_other_than_the_runs(tmp_path, capsys):
     """`--resume` with another --width ended in a screenful of load_state_dict size mismatches, and with another
     --lr went on silently (not the run it resumes); both now stop in one line naming the flag, before run.json
     is rewritten. --steps may change (a run is extended), as may the progress/logging flags."""
@@ -270,10 +270,15 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path):
     with pytest.raises(ValueError, match=r"--lr 0.005 \(the run's: not given: the default, under --preset cpu-tiny\).*--seed 3 \(the run's: 0\)"):
         main(args + ["--resume", "--lr", "5e-3", "--seed", "3"])
     assert (run / "run.json").read_text() == before
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"--lr 0.005"):  # refused: no note about the schedule of --steps 3
+        main(args[:-1] + ["3", "--resume", "--lr", "5e-3"])
+    assert "schedule" not in capsys.readouterr().err
     (tmp_path / "x").mkdir()
     features_again = str(tmp_path / "x" / ".." / "f")  # the same folder, spelled differently
     assert main([*args[:6], features_again, *args[7:-1], "2", "--resume", "--log-every", "1"]) == 0
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+    assert "--resume: --steps 2 (the run was started with 1): the warmup and cosine schedule" in capsys.readouterr().err
 
 
 def test_flow_trains_on_the_projected_clock_and_an_older_run_resumes_only_on_its_own(tmp_path):
