@@ -134,6 +134,7 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
     check_counts(args)
+    check_apart(args.out, args.features)
     loss_options(args)  # --kl-ce-weight checked before any model or cache loads
     for key in ("lr", "warmup"):
         value = getattr(args, key, None)
@@ -276,6 +277,15 @@ def open_features(path: str, layer_ids, target=None) -> FeatureCache:
                          f"--target (fingerprint {ours}: other weights of the same width); "
                          "cache the features with this --target, or train with the target that built them")
     return cache
+
+
+def check_apart(out: str, features: str) -> None:
+    """ValueError when the run's --out and its --features are one folder or one holds the other: checkpoints
+    and drafter/ would be written among the cache's shards (a rebuilt cache or a cleaned run takes both)."""
+    a, b = os.path.realpath(out), os.path.realpath(features)
+    if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
+        raise ValueError(f"--out {out}: the run's folder must lie outside --features {features} and not hold it "
+                         "(checkpoints would be written among the cache's files); choose another --out")
 
 
 def target_features(args, target) -> FeatureCache:

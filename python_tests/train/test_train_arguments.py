@@ -41,6 +41,24 @@ def test_counts_out_of_range_are_refused_before_any_file_is_read(stage, flag, me
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: " ".join(s[:2]))
+@pytest.mark.parametrize("out,features", [("f", "f"), ("f/run", "f"), ("run", "run/f"), ("g/../f", "f")])
+def test_a_run_folder_that_is_or_holds_the_feature_cache_is_refused(stage, out, features, tmp_path):
+    """`train flow --features f --out f` wrote its checkpoints and drafter/ among the cache's shards. (--features
+    does not exist: the check comes before the cache is read.)"""
+    (tmp_path / "g").mkdir()
+    with pytest.raises(ValueError, match=rf"^--out .*{out.split('/')[-1]}: the run's folder must lie outside"):
+        main([*stage, "--target", "tiny-random", "--features", str(tmp_path / features), "--out",
+              str(tmp_path / out), "--preset", "cpu-tiny"])
+    assert not (tmp_path / "f").exists() and not (tmp_path / "run").exists()
+
+
+def test_runs_beside_the_cache_are_not_refused():
+    from flashmap_ext.train.runner import check_apart
+    for out, features in (("runs/f2", "runs/f"), ("f", "feats"), ("runs/flow", "cache/f")):
+        check_apart(out, features)
+
+
 @pytest.mark.parametrize("length", ["1", "0", "-1"])
 def test_features_refuses_a_max_length_below_two(length, tmp_path):
     """`features --max-length -1` cropped the last token off every sequence (--data does not exist: the check
