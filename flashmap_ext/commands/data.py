@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flashmap_ext.bench.machine import add_threads_argument, positive_int
@@ -61,16 +62,26 @@ def add_parser(subparsers) -> None:
 def run_regenerate(args) -> int:
     from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.target import load_target
-    from flashmap_ext.train.regenerate import regenerate
+    from flashmap_ext.train.regenerate import done_ids, regenerate
     from flashmap_ext.train.runner import target_placement
     args.target_dtype = args.dtype
     check_input_path("--data", args.data)
     check_output_path("--out", args.out, folder=False)
+    if os.path.exists(args.out) and os.path.samefile(args.out, args.data):
+        raise ValueError(f"--out {args.out}: the same file as --data; the answered conversations go to another file")
+    done_ids(args.out)  # an --out that is not an earlier output refused before the target loads
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     set_threads(args.threads)
     target, tokenizer = load_target(args.target, *target_placement(args))
+    if args.max_new_tokens > target.max_positions:
+        print(f"--max-new-tokens {args.max_new_tokens}: the target's context is {target.max_positions} positions; "
+              "each answer ends there at the latest (finish: length)", file=sys.stderr)
     n = regenerate(target.model, tokenizer, args.data, args.out, batch_size=args.batch_size,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                    enable_thinking=args.thinking, seed=args.seed, limit=args.limit,
                    progress=not args.no_progress)
+    if not os.path.exists(args.out):
+        print(f"regenerate: no conversation of --data {args.data} to answer; {args.out} not written", file=sys.stderr)
+        return 0
     print(f"regenerate: wrote {n} conversations to {args.out}", file=sys.stderr)
     return 0

@@ -24,21 +24,32 @@ from flashmap_ext.train.data import prompt_ids, read_jsonl, stop_token_ids
 
 
 def done_ids(out_path: str) -> set[str]:
-    """Ids already written to `out_path` (streamed); truncates a torn last line (interrupted write) in place."""
+    """Ids already written to `out_path` (streamed); truncates a torn last line (interrupted write) in place.
+    ValueError naming --out for a complete line that is not a record with an "id" (not an earlier output)."""
     ids: set[str] = set()
     if not os.path.exists(out_path):
         return ids
     with open(out_path, "rb") as f:
         good = 0
-        for line in f:
+        for number, line in enumerate(f, 1):
             if not line.endswith(b"\n"):
                 break
             good += len(line)
             if line.strip():
-                ids.add(json.loads(line)["id"])
+                ids.add(_record_id(line, out_path, number))
     if good != os.path.getsize(out_path):
         os.truncate(out_path, good)
     return ids
+
+
+def _record_id(line: bytes, out_path: str, number: int) -> str:
+    """The "id" of a line of an earlier output; ValueError naming --out for a line no run of this wrote."""
+    try:
+        record = json.loads(line)
+        return record["id"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--out {out_path}: line {number} is not an answered record with an \"id\" (the file "
+                         "holds something else than an earlier run's output); choose another --out") from None
 
 
 def _prompt_messages(messages: list[dict]) -> list[dict] | None:
@@ -74,13 +85,17 @@ def _batches(records: Iterator[dict], skip: set[str], size: int, limit: int | No
 @torch.no_grad()
 def _generate(model, prompts: list[list[int]], pad_id: int, stops: set[int], max_new_tokens: int,
               temperature: float, top_p: float) -> list[tuple[list[int], bool]]:
-    """Left-padded batched HF generate. Returns per prompt (tokens before the first stop, stopped?)."""
+    """Left-padded batched HF generate, at most to the model's context (max_position_embeddings). Returns per
+    prompt (tokens before the first stop, stopped?)."""
     width = max(map(len, prompts))
     device = next(model.parameters()).device
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
     attn = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else \
         dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)  # answers end there
+    if context:
+        max_new_tokens = max(1, min(max_new_tokens, context - width))
     out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                          eos_token_id=sorted(stops), **sampling)
     results = []

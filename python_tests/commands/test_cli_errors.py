@@ -503,6 +503,35 @@ def test_data_and_out_paths_are_checked_before_the_target_loads(command, out_is,
     assert f"--out {a_file / 'sub'}: {a_file} is a file, not a folder" in err, err
 
 
+def test_regenerate_refuses_an_out_that_is_not_its_own_output_before_the_target_loads(tmp_path, capsys,
+                                                                                    runner_no_loads):
+    """`data regenerate --out F` where F is --data itself or any jsonl without ids ended in a KeyError traceback
+    (or a bare JSON error) after the target had loaded."""
+    data = tmp_path / "conv.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    err = one_line_error(["data", "regenerate", *TINY, "--data", str(data), "--out", str(data)], capsys)
+    assert f"--out {data}: the same file as --data" in err, err
+    other = tmp_path / "other.jsonl"
+    for text in ('{"messages": []}\n', "# notes\n"):
+        other.write_text('{"id": "a"}\n' + text)
+        err = one_line_error(["data", "regenerate", *TINY, "--data", str(data), "--out", str(other)], capsys)
+        assert f"--out {other}: line 2 is not an answered record with an \"id\"" in err, err
+
+
+def test_regenerate_makes_the_out_folder_and_says_when_nothing_was_answered(tmp_path, capsys):
+    """--out in a folder that did not exist ended in a bare Errno 2; with nothing to answer it said "wrote 0
+    conversations to X" of a file it never made."""
+    data = tmp_path / "conv.jsonl"
+    data.write_text('{"messages": [{"role": "system", "content": "no user turn"}]}\n')
+    out = tmp_path / "new" / "answers.jsonl"
+    assert cli.main(["data", "regenerate", *TINY, "--data", str(data), "--out", str(out), "--no-progress"]) == 0
+    assert "no conversation of --data" in capsys.readouterr().err and not out.exists()
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert cli.main(["data", "regenerate", *TINY, "--data", str(data), "--out", str(out), "--no-progress",
+                     "--max-new-tokens", "4"]) == 0
+    assert "wrote 1 conversations" in capsys.readouterr().err and out.exists()
+
+
 def test_data_generate_into_a_file_names_out_before_the_target_loads(tmp_path, capsys, monkeypatch):
     from flashmap_ext.data import generate
     monkeypatch.setattr(generate, "load_engine", lambda *a, **k: pytest.fail("the target loaded before the check"))

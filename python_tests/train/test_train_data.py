@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from flashmap_ext.train.data import load_samples, read_jsonl, render_conversation
+from flashmap_ext.train.data import load_samples, prompt_ids, read_jsonl, render_conversation
 from flashmap_ext.train.regenerate import done_ids, regenerate
 from support.train_fixtures import qwen3_style_tokenizer
 
@@ -145,3 +145,18 @@ def test_regenerate_counts_records_without_a_user_turn(tok, tmp_path, capsys):
     assert [r["id"] for r in read_jsonl(str(out))] == ["a", "e"]
     assert regenerate(model, tok, str(src), str(out), progress=False) == 0   # done ones are not counted
     assert "skipped 3 record(s)" in capsys.readouterr().err
+
+
+def test_regenerate_ends_answers_at_the_context(tok, tmp_path):
+    """--max-new-tokens 100000000 ran on past the target's context (transformers only warned)."""
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hello"}]}) + "\n")
+    model = CountingLM(encode(tok, "the cat sat on the mat"), tok.eos_token_id)
+    prompt = len(prompt_ids(tok, [{"role": "user", "content": "hello"}], False))
+    model.config = type("Config", (), {"max_position_embeddings": prompt + 2})()
+    seen = []
+    generate = model.generate
+    model.generate = lambda *a, max_new_tokens, **kw: seen.append(max_new_tokens) or generate(
+        *a, max_new_tokens=max_new_tokens, **kw)
+    regenerate(model, tok, str(src), str(out), max_new_tokens=100_000_000, progress=False)
+    assert seen == [2] and next(read_jsonl(str(out)))["finish"] == "length"
