@@ -37,6 +37,7 @@ def run(args) -> int:
     if args.reachable and args.frac_01 == 0:
         raise ValueError("--reachable: selects the slots of the 0→1 jumps; set --frac-01 > 0")
     run_settings, _ = runner.settings(args, "distill", "flashmap")
+    runner.check_apart(args.out, args.teacher, "--teacher", "the teacher's weights")
     teacher_config(args)  # a --teacher that is not a flow model refused before any model loads
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))

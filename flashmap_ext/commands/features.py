@@ -67,8 +67,11 @@ def run(args) -> int:
     else:
         check_output_path("--out", args.out, folder=True)
         check_outside_store("--out", args.out)
+        check_cache_folder("--out", args.out)
     target, tokenizer = load_target(args.target, *target_placement(args))
     layers = tap_layers(args.layers, target.num_layers)
+    if args.topk >= target.vocab_size:
+        raise ValueError(f"--topk {args.topk}: at most the target's vocabulary size - 1 ({target.vocab_size - 1})")
     if args.store:
         return run_store(args, target, tokenizer, layers)
     first = other_data(args.out, args.data)
@@ -132,6 +135,17 @@ def check_link_path(flag: str, path: str) -> None:
     if os.path.lexists(path) and not os.path.islink(path):
         raise ValueError(f"{flag} {path}: something that is not a link is there; with --store, --out is made a "
                          "link to the feature store's view (remove it or give another path)")
+
+
+def check_cache_folder(flag: str, path: str) -> None:
+    """ValueError naming the option when `path` is a folder that holds files but no cache (no manifest.json): a
+    drafter, a training run or anything else, among whose files the shards would be written."""
+    import os
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "manifest.json")):
+        held = sorted(name for name in os.listdir(path) if name != "writer.lock")
+        if held:
+            raise ValueError(f"{flag} {path}: a folder that holds other files ({', '.join(held[:3])}"
+                             f"{', …' if len(held) > 3 else ''}) and no feature cache; give a new or empty folder")
 
 
 def check_outside_store(flag: str, path: str) -> None:

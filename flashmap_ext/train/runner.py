@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from flashmap_ext.checks import bound_text, check_int
+from flashmap_ext.checks import bound_text, check_int, check_output_path
 from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import candidate_anchors, collate
@@ -134,6 +134,7 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
     check_counts(args)
+    check_output_path("--out", args.out, folder=True)
     check_apart(args.out, args.features)
     loss_options(args)  # --kl-ce-weight checked before any model or cache loads
     for key in ("lr", "warmup"):
@@ -279,13 +280,14 @@ def open_features(path: str, layer_ids, target=None) -> FeatureCache:
     return cache
 
 
-def check_apart(out: str, features: str) -> None:
-    """ValueError when the run's --out and its --features are one folder or one holds the other: checkpoints
-    and drafter/ would be written among the cache's shards (a rebuilt cache or a cleaned run takes both)."""
-    a, b = os.path.realpath(out), os.path.realpath(features)
+def check_apart(out: str, other: str, flag: str = "--features", what: str = "the cache's files") -> None:
+    """ValueError when the run's --out and `other` (the folder of option `flag`, holding `what`) are one folder
+    or one holds the other: checkpoints and drafter/ would be written among its files (a rebuilt cache or a
+    cleaned run takes both)."""
+    a, b = os.path.realpath(out), os.path.realpath(other)
     if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
-        raise ValueError(f"--out {out}: the run's folder must lie outside --features {features} and not hold it "
-                         "(checkpoints would be written among the cache's files); choose another --out")
+        raise ValueError(f"--out {out}: the run's folder must lie outside {flag} {other} and not hold it "
+                         f"(checkpoints would be written among {what}); choose another --out")
 
 
 def target_features(args, target) -> FeatureCache:
@@ -396,7 +398,7 @@ def finish(name: str, metrics: dict, args) -> int:
     if metrics.get("stopped"):
         return 130
     print(f"{name}: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
-          f"drafter in {args.out}/drafter")
+          f"drafter in {os.path.join(args.out, 'drafter')}")
     return 0
 
 
@@ -421,10 +423,11 @@ def check_out_dir(out: str, stage: str, resume: bool) -> None:
                          f"... --resume`, or choose another output directory")
 
 
-# Flags that may change on --resume: how the run is shown and saved, where it runs, and how long it goes on
-# (--steps: a resumed run may be extended). Every other flag shapes the drafter, its data or its optimisation.
+# Flags that may change on --resume: how the run is shown and saved, where it runs and lies (--out: a run
+# moved or copied elsewhere), and how long it goes on (--steps: a resumed run may be extended). Every other
+# flag shapes the drafter, its data or its optimisation.
 RESUME_MAY_CHANGE = {"func", "resume", "no_progress", "log_every", "save_every", "keep_checkpoints", "parallel", "device",
-                     "steps"}
+                     "steps", "out"}
 
 
 def check_same_flags(out: str, args, steps: int | None = None) -> None:

@@ -503,6 +503,26 @@ def test_data_and_out_paths_are_checked_before_the_target_loads(command, out_is,
     assert f"--out {a_file / 'sub'}: {a_file} is a file, not a folder" in err, err
 
 
+def test_features_refuses_a_folder_of_other_files_before_the_target_loads(tmp_path, capsys, runner_no_loads):
+    """`features --out runs/flow/drafter` wrote its shards among a drafter's config.json and weights."""
+    data, drafter = tmp_path / "d.jsonl", tmp_path / "drafter"
+    data.write_text("")
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    err = one_line_error(["features", *TINY, "--data", str(data), "--out", str(drafter)], capsys)
+    assert f"--out {drafter}: a folder that holds other files (config.json) and no feature cache" in err, err
+
+
+def test_features_refuses_a_topk_past_the_vocabulary_and_leaves_no_folder(tmp_path, capsys):
+    """--topk 999999999 failed inside the cache writer ("topk: ..."), leaving a manifest, index and lock."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    err = one_line_error(["features", *TINY, "--data", str(data), "--out", str(tmp_path / "f"), "--topk",
+                          "999999999"], capsys)
+    assert "--topk 999999999: at most the target's vocabulary size - 1 (256)" in err, err
+    assert not (tmp_path / "f").exists()
+
+
 def test_regenerate_refuses_an_out_that_is_not_its_own_output_before_the_target_loads(tmp_path, capsys,
                                                                                     runner_no_loads):
     """`data regenerate --out F` where F is --data itself or any jsonl without ids ended in a KeyError traceback

@@ -53,6 +53,25 @@ def test_a_run_folder_that_is_or_holds_the_feature_cache_is_refused(stage, out, 
     assert not (tmp_path / "f").exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("out", ["flow/drafter", "flow/drafter/map", "flow"])
+def test_distill_refuses_an_out_that_is_or_holds_its_teacher(out, tmp_path):
+    """`distill --teacher runs/flow/drafter --out runs/flow/drafter` wrote checkpoints/ and drafter/ beside the
+    teacher's weights. (The teacher does not exist: the check comes first.)"""
+    with pytest.raises(ValueError, match=r"^--out .*: the run's folder must lie outside --teacher .*the teacher's"):
+        main(["distill", "--teacher", str(tmp_path / "flow" / "drafter"), "--target", "tiny-random", "--features",
+              str(tmp_path / "f"), "--out", str(tmp_path / out), "--preset", "cpu-tiny"])
+    assert not (tmp_path / "flow").exists()
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: " ".join(s[:2]))
+def test_an_out_that_is_a_file_is_refused_naming_it(stage, tmp_path):
+    """`train flow --out README.md` said only "[Errno 17] File exists: 'README.md'"."""
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(ValueError, match=r"^--out .*notes.md: a file is there \(expected a folder\)"):
+        main([*stage, "--target", "tiny-random", "--features", str(tmp_path / "f"), "--out",
+              str(tmp_path / "notes.md"), "--preset", "cpu-tiny"])
+
+
 def test_runs_beside_the_cache_are_not_refused():
     from flashmap_ext.train.runner import check_apart
     for out, features in (("runs/f2", "runs/f"), ("f", "feats"), ("runs/flow", "cache/f")):

@@ -278,6 +278,10 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path, capsys):
     features_again = str(tmp_path / "x" / ".." / "f")  # the same folder, spelled differently
     assert main([*args[:6], features_again, *args[7:-1], "2", "--resume", "--log-every", "1"]) == 0
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+    import shutil
+    shutil.copytree(run, tmp_path / "moved")  # a run copied elsewhere resumes there (--out may change)
+    assert main([*args[:-3], str(tmp_path / "moved"), "--steps", "3", "--resume"]) == 0
+    assert json.loads((tmp_path / "moved" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
     assert "--resume: --steps 2 (the run was started with 1): the warmup and cosine schedule" in capsys.readouterr().err
 
 
