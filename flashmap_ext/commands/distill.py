@@ -39,6 +39,7 @@ def run(args) -> int:
     run_settings, _ = runner.settings(args, "distill", "flashmap")
     runner.check_apart(args.out, args.teacher, "--teacher", "the teacher's weights")
     teacher_config(args)  # a --teacher that is not a flow model refused before any model loads
+    args.teacher_sha256 = teacher_digest(args)  # recorded in run.json; a resumed run checks it
     from flashmap_ext.target import load_target
     target, _ = load_target(args.target, *runner.target_placement(args))
     teacher = FlashMapDrafter.from_pretrained(args.teacher, target).float().eval().requires_grad_(False)
@@ -51,6 +52,30 @@ def run(args) -> int:
                             reachable=args.reachable)
     metrics = runner.run_stage(student, loss_fn, args, run_settings, "distill", target=target)
     return runner.finish("distill", metrics, args)
+
+
+def teacher_digest(args) -> str:
+    """sha256 of --teacher's model.safetensors. With --resume, ValueError naming --teacher when the run in --out
+    recorded other teacher weights: its targets would change mid-run without a word."""
+    import json
+    import os
+    from pathlib import Path
+
+    from flashmap_ext.assets.models import sha256_file
+    weights = Path(args.teacher) / "model.safetensors"
+    if not weights.is_file():
+        return ""  # from_pretrained names the missing file
+    digest = sha256_file(weights)
+    try:
+        with open(os.path.join(args.out, "run.json")) as f:
+            was = json.load(f).get("args", {}).get("teacher_sha256")
+    except (OSError, ValueError):
+        was = None
+    if args.resume and was and digest and was != digest:
+        raise ValueError(f"--teacher {args.teacher}: its weights differ from those the run in {args.out} started "
+                         f"with (sha256 {digest[:12]}…, the run's {was[:12]}…); resume with the same teacher, or "
+                         "choose another --out")
+    return digest
 
 
 def teacher_config(args):

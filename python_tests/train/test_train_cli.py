@@ -132,6 +132,17 @@ def test_cli_pipeline_on_tiny_random(tmp_path, capsys):
     assert map_cfg["two_time"] is True and map_cfg["memory_width"] == 96 and map_cfg["head_mlp"] == 48  # the student keeps the teacher's shape
     assert map_cfg["target_layer_ids"] == flow_cfg["target_layer_ids"]  # the teacher's taps and window
     assert map_cfg["context_window"] == flow_cfg["context_window"]
+    import shutil
+    shutil.copytree(tmp_path / "flow" / "drafter", tmp_path / "teacher2")
+    resumed = ["distill", *train_args, "--teacher", str(tmp_path / "teacher2"), "--out", str(tmp_path / "map3"),
+               "--save-every", "1"]
+    assert main([*resumed, "--steps", "1"]) == 0
+    weights = load_file(tmp_path / "teacher2" / "model.safetensors")
+    from safetensors.torch import save_file
+    save_file({k: v + 1 if v.is_floating_point() else v for k, v in weights.items()},
+              tmp_path / "teacher2" / "model.safetensors")  # the teacher retrained in place
+    with pytest.raises(ValueError, match=r"^--teacher .*teacher2: its weights differ from those the run in"):
+        main([*resumed, "--steps", "2", "--resume"])
     dflash = [*train_args, "--out", str(tmp_path / "dflash"), "--mask-token-id", "0", "--save-every", "1",
               "--log-every", "1"]
     assert main(["train", "dflash", *dflash, "--steps", "2"]) == 0
