@@ -22,8 +22,9 @@ REGENERATE_DOC = """`flashmap data regenerate`: answer a conversations file with
 Input: jsonl, one conversation per line: {"id": ..., "messages": [{"role": "user", "content": ...}, ...]}.
 Each conversation is cut after its last user turn and answered by the target (greedy by default), so
 the drafter learns what the target would say. Output: the same ids with the new assistant turn, plus
-`enable_thinking` and `finish` ("stop" | "length"). Safe to interrupt: rerun the same command and it
-continues after the last conversation written.
+`enable_thinking`, `finish` ("stop" | "length") and the `settings` it was answered with. Safe to
+interrupt: rerun the same command and it continues after the last conversation written (a rerun with
+other --max-new-tokens, --temperature, --top-p, --seed or --thinking is refused).
 """
 
 
@@ -62,14 +63,16 @@ def add_parser(subparsers) -> None:
 def run_regenerate(args) -> int:
     from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.target import load_target
-    from flashmap_ext.train.regenerate import done_ids, regenerate
+    from flashmap_ext.train.regenerate import check_settings, done_ids, regenerate
     from flashmap_ext.train.runner import target_placement
     args.target_dtype = args.dtype
     check_input_path("--data", args.data)
     check_output_path("--out", args.out, folder=False)
     if os.path.exists(args.out) and os.path.samefile(args.out, args.data):
         raise ValueError(f"--out {args.out}: the same file as --data; the answered conversations go to another file")
-    done_ids(args.out)  # an --out that is not an earlier output refused before the target loads
+    done_ids(args.out)  # an --out that is not an earlier output, or one of other settings, refused before the
+    check_settings(args.out, {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,  # target loads
+                              "top_p": args.top_p, "seed": args.seed, "enable_thinking": args.thinking})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     set_threads(args.threads)
     target, tokenizer = load_target(args.target, *target_placement(args))

@@ -42,6 +42,31 @@ def done_ids(out_path: str) -> set[str]:
     return ids
 
 
+# regenerate's keyword behind each recorded setting, and the `flashmap data regenerate` option that sets it
+SETTINGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p",
+            "seed": "--seed", "enable_thinking": "--thinking"}
+
+
+def check_settings(out_path: str, settings: dict) -> None:
+    """ValueError naming each option whose value differs from the "settings" the first line of an earlier
+    output recorded: a resumed file must not mix answers of two recipes (lines without a record: accepted)."""
+    if not os.path.exists(out_path):
+        return
+    with open(out_path, "rb") as f:
+        first = f.readline()
+    try:
+        before = json.loads(first).get("settings") if first.endswith(b"\n") else None
+    except ValueError:
+        return  # done_ids names the line
+    if not isinstance(before, dict):
+        return
+    changed = [f"{SETTINGS[k]} {settings[k]} (the file's: {before[k]})" for k in SETTINGS
+               if k in before and before[k] != settings[k]]
+    if changed:
+        raise ValueError(f"--out {out_path}: its answers were made with other settings: {'; '.join(changed)}; rerun "
+                         "with the file's settings to add the rest, or choose another --out")
+
+
 def _record_id(line: bytes, out_path: str, number: int) -> str:
     """The "id" of a line of an earlier output; ValueError naming --out for a line no run of this wrote."""
     try:
@@ -112,12 +137,17 @@ def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, ma
 
     temperature 0 = greedy; otherwise sampling seeded per batch from (`seed`, first id of the batch).
     `limit` caps the number of input records considered. Returns the number of records written by this
-    call (0 when everything was already done). Raises ValueError for batch_size < 1, max_new_tokens < 1 or a
-    seed outside [0, 2**32), before any model work.
+    call (0 when everything was already done). Each line records the call's "settings" (max_new_tokens,
+    temperature, top_p, seed, enable_thinking); a rerun into a file made with others is refused
+    (`check_settings`). Raises ValueError for batch_size < 1, max_new_tokens < 1, a seed outside [0, 2**32)
+    or other settings than the file's, before any model work.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size ({batch_size}) and max_new_tokens ({max_new_tokens}) must be >= 1")
     check_int("seed", seed, 0, 2**32)  # seed·2**32 + crc32(id) seeds torch: 64 bits
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
+                "enable_thinking": enable_thinking}
+    check_settings(out, settings)
     skip, stops, written = done_ids(out), stop_token_ids(tokenizer), 0
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = pad_id if pad_id is not None else min(stops, default=0)
@@ -132,8 +162,8 @@ def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, ma
         for record, msgs, think, (ids, stopped) in zip(batch, prompts, thinking, answers):
             text = tokenizer.decode(ids, skip_special_tokens=False)
             lines.append(json.dumps({"id": record["id"], "enable_thinking": think, "finish": "stop" if stopped
-                                     else "length", "messages": msgs + [{"role": "assistant", "content": text}]},
-                                    ensure_ascii=False) + "\n")
+                                     else "length", "messages": msgs + [{"role": "assistant", "content": text}],
+                                     "settings": settings}, ensure_ascii=False) + "\n")
         with open(out, "a", encoding="utf-8") as f:
             f.writelines(lines)
             f.flush()

@@ -538,6 +538,23 @@ def test_regenerate_refuses_an_out_that_is_not_its_own_output_before_the_target_
         assert f"--out {other}: line 2 is not an answered record with an \"id\"" in err, err
 
 
+def test_regenerate_refuses_to_resume_with_other_settings(tmp_path, capsys):
+    """A rerun with --max-new-tokens 20 --temperature 1 --thinking appended answers of another recipe to the file
+    without a word."""
+    data, out = tmp_path / "conv.jsonl", tmp_path / "answers.jsonl"
+    data.write_text("".join(f'{{"id": "c{i}", "messages": [{{"role": "user", "content": "hi {i}"}}]}}\n'
+                            for i in range(2)))
+    base = ["data", "regenerate", *TINY, "--data", str(data), "--out", str(out), "--no-progress",
+            "--max-new-tokens", "4"]
+    assert cli.main([*base, "--limit", "1"]) == 0
+    capsys.readouterr()
+    err = one_line_error([*base[:-1], "20", "--temperature", "1", "--thinking"], capsys)
+    assert ("its answers were made with other settings: --max-new-tokens 20 (the file's: 4); --temperature 1.0 "
+            "(the file's: 0.0); --thinking True (the file's: False)") in err, err
+    assert cli.main(base) == 0  # the same settings: the rest is added
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["c0", "c1"]
+
+
 def test_regenerate_makes_the_out_folder_and_says_when_nothing_was_answered(tmp_path, capsys):
     """--out in a folder that did not exist ended in a bare Errno 2; with nothing to answer it said "wrote 0
     conversations to X" of a file it never made."""
