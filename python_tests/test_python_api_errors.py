@@ -222,6 +222,16 @@ def test_load_target_refuses_a_drafter_checkpoint_in_one_line(folder, kind):
     assert f"this is {kind} drafter checkpoint, not a target model" in one_line(err, f"spec {path}")
 
 
+def test_load_target_names_a_relative_folder_without_a_model(tmp_path, monkeypatch):
+    """`--target feats` (a folder given without ./) was taken for a hub name and failed in the tokenizer,
+    asking to install sentencepiece."""
+    (tmp_path / "feats").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as err:
+        fm.load_target("feats", "fp32", "cpu")
+    assert "not a model directory (no config.json)" in one_line(err, "spec feats")
+
+
 def test_load_target_takes_the_offline_targets_short_name(tmp_path, monkeypatch):
     """"qwen2.5-coder-0.5b" loads the folder the asset cache holds (here: a tiny model saved in its place)."""
     from flashmap_ext.assets import models as assets

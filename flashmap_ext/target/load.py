@@ -35,7 +35,7 @@ def load_target(spec: str | os.PathLike, dtype="fp32",
     if spec == TINY:
         return Target(tiny_random_model(resolve_dtype(dtype)).to(device)), ByteTokenizer()
     name = resolve_target(spec)
-    if name.endswith(".gguf") or name.startswith(("/", "./", "../", "~")):
+    if name.endswith(".gguf") or name.startswith(("/", "./", "../", "~")) or os.path.isdir(name):  # a local path
         if not Path(name).expanduser().exists():
             raise FileNotFoundError(f"--target {name}: no such file or directory (expected a model directory, "
                                     f"a .gguf file, a hub name such as Qwen/Qwen3-8B, or '{TINY}')")
