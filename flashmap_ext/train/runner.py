@@ -459,7 +459,7 @@ def check_same_flags(out: str, args, steps: int | None = None) -> None:
                          f"run's flags ({out}/run.json \"args\"), or choose another --out")
     was = saved.get("settings", {}).get("steps")
     if steps is not None and was is not None and steps != was:
-        print(f"--resume: --steps {steps} (the run was started with {was}): the warmup and cosine schedule are "
+        print(f"--resume: --steps {steps} (the run so far: {was}): the warmup and cosine schedule are "
               f"those of {steps} steps from the checkpoint on, so the learning rate differs from the run's",
               file=sys.stderr)
 

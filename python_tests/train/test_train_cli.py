@@ -293,7 +293,7 @@ def test_resume_refuses_flags_other_than_the_runs(tmp_path, capsys):
     shutil.copytree(run, tmp_path / "moved")  # a run copied elsewhere resumes there (--out may change)
     assert main([*args[:-3], str(tmp_path / "moved"), "--steps", "3", "--resume"]) == 0
     assert json.loads((tmp_path / "moved" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 3
-    assert "--resume: --steps 2 (the run was started with 1): the warmup and cosine schedule" in capsys.readouterr().err
+    assert "--resume: --steps 2 (the run so far: 1): the warmup and cosine schedule" in capsys.readouterr().err
 
 
 def test_flow_trains_on_the_projected_clock_and_an_older_run_resumes_only_on_its_own(tmp_path):

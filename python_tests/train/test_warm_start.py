@@ -183,7 +183,7 @@ def test_resume_takes_the_checkpoint_not_the_warm_start_and_says_when_steps_chan
                         "--resume", "--steps", "2")) == 0
     out = capsys.readouterr()
     assert "warm start" not in out.out
-    assert "--resume: --steps 2 (the run was started with 1)" in out.err
+    assert "--resume: --steps 2 (the run so far: 1)" in out.err
 
 
 @pytest.mark.parametrize("flags, message", [
