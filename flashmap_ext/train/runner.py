@@ -134,8 +134,9 @@ def settings(args, stage: str, model_key: str) -> tuple[dict, dict]:
         if getattr(args, key, None) is not None:
             run[key] = getattr(args, key)
     check_counts(args)
-    check_output_path("--out", args.out, folder=True)
-    check_apart(args.out, args.features)
+    if getattr(args, "out", None) is not None:  # the CLI's; a Namespace of the settings alone has none
+        check_output_path("--out", args.out, folder=True)
+        check_apart(args.out, args.features)
     loss_options(args)  # --kl-ce-weight checked before any model or cache loads
     for key in ("lr", "warmup"):
         value = getattr(args, key, None)
@@ -175,7 +176,7 @@ def fraction_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number in [0, 1], as a decimal or a fraction (0.5, 1/2), got {text!r}") \
             from None
     if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
     return float(value)
 
 

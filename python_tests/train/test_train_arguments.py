@@ -104,7 +104,7 @@ def test_fractions_outside_zero_one_are_refused_by_the_parser(argv, flag, capsys
         main([*argv, "--target", "tiny-random", "--features", "f", "--out", "o"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert f"argument {flag}: expected a fraction in [0, 1]" in err
+    assert f"argument {flag}: expected a number in [0, 1]" in err
 
 
 @pytest.mark.parametrize("argv, message", [

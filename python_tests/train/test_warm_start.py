@@ -163,7 +163,7 @@ def test_add_layers_refusals(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--add-layers" in err or "--init-from" in err, err
         assert fragment in err and err.count("\n") == 1, (out, err)
-    assert main(_dflash(tmp_path, common, "f", "--layers", "3", "--add-layers",
+    assert main(_dflash(tmp_path, common, "g", "--layers", "3", "--add-layers",
                         "--init-from", str(tmp_path / "a/drafter"))) == 0
     out = capsys.readouterr().out
     assert "layers 1..2 added" in out
