@@ -94,6 +94,9 @@ def run(args) -> int:
     check_cuda_graphs(args, "--tree", "--auto")
     if args.prompt == "" and not args.chat:
         raise ValueError("--prompt: empty (give some text; with --chat the template alone is a prompt)")
+    unused = [f for f, on in (("--top-k", args.top_k), ("--top-p", args.top_p < 1)) if on]
+    if args.temperature == 0 and unused:
+        print(f"[{' and '.join(unused)}: no effect at --temperature 0 (greedy decoding)]", file=sys.stderr)
     dtype = resolve_dtype(machine.chosen_dtype(args.dtype))
     machine.set_threads(args.threads)
     target, tokenizer = load_target(args.target, dtype, args.device)

@@ -23,6 +23,9 @@ def test_generate_streams_text_and_stats(capsys):
     assert "24 tokens" in spec_err and "γ = " in spec_err
     best_out, _ = run_cli(BASE + ["--drafter", "random", "--draws", "3"], capsys)
     assert best_out == ar_out
+    assert "no effect" not in ar_err
+    greedy_out, greedy_err = run_cli(BASE + ["--top-k", "5", "--top-p", "0.5"], capsys)  # ignored, now said
+    assert greedy_out == ar_out and "[--top-k and --top-p: no effect at --temperature 0" in greedy_err
 
 
 @pytest.mark.parametrize("kind", ["flashmap", "dflash"])
