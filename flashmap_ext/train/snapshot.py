@@ -18,13 +18,13 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from flashmap_ext.checks import check_int
+from flashmap_ext.checks import check_int, check_output_path
 from flashmap_ext.weights_file import save_weights
 
 
 def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> Path:
     """Writes OUT (config.json of RUN's export, or of `template`, and STEP's weights in its dtypes); returns it.
-    ValueError for a negative STEP."""
+    ValueError for a negative STEP or an OUT that is (or lies under) a file; FileExistsError for a non-empty OUT."""
     check_int("STEP", step, 0)
     weights = run / "checkpoints" / f"step-{step:08d}" / "model.safetensors"
     export = run / "drafter" if template is None else template
@@ -40,6 +40,7 @@ def snapshot(run: Path, step: int, out: Path, template: Path | None = None) -> P
             raise FileNotFoundError(f"{path} is missing ({where}){hint}")
     if template is not None:
         check_template_flags(run, template)
+    check_output_path("OUT", str(out), folder=True)  # a file there, or a file for one of its folders
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"OUT {out} exists and is not empty: give a new folder")
     ref = load_file(str(export / "model.safetensors"))

@@ -104,3 +104,12 @@ def test_a_template_made_with_other_flags_than_the_run_is_refused(tmp_path):
     assert not (tmp_path / "o").exists()
     (template / "config.json").write_text(json.dumps({**cfg, "tau_gated_input": True}))
     assert snap.snapshot(run, 9000, tmp_path / "o", template=template).is_dir()
+
+
+def test_cli_names_an_out_that_is_a_file(tmp_path, capsys):
+    """`train snapshot RUN STEP README.md` said only "[Errno 20] Not a directory"."""
+    run = run_dir(tmp_path, {"w": torch.zeros(2, 3), "d2t": torch.arange(4)})
+    (tmp_path / "notes.md").write_text("x")
+    assert cli.main(["train", "snapshot", str(run), "9000", str(tmp_path / "notes.md")]) == 2
+    err = capsys.readouterr().err
+    assert f"OUT {tmp_path / 'notes.md'}: a file is there (expected a folder)" in err and err.count("\n") == 1
