@@ -63,16 +63,15 @@ def add_parser(subparsers) -> None:
 def run_regenerate(args) -> int:
     from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.target import load_target
-    from flashmap_ext.train.regenerate import check_settings, done_ids, regenerate
+    from flashmap_ext.train.regenerate import regenerate, resume_state
     from flashmap_ext.train.runner import target_placement
     args.target_dtype = args.dtype
     check_input_path("--data", args.data)
     check_output_path("--out", args.out, folder=False)
     if os.path.exists(args.out) and os.path.samefile(args.out, args.data):
         raise ValueError(f"--out {args.out}: the same file as --data; the answered conversations go to another file")
-    done_ids(args.out)  # an --out that is not an earlier output, or one of other settings, refused before the
-    check_settings(args.out, {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,  # target loads
-                              "top_p": args.top_p, "seed": args.seed, "enable_thinking": args.thinking})
+    resume_state(args.out, {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,  # before the
+                            "top_p": args.top_p, "seed": args.seed, "enable_thinking": args.thinking})  # target
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     set_threads(args.threads)
     target, tokenizer = load_target(args.target, *target_placement(args))

@@ -67,6 +67,15 @@ def check_settings(out_path: str, settings: dict) -> None:
                          "with the file's settings to add the rest, or choose another --out")
 
 
+def resume_state(out_path: str, settings: dict) -> set[str]:
+    """The ids already answered in `out_path`, after refusing a file that is not an earlier output (`done_ids`)
+    or one answered with other `settings` (`check_settings`): what a rerun skips. Cheap enough to call before
+    the target loads."""
+    ids = done_ids(out_path)
+    check_settings(out_path, settings)
+    return ids
+
+
 def _record_id(line: bytes, out_path: str, number: int) -> str:
     """The "id" of a line of an earlier output; ValueError naming --out for a line no run of this wrote."""
     try:
@@ -147,8 +156,7 @@ def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, ma
     check_int("seed", seed, 0, 2**32)  # seed·2**32 + crc32(id) seeds torch: 64 bits
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed,
                 "enable_thinking": enable_thinking}
-    check_settings(out, settings)
-    skip, stops, written = done_ids(out), stop_token_ids(tokenizer), 0
+    skip, stops, written = resume_state(out, settings), stop_token_ids(tokenizer), 0
     pad_id = getattr(tokenizer, "pad_token_id", None)
     pad_id = pad_id if pad_id is not None else min(stops, default=0)
     bar = tqdm(desc="regenerate", unit="conv", disable=not progress)
