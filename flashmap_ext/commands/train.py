@@ -154,6 +154,10 @@ def add_dflash_args(parser):
                             "never uses (a warning counts its uses in --features). Default: the first row past the "
                             "tokenizer; a tokenizer that fills the embedding table (tiny-random's) needs this option")
     add_slot_decay(parser, "auto", "default auto (DFlash's rule)")
+    parser.add_argument("--reachable", action="store_true",
+                        help="the block CE only at the slots verification reaches (every earlier slot of the "
+                             "draft right): slot k learns the token after the draft's own prefix, as `train flow "
+                             "--reachable` trains FlashMap's one step")
     return shape
 
 
@@ -361,7 +365,7 @@ def run_dflash(args) -> int:
     gamma = slot_decay_arg(args.slot_decay)
 
     def loss_fn(model, batch, generator):
-        return dflash_loss(model, batch, generator, gamma=gamma, **options, **selector)
+        return dflash_loss(model, batch, generator, gamma=gamma, reachable=args.reachable, **options, **selector)
     metrics = runner.run_stage(drafter, loss_fn, args, run, stage, target=target)
     return runner.finish(stage, metrics, args)
 

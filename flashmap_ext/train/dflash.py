@@ -39,6 +39,13 @@ def slot_weights(num_slots: int, gamma: float, device=None) -> torch.Tensor:
     return torch.exp(-torch.arange(num_slots, dtype=torch.float32, device=device) / gamma)
 
 
+def reachable_slots(correct: torch.Tensor) -> torch.Tensor:
+    """correct [..., K] bool (draft slot right) -> [..., K] bool: every earlier slot right, so verification
+    gets to slot k (slot 1 always)."""
+    right = correct.long().cumprod(-1).bool()
+    return torch.cat([torch.ones_like(right[..., :1]), right[..., :-1]], -1)
+
+
 def _slot_ce(drafter: DFlashDrafter, hidden: torch.Tensor, labels: torch.Tensor, prev: torch.Tensor | None,
              *soft: torch.Tensor, ce_weight: float = 0.0):
     """hidden [B, a, K, d], labels [B, a, K] -> (loss [B, a, K] fp32, 0 where masked; correct [B, a, K] bool;
@@ -88,7 +95,8 @@ def _check_batch(batch: dict, num_slots: int) -> None:
 
 def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator | None = None, *,
                 gamma: float | None = None, anchor_chunk: int = 64, loss: str = "ce",
-                ce_weight: float = 0.0, selector_weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+                ce_weight: float = 0.0, selector_weight: float = 1.0,
+                reachable: bool = False) -> tuple[torch.Tensor, dict]:
     """Weighted block CE of a DFlash (or DFlash2: plus `selector_weight` × its selector loss) drafter on one
     batch.
 
@@ -100,6 +108,8 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     gamma: slot decay of w_k = exp(−(k−1)/γ) (None: `default_gamma(block_size)`; `train dflash --slot-decay`).
     loss: "ce" (labels) or "kl" (needs the batch's soft_logp/soft_ids, else ValueError: forward KL to the
     target's distribution + ce_weight·CE on its argmax, per slot).
+    reachable: the block loss only at the slots verification reaches, those whose draft prefix (the argmax,
+    DFlash2: the selector's choice) is right (`reachable_slots`); the selector loss keeps every slot.
     Returns (scalar loss with grad, metrics {loss, acc, accept_len, tokens} as floats; DFlash2 adds
     selector_loss): `acc` is top-1 accuracy over unmasked slots (DFlash2: of the selector's teacher-forced
     choice, counted wrong when the label is outside the unary top-k); `accept_len` = 1 + mean leading run of
@@ -128,6 +138,8 @@ def dflash_loss(model: torch.nn.Module, batch: dict, generator: torch.Generator 
     ce, hit = torch.cat(ces, 1), torch.cat(hits, 1)
     valid = labels != IGNORE
     weighted = soft[1][..., 0] >= 0 if soft else valid  # KL: every labelled slot, in the draft vocab or not
+    if reachable:
+        weighted = weighted & reachable_slots(hit)
     decay = default_gamma(drafter.config.block_size) if gamma is None else gamma
     w = slot_weights(k, decay, device) * weighted
     total = (ce * w).sum() / w.sum().clamp_min(1e-6)

@@ -34,13 +34,13 @@ from torch import nn
 from flashmap_ext.checks import check_real
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.flashmap.flow import Clock, flow_map_jump, semigroup_weight
+from flashmap_ext.train.dflash import reachable_slots
 from flashmap_ext.train.flow import (
     IGNORE,
     block_metrics,
     chunked,
     noisy_states,
     prepare_batch,
-    reachable_slots,
     stratified_uniform,
     unwrap,
     weighted_mean,

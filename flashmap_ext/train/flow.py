@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from flashmap_ext.drafters.flashmap import FlashMapDrafter
 from flashmap_ext.drafters.flashmap.flow import flow_map_jump, interpolant
+from flashmap_ext.train.dflash import reachable_slots
 from flashmap_ext.train.soft_labels import SOFT_KEYS, require_soft_labels, soft_slot_loss
 
 IGNORE = -100
@@ -221,13 +222,6 @@ def check_rollout(drafter: FlashMapDrafter, rollout_weight: float, tau0_frac: fl
         raise ValueError("rollout_reachable: selects the second step's slots; set rollout_weight > 0")
     if rollout_weight and drafter.config.two_time:
         raise ValueError("rollout_weight: trains a flow model's 2-step draft; this drafter is a two-time map")
-
-
-def reachable_slots(correct: torch.Tensor) -> torch.Tensor:
-    """correct [..., K] bool (draft slot right) -> [..., K] bool: every earlier slot right, so verification
-    gets to slot k (slot 1 always)."""
-    right = correct.long().cumprod(-1).bool()
-    return torch.cat([torch.ones_like(right[..., :1]), right[..., :-1]], -1)
 
 
 def second_step_loss(model: torch.nn.Module, b: dict, z: torch.Tensor, mean_state: torch.Tensor,

@@ -283,8 +283,8 @@ class Trainer:
             try:
                 while self.step < cfg.steps:
                     metrics = self._step_and_maybe_save(stop, started)
-                    bar.update(1)
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", refresh=False)
+                    bar.update(1)  # after the postfix: the line of step n shows step n's loss
                     if metrics.pop("stopped"):
                         break
             finally:

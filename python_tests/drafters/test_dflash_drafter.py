@@ -247,6 +247,29 @@ def test_dflash_loss_matches_hand_computation(drafter):
     assert metrics["tokens"] == int((batch["labels"][..., :BLOCK - 1] != -100).sum())
 
 
+@torch.no_grad()
+def test_dflash_reachable_loss_keeps_the_slots_verification_reaches(drafter):
+    """reachable: slot k's CE counts only when the drafter's argmax is right at every earlier slot (the
+    labels of block a start with its own first a argmaxes, so each block reaches a different depth)."""
+    batch = _batch(drafter)
+    batch["labels"] = batch["labels"][..., :BLOCK - 1]
+    logp = torch.log_softmax(drafter.forward_train(batch["taps"], batch["input_ids"], batch["anchor_pos"]).double(), -1)
+    pred = logp.argmax(-1)
+    for a in range(4):
+        batch["labels"][0, a, :a] = pred[0, a, :a]
+    num = den = 0.0
+    for b, a, k in torch.cartesian_prod(torch.arange(2), torch.arange(4), torch.arange(BLOCK - 1)).tolist():
+        y = batch["labels"][b, a, k].item()
+        reached = all(pred[b, a, j].item() == batch["labels"][b, a, j].item() for j in range(k))
+        if y != -100 and reached:
+            num += -math.exp(-k / 2.5) * logp[b, a, k, y].item()
+            den += math.exp(-k / 2.5)
+    plain, _ = dflash_loss(drafter, batch, gamma=2.5)
+    loss, _ = dflash_loss(drafter, batch, gamma=2.5, reachable=True)
+    assert loss.item() == pytest.approx(num / den, rel=1e-5) and abs(loss.item() - plain.item()) > 1e-4
+    assert den > 2 * 4 * 1.0 - 1e-9  # past slot 1 somewhere
+
+
 def test_dflash_loss_decreases_on_tiny_overfit(drafter, target):
     batch = _batch(drafter)
     opt = torch.optim.Adam(drafter.parameters(), lr=5e-3)
