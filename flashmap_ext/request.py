@@ -194,6 +194,8 @@ class Timer:
     """
 
     def __init__(self, sync: bool = False):
+        if not isinstance(sync, bool):
+            raise TypeError(f"Timer: sync: expected True or False, got {sync!r}")
         self.sync = sync
         self.rounds: list[dict] = []
         self.starts: list[float] = []

@@ -100,6 +100,8 @@ def generate(target, drafter, input_ids, max_new_tokens: int, temperature: float
     check_drafter_target(target, drafter)
     check_hooks(on_tokens, timer)
     warn_dtype_mismatch(target, drafter)
+    if not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs: expected True or False, got {cuda_graphs!r}")
     input_ids, batched = as_prompts(input_ids)
     if cuda_graphs and (tree is not None or batched):
         raise ValueError(f"cuda_graphs: {CUDA_GRAPHS_SHAPES}")

@@ -125,6 +125,20 @@ def test_generate_refuses_a_hook_that_cannot_be_called(target, name, value, fix)
     assert fix in one_line(err, name)
 
 
+@pytest.mark.parametrize("call", ["generate", "timer", "draft_block"])
+def test_switches_and_drafters_of_the_wrong_type_are_named(target, drafter, call):
+    """cuda_graphs and Timer's sync take True or False (a string was accepted and read as True); draft_block
+    names a drafter that is not one (it failed inside on an attribute)."""
+    with pytest.raises(TypeError) as err:
+        if call == "generate":
+            fm.generate(target, None, [1, 2, 3], N, cuda_graphs="yes")
+        elif call == "timer":
+            fm.Timer(sync="x")
+        else:
+            fm.draft_block("x", drafter.new_memory(1, "cpu"), torch.tensor([3]), position=0)
+    assert "expected" in one_line(err, {"generate": "cuda_graphs", "timer": "Timer: sync", "draft_block": "drafter"}[call])
+
+
 EMPTY = "input_ids: an empty prompt: generate needs at least one prompt token (e.g. BOS)"
 
 

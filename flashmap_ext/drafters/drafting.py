@@ -41,10 +41,15 @@ def draft_block(drafter: Any, memory: Any, anchor_tokens: torch.Tensor, *, num_t
     steps, noise: FlashMap only (1 or 2 flow-map steps; explicit d-space noise [B, K, d_target]).
     return_logits: also return the logits [B, num_tokens, V_s] fp32 over the draft vocabulary's rows.
     Returns DraftBlock(tokens [B, num_tokens] int64 target ids, logits or None).
-    Raises ValueError naming the argument (TypeError for a non-integer num_tokens, or a memory another
-    drafter type made); an anchor batch that differs from the memory's, or an anchor id outside the
+    Raises ValueError naming the argument (TypeError for a drafter without the BlockDrafter API, a non-integer
+    num_tokens, or a memory another drafter type made); an anchor batch that differs from the memory's, or an anchor id outside the
     target's vocabulary, is named as such (`anchor_tokens`).
     """
+    if not all(hasattr(drafter, name) for name in ("num_draft_tokens", "new_memory")):
+        raise TypeError(f"drafter: expected a block drafter (FlashMapDrafter, DFlashDrafter, Eagle3Drafter or any "
+                        f"BlockDrafter), got {type(drafter).__name__}"
+                        + (" (in Python load one with fm.FlashMapDrafter.from_pretrained(path, target))"
+                           if isinstance(drafter, str) else ""))
     K = drafter.num_draft_tokens
     num_tokens = K if num_tokens is None else num_tokens
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral):
