@@ -14,6 +14,10 @@
                     drafter, DFlash2 (`speculators_model_type: dflash2`) from a DFlash2 drafter
                     (drafters/dflash2/speculators_format.py; what it has no place for is refused by name).
 
+A DFlash or DFlash2 drafter with a context window (ours: it reads the last W committed positions) is
+refused unless --unwindowed, which writes it without: the engines' drafter attends to the whole context,
+so its drafts past the window differ from ours (lossless either way).
+
 Any supported source format is read (z-lab / SpecForge / speculators / ours). FlashMap drafters have no
 engine format of their own and are refused, pointing to `export_flashmap` (vLLM through our plugin, README
 "Serving with vLLM"), as is a conversion between drafter kinds (DFlash, DFlash2, EAGLE-3).
@@ -21,6 +25,7 @@ engine format of their own and are refused, pointing to `export_flashmap` (vLLM 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from flashmap_ext.checks import check_output_path
@@ -42,8 +47,8 @@ def add_parser(subparsers) -> None:
                                     "frozen-head EAGLE-3 drafter and of a DFlash draft vocabulary; gives DFlash "
                                     "its num_target_layers; named as verifier")
     p.add_argument("--unwindowed", action="store_true",
-                   help="DFlash: drop our context_window (z-lab, SGLang and vLLM read the whole context, so "
-                        "their drafts past the window differ from ours; lossless either way)")
+                   help="DFlash, DFlash2: drop our context_window (every format's engines read the whole "
+                        "context, so their drafts past the window differ from ours; lossless either way)")
     p.set_defaults(func=run)
 
 
@@ -77,7 +82,7 @@ def run(args) -> int:
         raise ValueError(f"{args.src} is {KINDS[kind]} drafter: it converts to "
                          f"{' or '.join('--to ' + f for f in formats)}, not --to {args.to}")
     if kind == "dflash2":
-        convert_dflash2(args.src, args.dst, args.to, args.target)
+        convert_dflash2(args.src, args.dst, args.to, args.target, args.unwindowed)
         print(f"wrote {args.to} checkpoint to {args.dst}")
         return 0
     target = _target(args.target) if args.target else None
@@ -90,24 +95,29 @@ def run(args) -> int:
 
 
 def convert_dflash(src: str, dst: str, target=None, unwindowed: bool = False) -> None:
+    from flashmap_ext.drafters.common import checkpoint as ckpt
+    from flashmap_ext.drafters.common.window import check_window_export
+    from flashmap_ext.drafters.dflash.config import DFlashConfig
     from flashmap_ext.drafters.dflash.release import export_released
+    config = ckpt.load_config(src, "dflash", DFlashConfig.from_hf_dict)
+    check_window_export(src, config, unwindowed, flag="--unwindowed")
     try:
         export_released(src, dst, target, unwindowed=unwindowed)
-    except NotImplementedError as err:
-        if "context_window" in str(err):
-            raise NotImplementedError(f"{err}; pass --unwindowed to convert without it") from err
-        raise
     except ValueError as err:
         if str(err).startswith("target:"):
             raise ValueError(f"{src} has a draft vocabulary: pass --target to store its LM-head rows") from err
         raise
 
 
-def convert_dflash2(src: str, dst: str, to: str, verifier: str | None = None) -> None:
+def convert_dflash2(src: str, dst: str, to: str, verifier: str | None = None, unwindowed: bool = False) -> None:
     """z-lab's or speculators' DFlash2 layout, weights in their stored dtype (no target needed: the
-    embedding and LM head are the target's and never stored)."""
+    embedding and LM head are the target's and never stored); a context window is refused unless
+    `unwindowed`, then left out (`check_window_export`)."""
+    from flashmap_ext.drafters.common.window import check_window_export
     from flashmap_ext.drafters.dflash2 import DFlash2Drafter
     drafter = DFlash2Drafter.from_pretrained(src, device="cpu")
+    check_window_export(src, drafter.config, unwindowed, flag="--unwindowed")
+    drafter.config = dataclasses.replace(drafter.config, context_window=None)  # refused above unless unwindowed
     drafter.save_pretrained(dst, layout="speculators" if to == "speculators" else "zlab", verifier=verifier)
 
 

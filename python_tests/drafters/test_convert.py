@@ -5,6 +5,8 @@ import pathlib
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_dflash2_drafter import TAPS as D2_TAPS
+from test_dflash2_drafter import drafter as dflash2_drafter
 from test_dflash_drafter import MASK, TAPS, write_released
 from test_dflash_reference import VARIANTS, assert_same_rounds, reference, write_variant
 from test_eagle3_drafter import TAPS as E3_TAPS
@@ -21,6 +23,7 @@ from test_eagle3_formats import write_speculators
 from conftest import tiny_qwen3
 from flashmap_ext.cli import main
 from flashmap_ext.drafters.dflash import DFlashDrafter
+from flashmap_ext.drafters.dflash2 import DFlash2Drafter
 from flashmap_ext.drafters.eagle3 import Eagle3Drafter
 
 
@@ -168,6 +171,51 @@ def test_dflash_unwindowed_drops_our_window_and_drafts_like_the_reference(target
     ours = load_drafter(str(src), target, context_window=None)
     assert ours.config.context_window is None
     assert_same_rounds(reference(out), ours, target, ids, _taps(target, ids))
+
+
+def _dflash2_drafts(drafter, ids, taps, pos):
+    memory = drafter.new_memory(1)
+    drafter.extend_memory(memory, ids[:, :pos], taps[:, :pos])
+    return drafter.draft_with_logits(memory, ids[0, pos:pos + 1], num_tokens=4, position=torch.tensor([pos]))
+
+
+@pytest.mark.parametrize("to", ["dflash2", "speculators"])
+def test_dflash2_window_needs_unwindowed_and_is_dropped_with_it(to, target, tmp_path, capsys):
+    """A DFlash2 drafter with a context window: refused in one line naming --unwindowed, as --to dflash;
+    with --unwindowed the written config has no window, loads back, drafts as the source on contexts
+    within the window and as the source with its window lifted past it."""
+    from flashmap_ext.drafters.load import load_drafter
+    from flashmap_ext.target import Target
+    src = tmp_path / "w"
+    dflash2_drafter(target, context_window=12).save_pretrained(src)
+    assert main(["convert", str(src), str(tmp_path / "no"), "--to", to]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "context_window=12" in err and "pass --unwindowed" in err and "\n" not in err, err
+    assert not (tmp_path / "no" / "config.json").exists()
+    out = tmp_path / "out"
+    assert main(["convert", str(src), str(out), "--to", to, "--unwindowed"]) == 0
+    assert "context_window" not in (out / "config.json").read_text()
+    ours, back = DFlash2Drafter.from_pretrained(src, target), DFlash2Drafter.from_pretrained(out, target)
+    assert ours.config.context_window == 12 and back.config.context_window is None
+    unlimited = load_drafter(str(src), target, context_window=None)
+    ids = torch.randint(0, 110, (1, 30), generator=torch.Generator().manual_seed(7))
+    taps = Target(target).forward(ids, Target(target).new_cache(), tap_layer_ids=D2_TAPS).taps
+    for pos in (5, 12):  # within the window
+        (want, want_logits), (got, got_logits) = _dflash2_drafts(ours, ids, taps, pos), _dflash2_drafts(back, ids, taps, pos)
+        assert torch.equal(got, want) and torch.allclose(got_logits, want_logits, atol=1e-6), pos
+    got, want = _dflash2_drafts(back, ids, taps, 25)[1], _dflash2_drafts(unlimited, ids, taps, 25)[1]
+    assert torch.allclose(got, want, atol=1e-6)
+    assert (got - _dflash2_drafts(ours, ids, taps, 25)[1]).abs().max() > 1e-3  # the window really masks
+
+
+def test_export_dflash2_drops_a_window_when_unwindowed(target, tmp_path):
+    from flashmap_ext.integrations.vllm import export_dflash2
+    dflash2_drafter(target, context_window=12).save_pretrained(tmp_path / "w")
+    with pytest.raises(NotImplementedError, match="context_window=12 .* pass unwindowed=True"):
+        export_dflash2(tmp_path / "w", tmp_path / "no")
+    out = export_dflash2(tmp_path / "w", tmp_path / "v", unwindowed=True)
+    assert "context_window" not in json.loads((out / "config.json").read_text())["dflash_config"]
+    assert DFlash2Drafter.from_pretrained(out, target).config.context_window is None
 
 
 def test_speculative_config_refuses_an_unexported_flashmap_checkpoint(tmp_path):

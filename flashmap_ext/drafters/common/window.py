@@ -22,6 +22,19 @@ def check_window(window: int | None, name: str = "context_window") -> int | None
     return window
 
 
+def check_window_export(src: object, config: object, unwindowed: bool, flag: str = "unwindowed=True") -> None:
+    """NotImplementedError for a checkpoint `src` whose config has a context window unless `unwindowed`: the
+    rule of every writer of an engine's format (`flashmap convert`, whose option is `flag`, and the vLLM
+    exporters), which leave the window out when `unwindowed`. vLLM's DFlash models, z-lab's code, SGLang and
+    our vLLM plugin's paged memory attend to every committed position, so their drafts past the window differ
+    from ours (still lossless: the target verifies every draft)."""
+    window = getattr(config, "context_window", None)
+    if window is not None and not unwindowed:
+        raise NotImplementedError(f"{src}: context_window={window} is not served by vLLM (engines attend to the "
+                                  "whole context, so their drafts past the window differ from ours; lossless "
+                                  f"either way); pass {flag} to write it without")
+
+
 def window_start(length: int, window: int | None) -> int:
     """Index of the first memory entry a draft sees when `length` entries are committed."""
     return 0 if window is None else max(0, length - window)

@@ -16,6 +16,7 @@ from typing import Any
 
 from flashmap_ext.drafters.common import checkpoint as ckpt
 from flashmap_ext.drafters.common.config import target_shape
+from flashmap_ext.drafters.common.window import check_window_export
 from flashmap_ext.drafters.dflash.config import DFlashConfig
 from flashmap_ext.drafters.dflash.model import DFlashDrafter
 from flashmap_ext.target.model import hf_causal_lm
@@ -29,12 +30,10 @@ def export_released(src: str | os.PathLike, dst: str | os.PathLike, target: Any 
     `Target`; with it, `num_target_layers` is filled in when the source lacks it and the taps and hidden
     size are checked against it. A draft vocabulary needs it (its LM-head rows are written): ValueError
     naming `target` otherwise. NotImplementedError for our `context_window` (engines ignore it) unless
-    `unwindowed`: then it is left out (the engines' drafts past the window differ from ours). Other
+    `unwindowed`: then it is left out (`check_window_export`). Other
     errors: what `DFlashDrafter.from_pretrained` raises (one line naming the field). Weights keep their stored dtype (config `torch_dtype`). Returns `dst`."""
     config = ckpt.load_config(src, "dflash", DFlashConfig.from_hf_dict)
-    if config.context_window is not None and not unwindowed:  # ours (common/window.py): engines read all the context
-        raise NotImplementedError(f"{src}: DFlash option context_window={config.context_window} is ours; z-lab, "
-                                  "SGLang and vLLM ignore it (unwindowed=True exports it without)")
+    check_window_export(src, config, unwindowed)
     if config.draft_vocab_size is not None and target is None:
         raise ValueError(f"target: {src} drafts from a {config.draft_vocab_size}-token vocabulary; pass the "
                          "target so that its LM-head rows can be written (vLLM's DFlash drafter owns them)")

