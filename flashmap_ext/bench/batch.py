@@ -1,6 +1,7 @@
 """`flashmap bench --batch-size B`: throughput of `generate` over batches of B prompts (DESIGN.md §7, §9).
 
-The prompts (the first turn of `--n` per dataset) are cut into batches of B in order; every method decodes
+The prompts (the first turn of `--n` per dataset, all datasets pooled) are cut into batches of B in order (fewer
+prompts than B are refused; the Markdown names a shorter last batch); every method decodes
 each batch in one `generate` call, interleaved batch by batch, AR first. tokens/s = new tokens of all rows
 / wall time of all calls (prefill included); speedup = method tokens/s / AR tokens/s at the same B. At
 T = 0 each row is checked against AR's row. The verify-cost ratio is the time of one batched (K + 1)-token
@@ -33,12 +34,16 @@ def run_batch(cfg, batch_size: int) -> dict:
     prompts done so far, "complete": false until the last one and the verify-cost ratio); returns the results."""
     dtype = machine.chosen_dtype(cfg.dtype)
     meta = machine.describe() | {"dtype": dtype, "batch_size": batch_size}
+    chosen = [p for name in cfg.datasets for p in datasets.load(name, cfg.n)]
+    if len(chosen) < batch_size:  # a prompt file may hold fewer than --n
+        raise ValueError(f"--batch-size {batch_size}: more than the {len(chosen)} prompt(s) of --datasets "
+                         f"{','.join(cfg.datasets)} at --n {cfg.n}, so no batch would be full: give a smaller "
+                         "--batch-size")
     target, tokenizer = load_target(cfg.target, dtype)
     methods = [m for m in build_methods(target, resolve_dtype(dtype), cfg.drafter, cfg.dflash, None, False)
                if m.name in BATCHED and (not cfg.methods or m.name == "AR" or m.name in cfg.methods)]
     stop = stop_token_ids(tokenizer)
-    prompts = [prompt_ids(tokenizer, p.messages_for_turn(0, [])) for name in cfg.datasets
-               for p in datasets.load(name, cfg.n)]
+    prompts = [prompt_ids(tokenizer, p.messages_for_turn(0, [])) for p in chosen]
     batches = [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
     for m in methods:  # untimed warm-up
         generate(target, m.drafter, batches[0], 4, stop_token_ids=stop)
@@ -117,7 +122,9 @@ def verify_cost_ratio(target, prompts: list, k: int, reps: int = 5) -> float:
 
 def markdown(results: dict) -> str:
     m = results["meta"]
-    head = (f"B = {m['batch_size']}, {m['dtype']}, T = {results['temperature']}, {results['prompts']} prompts, "
+    last = results["prompts"] % m["batch_size"]  # the prompts do not fill the last batch
+    head = (f"B = {m['batch_size']}{f' (the last batch {last})' if last else ''}, {m['dtype']}, "
+            f"T = {results['temperature']}, {results['prompts']} prompts, "
             f"{results['max_new_tokens']} new tokens; {machine.summary_line(m)}; verify-cost ratio "
             f"(K + 1 = {results['K'] + 1} vs 1 token) {results['verify_cost_ratio'] or float('nan'):.2f}"
             + ("" if results.get("complete", True) else "; **partial** (the run has not finished)"))

@@ -156,6 +156,10 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+#: the files `write_all` writes into --out (the plots: bench/plots.py)
+RESULT_FILES = ("results.json", "results.md", "acceptance_by_slot.png", "gamma_by_method.png", "gamma_hist.png")
+
+
 def write_tables(results: dict, out: Path) -> None:
     """results.json and results.md, no plots (alone: a partial run's, after each dataset). Each file is
     written whole to a temporary name and then renamed: an interrupt never leaves half a file."""

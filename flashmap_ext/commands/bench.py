@@ -2,6 +2,9 @@
 HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md §9)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from flashmap_ext.bench.machine import add_threads_argument
 from flashmap_ext.bench.run import DEFAULT_DATASETS, BenchConfig
 from flashmap_ext.checks import check_output_path
@@ -57,7 +60,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=0,
                    help="0 (default): the per-prompt bench; B >= 1: the batch throughput run instead (bench/batch.py): AR, FlashMap-1/2 and DFlash "
                         "over batches of B prompts, tokens/s vs batched AR, written to OUT/batch-B.json and .md")
-    p.add_argument("--out", default="runs/bench", help="output dir (results.json, results.md, *.png)")
+    p.add_argument("--out", default="runs/bench",
+                   help="output dir (default: runs/bench in the current folder): results.json, results.md, *.png, "
+                        "or batch-B.json and .md with --batch-size B; a rerun replaces the earlier ones there and "
+                        "says which on stderr")
     p.set_defaults(func=run)
     from flashmap_ext.bench import compare
     add_actions(p, "analyses of finished runs (without ACTION: run the benchmark)",
@@ -78,7 +84,8 @@ def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
 
 
 def check_args(args) -> None:
-    """ValueError naming the option for counts out of range or an unknown or repeated dataset name."""
+    """ValueError naming the option for counts out of range, a --batch-size above the prompts (--n per dataset of
+    --datasets, pooled into batches) or an unknown or repeated dataset name."""
     from flashmap_ext.assets.datasets import check_spec
     from flashmap_ext.assets.models import AssetError
     for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
@@ -88,6 +95,10 @@ def check_args(args) -> None:
     names = [d.strip() for d in args.datasets.split(",") if d.strip()]
     if not names:
         raise ValueError("--datasets: empty list")
+    if args.batch_size > args.n * len(names):
+        raise ValueError(f"--batch-size {args.batch_size}: more than the {args.n * len(names)} prompt(s) of --n "
+                         f"{args.n} per dataset × {len(names)} dataset(s) of --datasets, so no batch would be full: "
+                         "give a smaller --batch-size or a larger --n")
     seen = set()
     for name in (spec.partition("=")[0].strip() for spec in names):
         if name in seen:
@@ -116,6 +127,16 @@ def check_paths(args) -> None:
         check_output_path("--out", args.out, folder=True)
 
 
+def note_replaced(out: str, batch_size: int) -> None:
+    """One line on stderr naming the earlier results in `out` that this run writes over (batch-B.json/.md with
+    --batch-size B, else results.json, results.md and the plots)."""
+    from flashmap_ext.bench.report import RESULT_FILES
+    names = (f"batch-{batch_size}.json", f"batch-{batch_size}.md") if batch_size else RESULT_FILES
+    there = [name for name in names if (Path(out) / name).is_file()]
+    if there:
+        print(f"flashmap bench: --out {out}: replacing the earlier {', '.join(there)}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     from flashmap_ext.bench.machine import set_threads
     from flashmap_ext.bench.run import run as run_bench
@@ -124,6 +145,7 @@ def run(args) -> int:
     check_cuda_graphs(args, "--batch-size", "--shapes", "--auto")
     if args.cuda_graphs and tree is not None:
         raise ValueError(f"--cuda-graphs: {CUDA_GRAPHS_SHAPES}: give --eagle3-tree none (the EAGLE-3 tree row)")
+    note_replaced(args.out, args.batch_size)
     set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),

@@ -28,13 +28,17 @@ def add_arguments(p) -> None:
                         "with avx512_bf16, else fp32)")
     p.add_argument("--pair", action="append", metavar="A,B",
                    help="Δγ = γ(A) − γ(B) to report (repeatable); default: the first drafter minus each later one")
-    p.add_argument("--out", help="JSON file for the per-sequence counts and the table")
+    p.add_argument("--out", help="JSON file for the per-sequence counts and the table (its folder must exist)")
 
 
 def check_args(args) -> tuple[list, list[tuple[str, str]]]:
-    """(drafter specs, pairs to report); ValueError naming --per-domain, --drafter (as `flashmap eval`: a repeated
-    NAME too) or --pair before any model loads."""
+    """(drafter specs, pairs to report); ValueError naming --out (a folder, or a file in no existing folder: as
+    `flashmap bench compare --out`), --per-domain, --drafter (as `flashmap eval`: a repeated NAME too) or --pair
+    before any model loads."""
+    from flashmap_ext.bench.compare import check_out
     from flashmap_ext.evaluate.run import check_specs
+    if args.out:
+        check_out(args.out)
     if args.per_domain < 2:
         raise ValueError(f"--per-domain: must be >= 2 for compare (the paired bootstrap resamples the sequences "
                          f"within each domain: one has no spread), got {args.per_domain}")
@@ -53,11 +57,18 @@ def check_args(args) -> tuple[list, list[tuple[str, str]]]:
 def sequence_counts(args, specs, dtype: str) -> tuple[dict, list]:
     """({drafter: [[Σ leading run, anchors] per held-out sequence]}, the sequences)."""
     from flashmap_ext.evaluate.heldout import add_taps, check_anchors_left, slot_hits
-    from flashmap_ext.evaluate.run import load_heldout, note_fewer_slots, scored_slots, spec_drafter
+    from flashmap_ext.evaluate.run import (
+        load_heldout,
+        note_fewer_slots,
+        scored_slots,
+        spec_drafter,
+        warn_other_answering_model,
+    )
     from flashmap_ext.target import load_target
     target, tok = load_target(args.target, dtype, "cpu")
     drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, args.drafter)}
     seqs = load_heldout(args.heldout, tok, args.per_domain, args.max_length)
+    warn_other_answering_model(seqs, args.target, target, "flashmap eval compare")
     scored = {name: scored_slots(args.slots, d) for name, d in drafters.items()}
     check_anchors_left(seqs, max(scored.values()), 1, args.max_length)
     note_fewer_slots(args.slots, scored)

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from flashmap_ext.checks import with_article
+from flashmap_ext.checks import check_output_path, with_article
 from flashmap_ext.data.prompts import DOMAINS
 from flashmap_ext.evaluate.heldout import (
     HeldoutSequence,
@@ -146,6 +146,7 @@ def run(args) -> int:
     target, tokenizer = load_target(args.target, dtype, "cpu" if not torch.cuda.is_available() else "cuda")
     drafters = {spec[0]: spec_drafter(target, *spec[1:], text) for spec, text in zip(specs, given)}
     seqs = load_heldout(args.heldout, tokenizer, args.per_domain, args.max_length)
+    warn_other_answering_model(seqs, args.target, target)
     if args.state_probe:
         return run_state_probe(args, target, drafters, seqs, dtype)
     scored = {name: scored_slots(args.slots, d) for name, d in drafters.items()}
@@ -153,7 +154,7 @@ def run(args) -> int:
     note_fewer_slots(args.slots, scored)
     results = evaluate(target, drafters, seqs, args.slots, stride=args.stride, batch_size=args.batch_size)
     agreement = greedy_agreement(seqs)
-    warn_foreign_answers(seqs, args.target, agreement)
+    warn_unnamed_answers(seqs, args.target, agreement)
     report = {"meta": {**describe(), "dtype": dtype, "target": args.target, "heldout": args.heldout,
                        "per_domain": args.per_domain, "stride": args.stride, "slots": max(scored.values()),
                        "max_length": args.max_length},
@@ -180,24 +181,37 @@ def greedy_agreement(seqs: list[HeldoutSequence]) -> float:
     return sum(agree) / max(1, len(agree))
 
 
-def warn_foreign_answers(seqs: list[HeldoutSequence], target: str, agreement: float) -> None:
-    """One line on stderr when the held-out answers were written by another model than --target (the records'
-    `target` field against the name `flashmap data generate` records for it), or, where no record names its
-    model, when the target's greedy agreement with them is below LOW_AGREEMENT. A warning: the scores stand, but
-    they measure how the drafters predict another model's answers."""
-    from flashmap_ext.assets.models import resolve_target
-    from flashmap_ext.data.generate import target_description
-    answered = sorted({s.answered_by for s in seqs if s.answered_by})
-    name = target_description(resolve_target(target))
-    if answered and answered != [name]:
-        why = f"were written by {', '.join(answered)}, not --target {target} ({name})"
-    elif not answered and agreement < LOW_AGREEMENT:
-        why = f"name no answering model and the target's greedy agrees with them at only {agreement:.4f}"
-    else:
+def answering_models_unlike(seqs: list[HeldoutSequence], spec: str, target) -> list[str]:
+    """The answering models the records name (their `target` field) that appear, case-insensitively, in neither
+    the --target text `spec` nor the loaded model's config `_name_or_path` (a local copy of a model can live at
+    any path, so a name found in either counts as this target)."""
+    config = getattr(getattr(target, "model", None), "config", None) or getattr(target, "config", None)
+    known = f"{spec}\n{getattr(config, '_name_or_path', '') or ''}".lower()
+    return sorted({s.answered_by for s in seqs if s.answered_by and s.answered_by.lower() not in known})
+
+
+def warn_other_answering_model(seqs: list[HeldoutSequence], spec: str, target, command: str = "flashmap eval") -> None:
+    """One line on stderr, before anything is scored, when the held-out records name an answering model that
+    `answering_models_unlike` finds in neither --target nor the model's config. A warning, not a refusal: the
+    scores then measure how the drafters predict another model's answers, so γ says little about this target."""
+    other = answering_models_unlike(seqs, spec, target)
+    if other:
+        print(f"{command}: warning: the --heldout answers were written by {', '.join(other)}, a name in neither "
+              f"--target {spec} nor its config: the scores measure drafting another model's answers; answer the "
+              f"held-out prompts with this target (flashmap data generate --split heldout --target {spec})",
+              file=sys.stderr, flush=True)
+
+
+def warn_unnamed_answers(seqs: list[HeldoutSequence], target: str, agreement: float) -> None:
+    """One line on stderr when no record names its answering model and the target's greedy agreement with the
+    answers is below LOW_AGREEMENT: likely another model wrote them (`warn_other_answering_model` covers named
+    ones)."""
+    if any(s.answered_by for s in seqs) or agreement >= LOW_AGREEMENT:
         return
-    print(f"flashmap eval: warning: the --heldout answers {why}: the scores measure drafting another model's "
-          f"answers (greedy agreement {agreement:.4f}); answer the held-out prompts with this target "
-          f"(flashmap data generate --split heldout --target {target})", file=sys.stderr, flush=True)
+    print(f"flashmap eval: warning: the --heldout answers name no answering model and the target's greedy agrees "
+          f"with them at only {agreement:.4f}: the scores may measure drafting another model's answers; answer the "
+          f"held-out prompts with this target (flashmap data generate --split heldout --target {target})",
+          file=sys.stderr, flush=True)
 
 
 def run_state_probe(args, target, drafters: dict, seqs: list[HeldoutSequence], dtype: str) -> int:
@@ -244,13 +258,15 @@ def probe_taus(text: str) -> list[float]:
 
 def check_args(args) -> list[tuple[str, str, int | None, int]]:
     """The parsed --drafter specs, after checking every argument without loading a model: ValueError
-    (one line, naming the option) for counts out of range, a missing --heldout path, a bad or repeated NAME=DIR:STEPS
-    or a drafter checkpoint whose config.json is missing or invalid (CheckpointError)."""
+    (one line, naming the option) for counts out of range, an --out that cannot be a folder (`check_output_path`),
+    a missing --heldout path, a bad or repeated NAME=DIR:STEPS or a drafter checkpoint whose config.json is missing
+    or invalid (CheckpointError)."""
     for opt, value, low in (("--per-domain", args.per_domain, 1), ("--slots", args.slots, 1),
                             ("--stride", args.stride, 1), ("--max-length", args.max_length, 2),
                             ("--batch-size", args.batch_size, 1), ("--threads", args.threads, 0)):
         if value is not None and value < low:
             raise ValueError(f"{opt}: must be >= {low} (got {value})")
+    check_output_path("--out", args.out, folder=True)
     if not Path(args.heldout).exists():
         raise ValueError(f"--heldout {args.heldout}: no such file or folder (a held-out corpus folder or "
                          f".jsonl(.gz); recipes/grow_corpus.sh or flashmap data generate --split heldout writes one)")

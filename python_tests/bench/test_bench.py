@@ -182,7 +182,11 @@ def test_bench_eagle3_tree_option(byte_bench):
     (["--datasets", "gsm8k,nosuch"], "--datasets: unknown dataset 'nosuch'"),
     (["--datasets", "gsm8k,gsm8k"], "--datasets: gsm8k is named twice (each dataset runs once)"),
     (["--datasets", "mine=a.jsonl,gsm8k,mine=b.jsonl"], "--datasets: mine is named twice (each dataset runs once)"),
-    (["--datasets", "mbpp"], "--datasets: mbpp ships in no package: pass mbpp=/path/to/mbpp.jsonl")])
+    (["--datasets", "mbpp"], "--datasets: mbpp ships in no package: pass mbpp=/path/to/mbpp.jsonl"),
+    (["--batch-size", "2", "--n", "1", "--datasets", "gsm8k"],
+     "--batch-size 2: more than the 1 prompt(s) of --n 1 per dataset × 1 dataset(s) of --datasets, so no batch "
+     "would be full: give a smaller --batch-size or a larger --n"),
+    (["--batch-size", "7", "--n", "1"], "--batch-size 7: more than the 6 prompt(s) of --n 1 per dataset × 6")])
 def test_bench_eagle3_tree_argument_errors_are_one_line(argv, message, capsys, monkeypatch):
     from flashmap_ext import cli
     monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
@@ -379,6 +383,53 @@ def test_batch_bench_writes_after_every_batch(byte_bench, monkeypatch):
     saved = json.loads((tmp / "batch" / "batch-1.json").read_text())
     assert saved["complete"] and saved["prompts"] == 2
     assert "partial" not in (tmp / "batch" / "batch-1.md").read_text()
+
+
+def test_batch_bench_refuses_fewer_prompts_than_a_batch_and_names_a_short_last_batch(byte_bench, monkeypatch):
+    """`bench --batch-size 2 --n 1` reported "B = 2 ... 1 prompts", a batch it never filled. The batches pool the
+    first --n prompts of every dataset; a prompt file holding fewer than --n is refused before the target loads."""
+    from flashmap_ext.bench import batch
+    from flashmap_ext.bench.run import BenchConfig
+    tmp, dataset = byte_bench  # two prompts
+    monkeypatch.setattr(batch, "load_target", lambda *a, **k: pytest.fail("the target loaded first"))
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset,), n=5, dtype="fp32", out=str(tmp / "b"))
+    with pytest.raises(ValueError, match=r"^--batch-size 3: more than the 2 prompt\(s\) of --datasets tiny=.* at "
+                                         r"--n 5, so no batch would be full: give a smaller --batch-size$"):
+        batch.run_batch(cfg, 3)
+    meta = {"batch_size": 2, "dtype": "fp32", "cpu": "cpu", "torch_threads": 1, "load_average": 0, "date": "d"}
+    results = {"meta": meta, "prompts": 3, "temperature": 0.0, "max_new_tokens": 4, "K": 8, "verify_cost_ratio": 1.5,
+               "methods": {}}
+    monkeypatch.setattr(batch.machine, "summary_line", lambda m: "machine")
+    assert batch.markdown(results).startswith("B = 2 (the last batch 1), fp32, T = 0.0, 3 prompts,")
+    assert batch.markdown({**results, "prompts": 4}).startswith("B = 2, fp32, T = 0.0, 4 prompts,")
+
+
+def test_bench_help_gives_the_out_default_and_a_rerun_names_the_results_it_replaces(tmp_path, capsys, monkeypatch):
+    """A run without --out wrote ./runs/bench, which --help did not say; a rerun replaced results silently."""
+    from flashmap_ext import cli
+    from flashmap_ext.bench import run as bench_run
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    assert "default: runs/bench in the current folder" in " ".join(capsys.readouterr().out.split())
+
+    def stop(*a, **k):
+        raise ValueError("stopped at the target load")
+    monkeypatch.setattr(bench_run, "load_target", stop)
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    out, prompts = tmp_path / "out", tmp_path / "tiny.jsonl"
+    prompts.write_text(json.dumps({"prompt": "abc"}) + "\n")
+    base = ["bench", "--target", "tiny-random", "--n", "1", "--datasets", f"tiny={prompts}", "--out", str(out)]
+    assert cli.main(base) == 2
+    assert "replacing" not in capsys.readouterr().err  # nothing there yet
+    out.mkdir()
+    for name in ("results.json", "results.md", "gamma_hist.png", "batch-1.json"):
+        (out / name).write_text("{}")
+    assert cli.main(base) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"flashmap bench: --out {out}: replacing the earlier results.json, results.md, gamma_hist.png"
+    monkeypatch.setattr("flashmap_ext.bench.batch.load_target", stop)
+    assert cli.main([*base, "--batch-size", "1"]) == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"flashmap bench: --out {out}: replacing the earlier batch-1.json"
 
 
 @pytest.mark.parametrize("selector", [False, True])

@@ -66,15 +66,48 @@ def test_a_domain_without_anchors_says_so_and_eval_json_stays_strict(drafter_dir
 
 @pytest.mark.parametrize("fields, says", [
     ({"target": "qwen2.5-coder-0.5b-instruct"},
-     "answers were written by qwen2.5-coder-0.5b-instruct, not --target tiny-random (tiny-random)"),
+     "answers were written by qwen2.5-coder-0.5b-instruct, a name in neither --target tiny-random nor its config"),
     ({}, "name no answering model and the target's greedy agrees with them at only 0."),
 ])
 def test_eval_warns_when_another_model_answered_the_heldout_set(drafter_dir, tmp_path, capsys, fields, says):
     """Scoring qwen2.5-coder-0.5b-instruct's answers on tiny-random only said "greedy agrees at 0.0000"."""
     data = heldout(tmp_path / "h.jsonl", {"math": LONG}, **fields)
     assert run_eval(drafter_dir, data, tmp_path / "out") == 0  # a warning, not a refusal
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and says in warnings[0] and "greedy agreement 0." in warnings[0], warnings
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and says in warnings[0], warnings
+    if fields:  # a named model is pointed out before anything is scored
+        assert err.index(warnings[0]) < err.index("eval fm: γ"), err
+
+
+def test_the_answering_model_counts_as_the_target_when_named_in_the_spec_or_the_config():
+    """The records' model name, case-insensitively, in --target or the loaded config's _name_or_path: no warning
+    (a local copy of the model can live at any path); in neither: named in the warning."""
+    from types import SimpleNamespace
+
+    from flashmap_ext.evaluate.heldout import HeldoutSequence
+    from flashmap_ext.evaluate.run import answering_models_unlike
+
+    def target(name_or_path):
+        return SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(_name_or_path=name_or_path)))
+    seqs = [HeldoutSequence("math", "r0", [1, 2], [0, 1], answered_by="qwen2.5-coder-0.5b-instruct"),
+            HeldoutSequence("code", "r1", [1, 2], [0, 1], answered_by=None)]
+    for spec, path in (("Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen/Qwen2.5-Coder-0.5B-Instruct"),
+                       ("qwen2.5-coder-0.5b", "/cache/models/qwen2.5-coder-0.5b-instruct/hf"),
+                       ("/models/mine", "/models/QWEN2.5-CODER-0.5B-INSTRUCT")):
+        assert answering_models_unlike(seqs, spec, target(path)) == [], spec
+    assert answering_models_unlike(seqs, "tiny-random", target("")) == ["qwen2.5-coder-0.5b-instruct"]
+
+
+def test_eval_checks_out_before_the_target_loads(tmp_path, capsys, monkeypatch):
+    """`eval --out FILE` evaluated every drafter, then said only "[Errno 17] File exists"."""
+    import flashmap_ext.target as target_pkg
+    monkeypatch.setattr(target_pkg, "load_target", lambda *a, **k: pytest.fail("the target loaded before --out"))
+    data = heldout(tmp_path / "h.jsonl", {"math": LONG}, target="tiny-random")
+    (tmp_path / "file").write_text("x")
+    assert run_eval("random", data, tmp_path / "file") == 2
+    err = capsys.readouterr().err
+    assert err == f"flashmap eval: error: --out {tmp_path / 'file'}: a file is there (expected a folder)\n", err
 
 
 def test_eval_echoes_each_drafter_spec_as_given(drafter_dir, tmp_path, capsys):

@@ -21,6 +21,39 @@ def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
     assert err.startswith(f"flashmap eval compare: error: {message}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("out, says", [("no/x.json", "no folder {tmp}/no; --out is a JSON file path in an existing "
+                                                      "folder"),
+                                        ("", "a folder; --out is a JSON file path (e.g. {tmp}/delta.json)")])
+def test_out_is_checked_before_the_target_loads_as_bench_compare_does(out, says, tmp_path, capsys, monkeypatch):
+    """`eval compare --out missing/x.json` printed the whole table, then failed with "[Errno 2] No such file"."""
+    import flashmap_ext.target as target_pkg
+    monkeypatch.setattr(target_pkg, "load_target", lambda *a, **k: pytest.fail("the target loaded before --out"))
+    path = str(tmp_path / out) if out else str(tmp_path)
+    argv = ["eval", "compare", "--drafter", "A=random", "--drafter", "B=random", "--out", path]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"flashmap eval compare: error: --out {path}: {says.format(tmp=tmp_path)}\n", err
+
+
+def test_compare_warns_when_another_model_answered_the_heldout_set(tmp_path, capsys):
+    import json
+    with open(tmp_path / "h.jsonl", "w") as f:
+        for i, domain in enumerate(("math", "math")):
+            messages = [{"role": "user", "content": f"question {i}"},
+                        {"role": "assistant", "content": "The answer is forty-two, since six times seven is 42."}]
+            f.write(json.dumps({"id": f"r{i}", "domain": domain, "messages": messages,
+                                "target": "qwen2.5-coder-0.5b-instruct"}) + "\n")
+    argv = ["eval", "compare", "--target", "tiny-random", "--heldout", str(tmp_path / "h.jsonl"), "--dtype", "fp32",
+            "--per-domain", "2", "--drafter", "A=random", "--drafter", "B=random", "--out", str(tmp_path / "p.json")]
+    assert cli.main(argv) == 0  # a warning, not a refusal
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["flashmap eval compare: warning: the --heldout answers were written by "
+                        "qwen2.5-coder-0.5b-instruct, a name in neither --target tiny-random nor its config: the scores "
+                        "measure drafting another model's answers; answer the held-out prompts with this target "
+                        "(flashmap data generate --split heldout --target tiny-random)"], warnings
+    assert (tmp_path / "p.json").exists()
+
+
 def test_pooled_gamma_and_paired_delta_by_hand():
     # sequences: [Σ leading run, anchors]; γ = 1 + Σ run / Σ anchors
     counts = {"A": [[3, 2], [1, 2], [0, 0], [4, 4], [0, 0]], "B": [[1, 2], [1, 2], [0, 0], [2, 4], [0, 0]]}
