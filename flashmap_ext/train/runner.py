@@ -23,6 +23,7 @@ from flashmap_ext.drafters.common.window import check_window
 from flashmap_ext.train import parallel
 from flashmap_ext.train.anchors import candidate_anchors, collate
 from flashmap_ext.train.checkpoint import latest, load_model_weights
+from flashmap_ext.train.domain_mix import domain_weight_arg, mixed
 from flashmap_ext.train.features import FeatureCache, target_identity, writer_lock
 from flashmap_ext.train.presets import PRESETS, preset
 from flashmap_ext.train.soft_labels import LOSSES, check_cache
@@ -91,6 +92,13 @@ def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_
         g.add_argument("--kl-ce-weight", type=float, default=0.0, metavar="W",
                        help="--loss kl: weight of the CE on the target's argmax added to the KL (default 0)")
     g.add_argument("--seed", type=seed_arg, default=0)
+    d = p.add_argument_group("data mix")
+    d.add_argument("--domain-weight", type=domain_weight_arg, action="append", metavar="DOMAIN=N",
+                   help="show each sequence of DOMAIN (math, code, chat: its corpus record's domain) N times per "
+                        "epoch, 0 never; the others once. Repeatable; needs --corpus")
+    d.add_argument("--corpus", metavar="DIR",
+                   help="the corpus (jsonl.gz parts) the --features were computed from: --domain-weight reads "
+                        "each sequence's domain from it")
     r = p.add_argument_group("runtime")
     r.add_argument("--parallel", choices=parallel.MODES, default="none",
                    help="under torchrun: ddp (replicated drafter) or fsdp (sharded, for large drafters)")
@@ -341,6 +349,9 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
     cache = open_features(args.features, drafter.target_layer_ids, target)
     check_cache(cache.meta, args.features, getattr(args, "loss", "ce"))
     check_supervised(cache, run.get("max_length"), args.features)
+    stream = mixed(cache, cache.ids, getattr(args, "corpus", None), getattr(args, "domain_weight", None))
+    if stream is not cache:
+        print(f"--domain-weight: sequences per epoch {stream.summary()}")
     fit_context_window(drafter, cache.meta.get("max_length"), args)
     if args.parallel != "none" and "WORLD_SIZE" not in os.environ:
         print(f"--parallel {args.parallel}: not started by torchrun (no WORLD_SIZE set): one process trains",
@@ -377,7 +388,7 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
             with open(os.path.join(args.out, "run.json"), "w") as f:
                 json.dump({"stage": name, "args": {k: v for k, v in vars(args).items() if k != "func"},
                            "settings": run, "features": cache.meta}, f, indent=1, default=str)
-        metrics = train(drafter, loss_fn, cache, collate_fn, cfg, resume=args.resume, device=device)
+        metrics = train(drafter, loss_fn, stream, collate_fn, cfg, resume=args.resume, device=device)
         export(drafter, args)
     if metrics.pop("complete", False) and int(os.environ.get("RANK", "0")) == 0:
         loss = f"{metrics['loss']:.4f}" if "loss" in metrics else "none (no metrics.jsonl line)"
