@@ -49,7 +49,7 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
     if lacking is not None:
         raise ValueError(f"--heldout {path}: record {lacking} has no 'id' or 'messages' (held-out records are "
                          "the corpus's: id, domain, messages; `flashmap data generate --split heldout` writes them)")
-    records.sort(key=lambda r: r["id"])
+    records.sort(key=lambda r: str(r["id"]))  # ids may be numbers
     if not records:
         raise ValueError(f"--heldout {path}: no records (run recipes/grow_corpus.sh or flashmap data generate "
                          f"--split heldout first)")

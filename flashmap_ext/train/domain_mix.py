@@ -8,6 +8,7 @@ weight of 3 puts a domain's sequences into a step three times as often, each epo
 from __future__ import annotations
 
 import argparse
+import os
 from collections import Counter
 from collections.abc import Sequence
 
@@ -22,10 +23,22 @@ def domain_weight_arg(text: str) -> tuple[str, int]:
     return domain.strip(), int(count)
 
 
-def record_domains(corpus: str) -> dict[str, str]:
-    """{record id: domain} of every record of the corpus folder or file `corpus` (records without a domain
-    are left out)."""
-    return {r["id"]: r["domain"] for r in read_records(corpus) if "id" in r and "domain" in r}
+def record_domains(corpora: Sequence[str]) -> dict[str, str]:
+    """{record id as text: domain} of every record of the corpus folders or files `corpora` (records without
+    a domain are left out; `features` names a record 4 "4/0"). ValueError naming --corpus for a missing path
+    or an id given two domains."""
+    out: dict[str, str] = {}
+    for corpus in corpora:
+        if not os.path.exists(corpus):
+            raise ValueError(f"--corpus {corpus}: no such file or folder")
+        for r in read_records(corpus):
+            if "id" not in r or r.get("domain") is None:
+                continue
+            key = str(r["id"])
+            if out.setdefault(key, r["domain"]) != r["domain"]:
+                raise ValueError(f"--corpus {corpus}: record {key!r} is of domain {r['domain']!r} there and "
+                                 f"{out[key]!r} in an earlier record; one id, one domain")
+    return out
 
 
 class DomainMix(Sequence):
@@ -33,7 +46,7 @@ class DomainMix(Sequence):
     `ids`: the dataset's sequence ids (`<record id>/<n>`), in its order; `domains`: {record id: domain}."""
 
     def __init__(self, dataset: Sequence, ids: Sequence[str], domains: dict[str, str], weights: dict[str, int],
-                 corpus: str = "--corpus"):
+                 corpus: str = "the corpus"):
         names = [domains.get(i.rsplit("/", 1)[0]) for i in ids]
         missing = [i for i, d in zip(ids, names) if d is None]
         if missing:
@@ -62,12 +75,12 @@ class DomainMix(Sequence):
         return ", ".join(f"{d} {before[d]} -> {after[d]}" for d in sorted(before))
 
 
-def mixed(dataset, ids: Sequence[str], corpus: str | None, weights: Sequence[tuple[str, int]] | None):
+def mixed(dataset, ids: Sequence[str], corpus: Sequence[str] | None, weights: Sequence[tuple[str, int]] | None):
     """`dataset` as the trainer should see it: unchanged without --domain-weight, else a DomainMix (ValueError
-    naming --corpus when it is missing, or a domain given twice)."""
+    naming --corpus when it is missing, or a domain given twice). `corpus`: the --corpus paths."""
     if not weights:
         if corpus:
-            raise ValueError(f"--corpus {corpus}: read only for --domain-weight, which is not given")
+            raise ValueError(f"--corpus {corpus[0]}: read only for --domain-weight, which is not given")
         return dataset
     if not corpus:
         raise ValueError("--domain-weight needs --corpus DIR: the corpus the --features were computed from "
@@ -76,4 +89,4 @@ def mixed(dataset, ids: Sequence[str], corpus: str | None, weights: Sequence[tup
     twice = [d for d, n in Counter(d for d, _ in weights).items() if n > 1]
     if twice:
         raise ValueError(f"--domain-weight {twice[0]} is given twice")
-    return DomainMix(dataset, ids, record_domains(corpus), table, corpus)
+    return DomainMix(dataset, ids, record_domains(corpus), table, ", ".join(corpus))

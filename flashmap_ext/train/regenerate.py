@@ -169,8 +169,10 @@ def regenerate(model, tokenizer, data: str, out: str, *, batch_size: int = 8, ma
         lines = []
         for record, msgs, think, (ids, stopped) in zip(batch, prompts, thinking, answers):
             text = tokenizer.decode(ids, skip_special_tokens=False)
-            lines.append(json.dumps({"id": record["id"], "enable_thinking": think, "finish": "stop" if stopped
-                                     else "length", "messages": msgs + [{"role": "assistant", "content": text}],
+            kept = {"domain": record["domain"]} if "domain" in record else {}  # --domain-weight reads it
+            lines.append(json.dumps({"id": record["id"], **kept, "enable_thinking": think, "finish": "stop"
+                                     if stopped else "length", "messages": msgs + [{"role": "assistant",
+                                                                                    "content": text}],
                                      "settings": settings}, ensure_ascii=False) + "\n")
         with open(out, "a", encoding="utf-8") as f:
             f.writelines(lines)

@@ -96,9 +96,10 @@ def add_training_args(p: argparse.ArgumentParser, init_from_note: str = "", add_
     d.add_argument("--domain-weight", type=domain_weight_arg, action="append", metavar="DOMAIN=N",
                    help="show each sequence of DOMAIN (math, code, chat: its corpus record's domain) N times per "
                         "epoch, 0 never; the others once. Repeatable; needs --corpus")
-    d.add_argument("--corpus", metavar="DIR",
-                   help="the corpus (jsonl.gz parts) the --features were computed from: --domain-weight reads "
-                        "each sequence's domain from it")
+    d.add_argument("--corpus", metavar="PATH", action="append",
+                   help="the corpus the --features were computed from (a folder of part-NNNNN.jsonl.gz or one "
+                        ".jsonl / .jsonl.gz file; repeat it for a cache of several): --domain-weight takes each "
+                        "sequence's domain from the record of its id there (the text is not compared)")
     r = p.add_argument_group("runtime")
     r.add_argument("--parallel", choices=parallel.MODES, default="none",
                    help="under torchrun: ddp (replicated drafter) or fsdp (sharded, for large drafters)")

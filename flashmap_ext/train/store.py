@@ -58,7 +58,9 @@ def read_records(path: str | Path) -> Iterator[dict]:
     path = Path(path)
     files = parts(path) if path.is_dir() else [path]
     if not files:
-        raise ValueError(f"{path}: a folder without corpus parts (part-NNNNN-*.jsonl.gz)")
+        inner = [d.name for d in sorted(path.glob("*")) if parts(d)] if path.is_dir() else []
+        hint = f"; its subfolders {', '.join(inner)} hold some: give one of them" if inner else ""
+        raise ValueError(f"{path}: a folder without corpus parts (part-NNNNN.jsonl.gz){hint}")
     for f in files:
         if f.suffix == ".gz":
             with open(f, "rb") as head:

@@ -39,8 +39,8 @@ def test_without_weights_the_dataset_is_unchanged():
 
 @pytest.mark.parametrize("corpus,weights,message", [
     (None, [("chat", 2)], r"^--domain-weight needs --corpus DIR"),
-    ("c", None, r"^--corpus c: read only for --domain-weight"),
-    ("c", [("chat", 2), ("chat", 3)], r"^--domain-weight chat is given twice"),
+    (["c"], None, r"^--corpus c: read only for --domain-weight"),
+    (["c"], [("chat", 2), ("chat", 3)], r"^--domain-weight chat is given twice"),
 ])
 def test_missing_or_contradicting_flags_are_refused(corpus, weights, message):
     with pytest.raises(ValueError, match=message):
@@ -78,4 +78,38 @@ def test_train_reads_the_domains_from_the_corpus_and_records_the_flag(tmp_path, 
                  "--domain-weight", "chat=4", "--corpus", str(tmp_path / "corpus")]) == 0
     assert f"sequences per epoch chat 1 -> 4, math {len(ids) - 1} -> {len(ids) - 1}" in capsys.readouterr().out
     args = json.loads((tmp_path / "run" / "run.json").read_text())["args"]
-    assert args["domain_weight"] == [["chat", 4]] and args["corpus"] == str(tmp_path / "corpus")
+    assert args["domain_weight"] == [["chat", 4]] and args["corpus"] == [str(tmp_path / "corpus")]
+
+
+def _jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_ids_are_matched_as_text_across_several_corpus_files(tmp_path):
+    """`features` names the sequences of record 4 "4/0": a numeric id in the corpus must still be found, and a
+    cache built from two files needs both (--corpus repeated)."""
+    a = _jsonl(tmp_path / "a.jsonl", [{"id": 4, "domain": "chat"}, {"id": "x", "domain": "math"}])
+    b = _jsonl(tmp_path / "b.jsonl", [{"id": "y", "domain": "code"}])
+    mix = mixed(list("pqr"), ["4/0", "x/0", "y/0"], [a, b], [("chat", 2)])
+    assert [mix[i] for i in range(len(mix))] == ["p", "p", "q", "r"]
+
+
+def test_one_id_of_two_domains_and_a_missing_corpus_are_refused(tmp_path):
+    a = _jsonl(tmp_path / "a.jsonl", [{"id": "t:0", "domain": "math"}])
+    b = _jsonl(tmp_path / "b.jsonl", [{"id": "t:0", "domain": "chat"}])
+    with pytest.raises(ValueError, match=r"^--corpus .*b.jsonl: record 't:0' is of domain 'chat' there and 'math'"):
+        mixed([0], ["t:0/0"], [a, b], [("chat", 2)])
+    with pytest.raises(ValueError, match=r"^--corpus .*nope: no such file or folder"):
+        mixed([0], ["t:0/0"], [str(tmp_path / "nope")], [("chat", 2)])
+
+
+def test_a_corpus_root_is_refused_naming_the_subfolders_that_hold_parts(tmp_path):
+    from flashmap_ext.train.store import read_records
+    for split in ("heldout", "train"):
+        (tmp_path / split).mkdir()
+        with gzip.open(tmp_path / split / "part-00000.jsonl.gz", "wt") as f:
+            f.write(json.dumps({"id": split, "domain": "chat"}) + "\n")
+    with pytest.raises(ValueError, match=r"without corpus parts \(part-NNNNN.jsonl.gz\); its subfolders heldout, "
+                                         r"train hold some"):
+        list(read_records(tmp_path))

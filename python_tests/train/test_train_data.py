@@ -112,6 +112,7 @@ def test_regenerate_batched_resumable(tok, tmp_path):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": "hello"},
                                          {"role": "assistant", "content": "old"}]} for i in range(5)]
+    rows[1]["domain"] = "math"  # kept in the answer: `train --domain-weight` reads it
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     model = CountingLM(encode(tok, "the cat"), tok.eos_token_id)
     assert regenerate(model, tok, str(src), str(out), batch_size=2, limit=3, progress=False) == 3
@@ -124,6 +125,7 @@ def test_regenerate_batched_resumable(tok, tmp_path):
     assert [r["id"] for r in recs] == [f"r{i}" for i in range(5)]
     assert recs[0]["messages"][-1] == {"role": "assistant", "content": "the cat"}
     assert recs[0]["finish"] == "stop" and recs[0]["enable_thinking"] is False
+    assert recs[1]["domain"] == "math" and "domain" not in recs[0]
     assert regenerate(model, tok, str(src), str(out), progress=False) == 0
     model.reply = encode(tok, "the cat sat on the mat")
     out2 = tmp_path / "out2.jsonl"
