@@ -6,7 +6,8 @@
 Teacher-forced slot hits as `flashmap eval` (evaluate/heldout.py) on the same held-out sequences; per
 sequence the counts [Σ leading run, anchors] of each drafter; γ = 1 + Σ run / anchors pooled over
 sequences; for every pair (first named minus each later one) Δγ with the paired percentile bootstrap
-interval over sequences, resampled within each domain (bench/interval.py, 95 %). Prints a Markdown table.
+interval over sequences, resampled within each domain (bench/interval.py, 95 %). Prints a Markdown table:
+pooled over the domains, then each domain's γ and pairs (the bootstrap over that domain's sequences).
 """
 from __future__ import annotations
 
@@ -97,6 +98,35 @@ def paired_deltas(counts: dict, domains: list[str], todo: list[tuple[str, str]])
     return pairs
 
 
+def by_domain(counts: dict, domains: list[str], todo: list[tuple[str, str]]) -> dict:
+    """{domain: {"gamma": {drafter: γ}, "pairs": paired_deltas of that domain's sequences}}, domains in order of
+    first appearance; empty when there is a single domain (the pooled table says it all)."""
+    names = list(dict.fromkeys(domains))
+    if len(names) < 2:
+        return {}
+    out = {}
+    for d in names:
+        idx = [i for i, x in enumerate(domains) if x == d]
+        sub = {n: [c[i] for i in idx] for n, c in counts.items()}
+        out[d] = {"gamma": {n: gamma(c) for n, c in sub.items()}, "pairs": paired_deltas(sub, [d] * len(idx), todo)}
+    return out
+
+
+def domain_markdown(table: dict) -> list[str]:
+    """The per-domain rows of `by_domain`: γ of each drafter, then each pair's Δγ with its interval."""
+    if not table:
+        return []
+    names = list(next(iter(table.values()))["gamma"])
+    lines = ["", "| domain | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {d} | " + " | ".join(f"{v['gamma'][n]:.4f}" for n in names) + " |" for d, v in table.items()]
+    pairs = list(next(iter(table.values()))["pairs"])
+    if pairs:
+        lines += ["", "| pair | domain | Δγ | 95 % paired bootstrap |", "|---|---|---|---|"]
+        lines += [f"| {p} | {d} | {v['pairs'][p]['delta']:+.4f} | {interval_text(v['pairs'][p]['interval'])} |"
+                  for p in pairs for d, v in table.items()]
+    return lines
+
+
 def interval_text(interval: list[float] | None) -> str:
     """"[lo, hi]", or why there is none: a single scored sequence in every domain leaves nothing to resample."""
     if interval is None:
@@ -104,10 +134,12 @@ def interval_text(interval: list[float] | None) -> str:
     return f"[{interval[0]:+.4f}, {interval[1]:+.4f}]"
 
 
-def markdown(counts: dict, pairs: dict, meta: dict) -> list[str]:
+def markdown(counts: dict, pairs: dict, meta: dict, domains: dict | None = None) -> list[str]:
+    """The pooled γ and pairs, then (`domains`: `by_domain`) the same per domain, then the run's line."""
     table = ["| drafter | γ |", "|---|---|"] + [f"| {n} | {gamma(c):.4f} |" for n, c in counts.items()]
     table += ["", "| pair | Δγ | 95 % paired bootstrap |", "|---|---|---|"]
     table += [f"| {k} | {v['delta']:+.4f} | {interval_text(v['interval'])} |" for k, v in pairs.items()]
+    table += domain_markdown(domains or {})
     anchors = meta["anchors"] if isinstance(meta.get("anchors"), dict) else anchor_counts(counts)
     table += ["", f"{meta['sequences']} held-out sequences, {anchors_text(anchors)}; `{meta['command']}`; "
                   f"{meta['cpu']}, {meta['torch_threads']} thread(s), {meta['dtype']}, load {meta['load_average']}; "
@@ -135,15 +167,16 @@ def run(args) -> int:
     dtype = chosen_dtype(args.dtype)
     counts, seqs = sequence_counts(args, specs, dtype)
     domains = [s.domain for s in seqs]
-    pairs = paired_deltas(counts, domains, todo)
+    pairs, per_domain = paired_deltas(counts, domains, todo), by_domain(counts, domains, todo)
     meta = {**describe(), "dtype": dtype, "heldout": args.heldout, "per_domain": args.per_domain,
             "sequences": len(seqs), "anchors": anchor_counts(counts),
             "domains": domains}
-    table = markdown(counts, pairs, meta)
+    table = markdown(counts, pairs, meta, per_domain)
     print("\n".join(table))
     if args.out:
         Path(args.out).write_text(json.dumps({"meta": meta, "counts": counts, "pairs": pairs, "domains": domains,
-                                              "specs": args.drafter, "table": table}, indent=1) + "\n")
+                                              "by_domain": per_domain, "specs": args.drafter, "table": table},
+                                             indent=1) + "\n")
     return 0
 
 

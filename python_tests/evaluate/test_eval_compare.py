@@ -65,6 +65,22 @@ def test_pooled_gamma_and_paired_delta_by_hand():
     assert pairs["A - B"]["delta"] == pytest.approx(0.5) and lo <= 0.5 <= hi
 
 
+def test_each_domain_gets_its_own_gamma_and_paired_delta_by_hand():
+    counts = {"A": [[3, 2], [1, 2], [4, 4], [2, 4], [5, 1]], "B": [[1, 2], [1, 2], [2, 4], [2, 4], [0, 1]]}
+    table = compare.by_domain(counts, ["math", "math", "code", "code", "chat"], [("A", "B")])
+    assert list(table) == ["math", "code", "chat"]
+    assert table["math"]["gamma"] == {"A": pytest.approx(1 + 4 / 4), "B": pytest.approx(1 + 2 / 4)}
+    assert table["code"]["gamma"] == {"A": pytest.approx(1 + 6 / 8), "B": pytest.approx(1 + 4 / 8)}
+    assert table["chat"]["gamma"] == {"A": pytest.approx(6.0), "B": pytest.approx(1.0)}
+    assert table["code"]["pairs"]["A - B"]["delta"] == pytest.approx(0.25)
+    lo, hi = table["math"]["pairs"]["A - B"]["interval"]
+    assert lo <= 0.5 <= hi
+    assert table["chat"]["pairs"]["A - B"]["interval"] is None  # one sequence: nothing to resample
+    lines = compare.domain_markdown(table)
+    assert "| code | 1.7500 | 1.5000 |" in lines and "| A - B | code | +0.2500 |" in " ".join(lines)
+    assert compare.by_domain(counts, ["math"] * 5, [("A", "B")]) == {}  # one domain: the pooled table says it
+
+
 def test_one_scored_sequence_per_domain_gives_an_undefined_interval_in_words():
     """One sequence per domain printed the interval [+nan, +nan]: nothing to resample within a domain."""
     counts = {"A": [[3, 2], [4, 4], [0, 0]], "B": [[1, 2], [2, 4], [0, 0]]}
