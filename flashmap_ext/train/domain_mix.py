@@ -1,4 +1,4 @@
-"""`--domain-weight DOMAIN=N --corpus DIR`: a training stream that shows each sequence of DOMAIN N times per
+"""`--domain-weight DOMAIN=N --corpus PATH`: a training stream that shows each sequence of DOMAIN N times per
 epoch (0: never), the other domains once.
 
 The feature cache knows a sequence by its id only (`<record id>/<n>`, train/data.py); the domain (`math`,
@@ -83,7 +83,7 @@ def mixed(dataset, ids: Sequence[str], corpus: Sequence[str] | None, weights: Se
             raise ValueError(f"--corpus {corpus[0]}: read only for --domain-weight, which is not given")
         return dataset
     if not corpus:
-        raise ValueError("--domain-weight needs --corpus DIR: the corpus the --features were computed from "
+        raise ValueError("--domain-weight needs --corpus PATH: the corpus the --features were computed from "
                          "(its records name each sequence's domain)")
     table = dict(weights)
     twice = [d for d, n in Counter(d for d, _ in weights).items() if n > 1]

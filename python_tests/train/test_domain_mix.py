@@ -38,7 +38,7 @@ def test_without_weights_the_dataset_is_unchanged():
 
 
 @pytest.mark.parametrize("corpus,weights,message", [
-    (None, [("chat", 2)], r"^--domain-weight needs --corpus DIR"),
+    (None, [("chat", 2)], r"^--domain-weight needs --corpus PATH"),
     (["c"], None, r"^--corpus c: read only for --domain-weight"),
     (["c"], [("chat", 2), ("chat", 3)], r"^--domain-weight chat is given twice"),
 ])
