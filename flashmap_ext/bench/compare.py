@@ -4,6 +4,7 @@ shuffle-test Δγ, as Markdown.
     flashmap bench compare runs/x/results.json [--pair FlashMap-2,FlashMap-1] [--out delta.json]
     flashmap bench compare runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
     flashmap bench compare runs/*/results.json --rows      # every row's γ per set (bench/row_table.py)
+    flashmap bench compare runs/x/results.json --pair DFlash,FlashMap-1 --by-category   # + MT-Bench's categories
 
 Several results files (one dataset, or one drafter, per core) are pooled when their settings agree and no row
 (method, dataset) is in two; AR, which every run has, is kept from the first file holding each dataset.
@@ -23,11 +24,12 @@ from pathlib import Path
 from flashmap_ext.bench.row_table import ALL, markdown_rows, prompt_counts
 
 
-def pair_delta(results: dict, a: str, b: str) -> dict:
+def pair_delta(results: dict, a: str, b: str, by_category: bool = False) -> dict:
     """{dataset, ..., "all datasets": {gamma_a, gamma_b, delta, interval [lo, hi] or None, prompts}} of Δγ = γ(a) −
-    γ(b) over the prompts where both rows have rounds. ValueError naming the row when results lack it or it has
-    no γ (AR and the peer rows draft nothing), and naming both when they share no prompt with rounds."""
-    from flashmap_ext.bench.interval import delta_interval
+    γ(b) over the prompts where both rows have rounds; by_category adds one entry per "dataset / category" after
+    them (records without a category: none). ValueError naming the row when results lack it or it has no γ (AR and
+    the peer rows draft nothing), naming both when they share no prompt with rounds, and naming --by-category when
+    no record of the two rows has a category."""
     if a == b:
         raise ValueError(f"--pair {a},{b}: a row paired with itself (Δγ is 0 by construction): name two rows")
     for m in (a, b):
@@ -38,12 +40,27 @@ def pair_delta(results: dict, a: str, b: str) -> dict:
         if m == "AR" or not any(c[1] for c in counts.values()):  # AR's one-token steps are not drafting rounds
             raise ValueError(f"--pair {a},{b}: row {m!r} has no γ (no drafting rounds: AR and the peer rows such "
                              "as HF greedy and prompt lookup draft nothing)")
-    keys = [k for k in ca if k in cb and ca[k][1] and cb[k][1]]
-    if not keys:
+    out = _deltas(ca, cb, with_all=True)
+    if not out:
         raise ValueError(f"--pair {a},{b}: rows {a!r} and {b!r} share no (dataset, prompt) with rounds in both, "
                          "so there is nothing to pair")
+    if by_category:
+        cats = _deltas(*(prompt_counts(results["records"], m, by_category=True) for m in (a, b)), with_all=False)
+        cats = {g: v for g, v in cats.items() if " / " in g}
+        if not cats:
+            raise ValueError(f"--by-category: no record of rows {a!r} and {b!r} has a category (MT-Bench's records "
+                             "carry one from the bench that writes categories on; other sets have none)")
+        out |= cats
+    return out
+
+
+def _deltas(ca: dict, cb: dict, with_all: bool) -> dict:
+    """{group, ...(, "all datasets")}: Δγ with its paired bootstrap (resampled within each group) over the
+    (group, prompt) keys with rounds in both counts."""
+    from flashmap_ext.bench.interval import delta_interval
+    keys = [k for k in ca if k in cb and ca[k][1] and cb[k][1]]
     out = {}
-    for name in [*dict.fromkeys(d for d, _ in keys), ALL]:
+    for name in [*dict.fromkeys(d for d, _ in keys), *([ALL] if with_all and keys else [])]:
         sel = [k for k in keys if name in (ALL, k[0])]
         counts = [ca[k] + cb[k] for k in sel]
         a1, r1, a2, r2 = (sum(c[i] for c in counts) for i in range(4))
@@ -154,6 +171,8 @@ def add_arguments(p) -> None:
     p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
     p.add_argument("--out", help="JSON file path for the pairs (its folder must exist)")
+    p.add_argument("--by-category", action="store_true",
+                   help="after each pair's datasets, one line per dataset / category (MT-Bench's eight categories)")
     p.add_argument("--rows", action="store_true",
                    help="first a table of every row's pooled γ per dataset, projected H200 speedup and lossless "
                         "check (bench/row_table.py); with --rows and no --pair, only that table")
@@ -208,7 +227,9 @@ def run(args) -> int:
     if missing and not args.pair:
         raise ValueError(f"no row {missing[0]!r} for the default pair {DEFAULT_PAIR} (rows: "
                          f"{', '.join(results['methods'])}): give --pair A,B, or --rows for every row's γ")
-    pairs = {(a, b): pair_delta(results, a, b) for a, b in todo}
+    if args.by_category and not todo:
+        raise ValueError("--by-category splits the --pair tables: give --pair A,B")
+    pairs = {(a, b): pair_delta(results, a, b, args.by_category) for a, b in todo}
     if args.rows:
         print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")
     if todo:

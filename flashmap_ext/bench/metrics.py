@@ -38,6 +38,7 @@ class Record:
     depths: list = field(default_factory=list)     # per round: slots spanned (tree: its depth); [] = drafted
     identical: bool | None = None                  # T = 0: tokens == AR tokens (None: not checked)
     divergence: dict | None = None                 # first mismatch vs AR: position, margin (see run.py)
+    category: str = ""                             # the prompt's category (MT-Bench's eight), else ""
 
 
 def acceptance_length(records: list[Record]) -> float:

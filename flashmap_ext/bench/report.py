@@ -130,7 +130,10 @@ def partial_note(results: dict) -> list[str]:
     if partial is None:
         return []
     left = ", ".join(partial["datasets_left"]) or "none"
-    return [f"**PARTIAL RESULTS**: datasets finished: {', '.join(results['datasets']) or 'none'}; still to run: "
+    now = partial.get("in_progress")
+    done = [d for d in results["datasets"] if not now or d != now["dataset"]]
+    mid = f"; in progress: {now['dataset']} ({now['prompts_done']} of {now['prompts']} prompts, kept)" if now else ""
+    return [f"**PARTIAL RESULTS**: datasets finished: {', '.join(done) or 'none'}{mid}; still to run: "
             f"{left}; shuffle test: {partial['shuffle_test']}; no plots. The bench was interrupted or is still "
             "running: a complete run overwrites this file.", ""]
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 ALL = "all datasets"
 
 
-def prompt_counts(rows: list[dict], method: str) -> dict:
-    """{(dataset, prompt): [Σ accepted, rounds]} of one bench row over its records (turns "id#n" merged)."""
+def prompt_counts(rows: list[dict], method: str, by_category: bool = False) -> dict:
+    """{(dataset, prompt): [Σ accepted, rounds]} of one bench row over its records (turns "id#n" merged).
+    by_category: the group is "dataset / category" for records with a category (bench/run.py writes one where the
+    prompt set has them), else the dataset."""
     out: dict = {}
     for r in rows:
         if r["method"] == method:
-            c = out.setdefault((r["dataset"], r["prompt_id"].split("#")[0]), [0, 0])
+            group = f"{r['dataset']} / {r['category']}" if by_category and r.get("category") else r["dataset"]
+            c = out.setdefault((group, r["prompt_id"].split("#")[0]), [0, 0])
             c[0] += sum(r["accepted"])
             c[1] += len(r["accepted"])
     return out

@@ -87,7 +87,7 @@ def run_turns(target, tokenizer, methods: list[Method], prompt, cfg: BenchConfig
         ar = None
         for method in methods:
             rec = decode(target, method, ids, cfg, stop)
-            rec.dataset, rec.prompt_id = prompt.dataset, f"{prompt.id}#{turn + 1}"
+            rec.dataset, rec.prompt_id, rec.category = prompt.dataset, f"{prompt.id}#{turn + 1}", prompt.category
             if ar is None:
                 ar = rec
             elif cfg.temperature == 0:
@@ -108,7 +108,7 @@ def warm_up(target, tokenizer, methods: list[Method], cfg: BenchConfig, stop) ->
 
 def run(cfg: BenchConfig) -> dict:
     """Runs the benchmark, writes results.json / results.md / *.png under cfg.out, returns the results.
-    After each dataset, results.json / results.md hold the datasets finished so far, marked `partial`."""
+    After each prompt, results.json / results.md hold the prompts finished so far, marked `partial`."""
     dtype = machine.chosen_dtype(cfg.dtype)
     meta = machine.describe() | {"dtype": dtype}  # taken at the start: date, load, threads
     target, tokenizer = load_target(cfg.target, dtype)
@@ -125,9 +125,11 @@ def run(cfg: BenchConfig) -> dict:
     warm_up(target, tokenizer, methods, cfg, stop)
     records: list[Record] = []
     for i, name in enumerate(cfg.datasets):
-        for prompt in tqdm(datasets.load(name, cfg.n), desc=name, unit="prompt"):
+        prompts = datasets.load(name, cfg.n)
+        for k, prompt in enumerate(tqdm(prompts, desc=name, unit="prompt")):
             records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
-        write_partial(cfg, meta, methods, records, cfg.datasets[i + 1:], target)  # an interrupt keeps these rows
+            at = None if k + 1 == len(prompts) else (prompt.dataset, k + 1, len(prompts))
+            write_partial(cfg, meta, methods, records, cfg.datasets[i + 1:], target, at)  # an interrupt keeps these
     shuffle = shuffle_test(target, tokenizer, methods, records, cfg.datasets, min(cfg.shuffle_n, cfg.n),
                            partial(decode, cfg=cfg, stop=stop)) if cfg.shuffle_n else {}
     from flashmap_ext.bench.shapes import projection_skipped
@@ -137,13 +139,15 @@ def run(cfg: BenchConfig) -> dict:
 
 
 def write_partial(cfg: BenchConfig, meta: dict, methods: list[Method], records: list[Record], left: tuple,
-                  target) -> None:
-    """results.json and results.md of the datasets finished so far, marked `partial` (the datasets still to
-    run, no shuffle test, no plots): an interrupted bench keeps every finished dataset. The complete run
-    overwrites both."""
+                  target, at: tuple[str, int, int] | None = None) -> None:
+    """results.json and results.md of the prompts finished so far, marked `partial` (the datasets still to run,
+    `in_progress` {dataset, prompts_done, prompts} while `at` = (dataset, done, of) is mid-set, no shuffle test, no
+    plots): an interrupted bench keeps every finished prompt. The complete run overwrites both."""
     from flashmap_ext.bench.shapes import projection_skipped
     results = assemble(cfg, meta, methods, records, {}, projection_skipped(target))
     results["partial"] = {"datasets_left": list(left), "shuffle_test": "not run yet" if cfg.shuffle_n else "off"}
+    if at:
+        results["partial"]["in_progress"] = dict(zip(("dataset", "prompts_done", "prompts"), at))
     report.write_tables(results, Path(cfg.out))
 
 

@@ -83,15 +83,21 @@ def test_packaged_counts_when_cached(name):
     assert len({p.id for p in prompts}) == len(prompts)
     assert all(p.turns and all(isinstance(t, str) and t for t in p.turns) for p in prompts)
     assert len(prompts[0].turns) == (2 if name == "mtbench" else 1)
+    if name == "mtbench":  # its eight categories, ten questions each, in blocks of ten (81-90 writing, ...)
+        cats = [p.category for p in prompts]
+        assert cats[::10] == ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                              "humanities"] and all(cats[i] == cats[i // 10 * 10] for i in range(80))
 
 
 def test_user_jsonl_fields_and_errors(tmp_path):
     path = tmp_path / "math500.jsonl"
-    rows = [{"problem": "1+1?", "id": "a"}, {"messages": [{"role": "user", "content": "hi"}]}, {"turns": ["x", "y"]}]
+    rows = [{"problem": "1+1?", "id": "a"}, {"messages": [{"role": "user", "content": "hi"}]},
+            {"turns": ["x", "y"], "category": "chat"}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     prompts = datasets.load(f"math500={path}", n=3)
     assert prompts[0].id == "math500/a" and prompts[0].turns[0].startswith("1+1?\nPlease reason")
     assert prompts[1].turns == ("hi",) and prompts[2].turns == ("x", "y")
+    assert [p.category for p in prompts] == ["", "", "chat"]
     assert prompts[2].messages_for_turn(1, ["ans"]) == [
         {"role": "user", "content": "x"}, {"role": "assistant", "content": "ans"}, {"role": "user", "content": "y"}]
     with pytest.raises(AssetError, match="ships in no package"):

@@ -212,6 +212,33 @@ def test_bench_shuffle_test_honours_n_and_peer_times_are_unmeasured(byte_bench):
     assert rows["FlashMap-1"]["verify_time_s"] > 0
 
 
+def test_bench_interrupted_mid_dataset_keeps_its_finished_prompts(byte_bench, monkeypatch):
+    """An interrupt inside a long set lost every prompt of it; now each finished prompt is kept, and the file
+    says which set is in progress and how far it got."""
+    from flashmap_ext.bench import run as bench_run
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, dataset = byte_bench
+    out = tmp / "bench"
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset, dataset.replace("tiny=", "twin=")), n=2,
+                      max_new_tokens=6, dtype="fp32", peers=False, shuffle_n=0, out=str(out))
+    real_run_turns, calls = bench_run.run_turns, []
+
+    def interrupted_at_second_prompt(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run_turns(*args)
+    monkeypatch.setattr(bench_run, "run_turns", interrupted_at_second_prompt)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["partial"] == {"datasets_left": [cfg.datasets[1]], "shuffle_test": "off",
+                                "in_progress": {"dataset": "tiny", "prompts_done": 1, "prompts": 2}}
+    assert {r["prompt_id"] for r in saved["records"]} == {"tiny/0#1"}  # the first prompt, every method
+    md = (out / "results.md").read_text()
+    assert "datasets finished: none; in progress: tiny (1 of 2 prompts, kept); still to run: twin=" in md
+
+
 def test_bench_interrupted_after_a_dataset_keeps_its_rows(byte_bench, monkeypatch):
     """Bench wrote nothing until every dataset had finished, so an interrupt lost them all. Now
     results.json / results.md hold the finished datasets after each one, marked partial; the complete run

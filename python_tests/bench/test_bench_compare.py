@@ -293,3 +293,27 @@ def test_ar_and_a_row_paired_with_itself_are_refused(tmp_path, capsys, monkeypat
     assert compare([str(path), "--pair", "B,B"]) == 2
     assert capsys.readouterr().err == ("flashmap bench compare: error: --pair B,B: a row paired with itself (Δγ is 0 by "
                                        "construction): name two rows\n")
+
+
+def test_by_category_splits_a_set_by_hand_and_needs_categories(tmp_path, capsys):
+    res = results()
+    cats = {"m1": "writing", "m2": "math"}
+    for r in res["records"]:
+        r["category"] = cats.get(r["prompt_id"].split("#")[0], "")
+    out = bench_delta.pair_delta(res, "A", "B", by_category=True)
+    # by hand: m1 (writing, two turns merged) A: accepted 4+2 = 6 over 3 rounds → 3.0; B: 2 over 3 → 5/3
+    assert out["mtbench / writing"]["delta"] == pytest.approx(3.0 - 5 / 3)
+    assert out["mtbench / writing"]["prompts"] == 1 and out["mtbench / writing"]["interval"] is None
+    # m2 (math) A: 4 over 2 → 3.0; B: 1 over 3 → 4/3; gsm8k has no category: no extra entry
+    assert out["mtbench / math"]["gamma_b"] == pytest.approx(4 / 3)
+    assert [k for k in out if "/" in k] == ["mtbench / writing", "mtbench / math"]
+    plain = bench_delta.pair_delta(res, "A", "B")
+    assert {k: out[k] for k in plain} == plain  # the dataset rows are unchanged by the split
+    with pytest.raises(ValueError, match="--by-category: no record"):
+        bench_delta.pair_delta(results(), "A", "B", by_category=True)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert compare([str(path), "--pair", "A,B", "--by-category"]) == 0
+    assert "| A − B | mtbench / writing | 3.000 | 1.667 | +1.333 | — (one prompt) | 1 |" in capsys.readouterr().out
+    assert compare([str(path), "--rows", "--by-category"]) == 2
+    assert "--by-category splits the --pair tables" in capsys.readouterr().err
