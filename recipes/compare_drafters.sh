@@ -12,7 +12,9 @@
 #   gsm8k,humaneval,mtbench), N (prompts per dataset, default 16; MT-Bench gets N/2 questions, two turns
 #   each, so N answers), TOKENS (default 64), FLOW, DFLASH, DFLASH2 (checkpoint dirs, default the committed
 #   ones; DFLASH2= empty skips its rows), TARGET (`flashmap bench --target`, default qwen2.5-coder-0.5b),
-#   TREES (tree sizes beside each chain, default 16,32; TREES= empty: chains only, about half the time).
+#   TREES (tree sizes beside each chain, default 16,32; TREES= empty: chains only, about half the time),
+#   SPREAD=1 (`flashmap bench --spread`: MT-Bench's questions round-robin over its eight categories, not the
+#   first N/2, which are all writing).
 # Exit status 1 when a run failed (the others still run; a rerun repeats only the failed ones).
 # Output: $OUT/T<t>/<drafter>-<dataset>/results.{json,md}, $OUT/T<t>/rows.md (γ of every row per set),
 #   $OUT/T<t>/compare-*.md (paired Δγ).
@@ -52,7 +54,7 @@ one_run() {  # temperature drafter dataset
     # --methods carries spaces inside its list: split the flags at the first ' --methods '
     $FM bench --target "$TARGET" ${flags%% --methods *} --methods "${flags#* --methods }" --datasets "$s" --n "$n" \
         --max-new-tokens "$TOKENS" --temperature "$t" --seed 0 --dtype fp32 --threads 1 --no-peers \
-        --shuffle-n 0 --shapes --out "$out"
+        --shuffle-n 0 --shapes ${SPREAD:+--spread} --out "$out"
 }
 
 worker() {  # index of CORES: runs every W-th job, pinned to its core; status 1 when one of them failed

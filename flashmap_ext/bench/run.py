@@ -37,6 +37,7 @@ class BenchConfig:
     eagle3_tree: TreeSpec | None = TreeSpec()  # the EAGLE-3 tree row (with `eagle3`); None: chain only
     datasets: tuple = DEFAULT_DATASETS
     n: int = 10                         # prompts per dataset
+    spread: bool = False                # the n prompts round-robin over the set's categories (datasets.load)
     max_new_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
@@ -125,13 +126,13 @@ def run(cfg: BenchConfig) -> dict:
     warm_up(target, tokenizer, methods, cfg, stop)
     records: list[Record] = []
     for i, name in enumerate(cfg.datasets):
-        prompts = datasets.load(name, cfg.n)
+        prompts = datasets.load(name, cfg.n, spread=cfg.spread)
         for k, prompt in enumerate(tqdm(prompts, desc=name, unit="prompt")):
             records += run_turns(target, tokenizer, methods, prompt, cfg, stop)
             at = None if k + 1 == len(prompts) else (prompt.dataset, k + 1, len(prompts))
             write_partial(cfg, meta, methods, records, cfg.datasets[i + 1:], target, at)  # an interrupt keeps these
     shuffle = shuffle_test(target, tokenizer, methods, records, cfg.datasets, min(cfg.shuffle_n, cfg.n),
-                           partial(decode, cfg=cfg, stop=stop)) if cfg.shuffle_n else {}
+                           partial(decode, cfg=cfg, stop=stop), cfg.spread) if cfg.shuffle_n else {}
     from flashmap_ext.bench.shapes import projection_skipped
     results = assemble(cfg, meta, methods, records, shuffle, projection_skipped(target))
     report.write_all(results, Path(cfg.out))

@@ -52,14 +52,14 @@ def probe_pairs(target, tokenizer, method: Method, records: list[Record], prompt
 
 
 def shuffle_test(target, tokenizer, methods: list[Method], records: list[Record], names, count: int,
-                 decode) -> dict:
+                 decode, spread: bool = False) -> dict:
     """{dataset or "all datasets": {method: summary}} for every FlashMap-s row; `count` prompts per dataset,
     `decode(target, method, ids) -> Record`. The "all datasets" row appears with two or more datasets (its
     per_prompt list is empty: the pairs are in the dataset rows)."""
     out: dict = {}
     pooled: dict = {}
     for spec in names:
-        prompts, name = datasets.load(spec, count), spec.partition("=")[0]  # name=FILE.jsonl: keyed by name
+        prompts, name = datasets.load(spec, count, spread=spread), spec.partition("=")[0]  # keyed by name
         for method in (m for m in methods if isinstance(m.drafter, StepsDrafter)):
             pairs = probe_pairs(target, tokenizer, method, records, prompts, decode)
             out.setdefault(name, {})[method.name] = summary(pairs, [name] * len(pairs))

@@ -33,7 +33,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS),
                    help="comma list of gsm8k,aime25,humaneval,mtbench,arena-hard,alpaca or NAME=FILE.jsonl "
                         "(math500, mbpp, livecodebench)")
-    p.add_argument("--n", type=int, default=10, help="prompts per dataset (default 10)")
+    p.add_argument("--n", type=int, default=10, help="prompts per dataset (default 10): the first n")
+    p.add_argument("--spread", action="store_true",
+                   help="the n prompts round-robin over the set's categories: with MT-Bench, --n 16 takes two "
+                        "questions of each of its eight categories, not the first 16 (writing and roleplay)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0))
     p.add_argument("--seed", type=seed_arg, default=0)
@@ -149,7 +152,7 @@ def run(args) -> int:
     set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
-                      n=args.n, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                      n=args.n, spread=args.spread, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
                       shapes=args.shapes, auto=args.auto, recalibrate=args.recalibrate,
                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),

@@ -87,6 +87,8 @@ def test_packaged_counts_when_cached(name):
         cats = [p.category for p in prompts]
         assert cats[::10] == ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
                               "humanities"] and all(cats[i] == cats[i // 10 * 10] for i in range(80))
+        spread = [p.category for p in datasets.load(name, 16, download=False, spread=True)]
+        assert spread == cats[::10] * 2  # two questions of each category
 
 
 def test_user_jsonl_fields_and_errors(tmp_path):
@@ -149,3 +151,16 @@ def test_cache_that_is_a_file_names_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHMAP_CACHE", str(tmp_path / "f"))
     with pytest.raises(AssetError, match=f"^FLASHMAP_CACHE={tmp_path / 'f'}: a file is there"):
         assets.cache_dir()
+
+
+def test_spread_takes_prompts_round_robin_over_categories(tmp_path):
+    path = tmp_path / "set.jsonl"
+    cats = ["w", "w", "w", "r", "r", "m"]  # three categories of unequal size, in blocks
+    path.write_text("".join(json.dumps({"prompt": f"q{i}", "id": i, "category": c}) + "\n" for i, c in enumerate(cats)))
+    ids = [p.id for p in datasets.load(f"x={path}", n=5, spread=True)]
+    assert ids == ["x/0", "x/3", "x/5", "x/1", "x/4"]  # w r m, then w r (m has no second), cut at 5
+    assert [p.id for p in datasets.load(f"x={path}", spread=True)][5:] == ["x/2"]
+    assert [p.id for p in datasets.load(f"x={path}", n=3)] == ["x/0", "x/1", "x/2"]  # without: the first n
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
+    assert datasets.load(f"y={plain}", spread=True) == datasets.load(f"y={plain}")  # no categories: same order

@@ -489,3 +489,16 @@ def test_bench_help_names_the_random_eagle3_drafter(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert ("--eagle3 EAGLE3 EAGLE-3 checkpoint dir (rows EAGLE-3 and EAGLE-3 tree), or 'random-eagle3' (a random "
             "EAGLE-3 drafter: the one for --target tiny-random)") in text
+
+
+def test_bench_spread_takes_one_prompt_per_category_and_records_it(byte_bench):
+    """--spread through the bench: with n = 2 the first prompt of each category, each record carrying it."""
+    from flashmap_ext.bench.run import BenchConfig, run
+    tmp, _ = byte_bench
+    path = tmp / "cats.jsonl"
+    rows = [("abab", "w"), ("cdcd", "w"), ("efef", "r")]
+    path.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in rows))
+    cfg = BenchConfig(target="stub", drafter="random", datasets=(f"cats={path}",), n=2, spread=True,
+                      max_new_tokens=4, dtype="fp32", peers=False, shuffle_n=0, out=str(tmp / "spread"))
+    records = run(cfg)["records"]
+    assert {(r["prompt_id"], r["category"]) for r in records} == {("cats/0#1", "w"), ("cats/2#1", "r")}
