@@ -49,13 +49,17 @@ def load_heldout(path: str, tokenizer, per_domain: int | None, max_length: int |
     if lacking is not None:
         raise ValueError(f"--heldout {path}: record {lacking} has no 'id' or 'messages' (held-out records are "
                          "the corpus's: id, domain, messages; `flashmap data generate --split heldout` writes them)")
+    stray = next((r for r in records if r.get("domain") not in DOMAINS), None)
+    if stray is not None:  # it used to count as chat without a word
+        raise ValueError(f"--heldout {path}: record {stray['id']!r} has domain {stray.get('domain')!r}: every held-out "
+                         f"record needs one of {', '.join(DOMAINS)} (the per-domain tables are of these)")
     records.sort(key=lambda r: str(r["id"]))  # ids may be numbers
     if not records:
         raise ValueError(f"--heldout {path}: no records (run recipes/grow_corpus.sh or flashmap data generate "
                          f"--split heldout first)")
     out, counts = [], {}
     for r in records:
-        d = r.get("domain", "chat")
+        d = r["domain"]
         if per_domain is not None and counts.get(d, 0) >= per_domain:
             continue
         counts[d] = counts.get(d, 0) + 1
