@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 from fractions import Fraction
 from typing import Callable
@@ -405,11 +406,11 @@ def run_stage(drafter: torch.nn.Module, loss_fn: Callable, args, run: dict, name
 
 
 def finish(name: str, metrics: dict, args) -> int:
-    """Prints a stage's last line; its exit code: 130 when a signal stopped it before --steps (a script's
-    `train ... && distill ...` must not go on with half-trained weights; its last line, "stopped by a signal",
-    is `run_stage`'s), else 0."""
+    """Prints a stage's last line; its exit code: 128 + the signal's number when one stopped it before --steps
+    (130 Ctrl-C, 143 SIGTERM: a script's `train ... && distill ...` must not go on with half-trained weights; its
+    last line, "stopped by a signal", is `run_stage`'s), else 0."""
     if metrics.get("stopped"):
-        return 130
+        return 128 + metrics.get("signal", signal.SIGINT)
     print(f"{name}: step {metrics['step']}, loss {metrics.get('loss', float('nan')):.4f}; "
           f"drafter in {os.path.join(args.out, 'drafter')}")
     return 0

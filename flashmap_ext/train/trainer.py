@@ -115,7 +115,7 @@ class _StopFlag:
     """Records SIGTERM/SIGINT instead of dying; the loop checkpoints and returns. Restores the old handlers."""
 
     def __init__(self):
-        self.set, self._old = False, {}
+        self.set, self.signum, self._old = False, None, {}
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -126,7 +126,7 @@ class _StopFlag:
         return self
 
     def _handle(self, signum, frame):
-        self.set = True
+        self.set, self.signum = True, signum
         signal.signal(signum, self._old.get(signum, signal.SIG_DFL))  # a second signal acts as usual
 
     def __exit__(self, *exc):
@@ -286,6 +286,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", lr=f"{metrics['lr']:.2e}", refresh=False)
                     bar.update(1)  # after the postfix: the line of step n shows step n's loss
                     if metrics.pop("stopped"):
+                        metrics["signal"] = int(stop.signum or signal.SIGINT)  # another rank's: not known here
                         break
             finally:
                 self._pool.shutdown(cancel_futures=True)

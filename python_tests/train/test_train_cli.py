@@ -242,6 +242,8 @@ def test_resume_checks_the_stage_before_touching_the_run(tmp_path, capsys, monke
     out, err = capsys.readouterr()
     assert "stopped by a signal at step 1 of 3" in err
     assert "drafter in" not in out  # the completion line used to follow the stop, as if the run had ended
+    monkeypatch.setattr(runner, "train", lambda *a, **kw: {**real_train(*a, **kw), "step": 1, "signal": 15})
+    assert main(["train", "dflash", *args[:-1], "4", "--mask-token-id", "0", "--resume"]) == 143  # SIGTERM
 
 
 def test_resume_of_a_finished_run_says_it_is_complete(tmp_path, capsys):

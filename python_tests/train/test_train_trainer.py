@@ -71,6 +71,7 @@ def test_resume_after_sigterm_is_bit_exact(tmp_path):
     first = Net(dropout=0.2)
     out = train(first, SigtermAt(9), dataset(), collate, cfg(tmp_path / "b"))  # call 9 = step 5, micro-step 1
     assert out["step"] == 5 and ckpt.latest(str(tmp_path / "b")).endswith("step-00000005")
+    assert out["signal"] == signal.SIGTERM  # the CLI exits 128 + 15, as a process killed by it would
     with pytest.raises(FileExistsError, match="resume"):
         train(Net(dropout=0.2), noisy_loss, dataset(), collate, cfg(tmp_path / "b"))
     resumed = Net(dropout=0.2)
