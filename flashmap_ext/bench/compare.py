@@ -116,9 +116,10 @@ def merge(parts: list[dict], names: list[str]) -> dict:
             raise ValueError(f"{name}: dtype {part['meta'].get('dtype')} differs from {names[0]}'s")
         for dataset in dict.fromkeys(r["dataset"] for r in part["records"]):
             spec = _spec(part["config"], dataset)
-            other, n, other_spec = n_of.setdefault(dataset, (name, part["config"].get("n"), spec))
-            if n != part["config"].get("n"):
-                raise ValueError(f"{name}: n {part['config'].get('n')} differs from {other}'s {n} on {dataset}: "
+            chosen = (part["config"].get("n"), part["config"].get("spread", False))
+            other, n, other_spec = n_of.setdefault(dataset, (name, chosen, spec))
+            if n != chosen:
+                raise ValueError(f"{name}: n, spread {chosen} differ from {other}'s {n} on {dataset}: "
                                  f"only runs of equal settings pool")
             if spec != other_spec:
                 raise ValueError(f"{name}: dataset {spec} differs from {other}'s {other_spec}: only runs of the "
@@ -152,10 +153,24 @@ def fmt(iv) -> str:
     return f"[{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv else "— (one prompt)"
 
 
-def markdown(results: dict, pairs: dict) -> list[str]:
-    meta = results["meta"]
-    lines = [f"T = {results['config']['temperature']}, {meta['dtype']}, {results['config']['max_new_tokens']} new "
-             f"tokens, {results['config']['n']} prompts per dataset; {meta.get('cpu')}, {meta.get('torch_threads')} "
+def partial_lines(parts: list[dict], names: list[str]) -> list[str]:
+    """One line per results file that is partial (an interrupted or running bench): what it holds."""
+    out = []
+    for part, name in zip(parts, names):
+        p = part.get("partial")
+        if p is None:
+            continue
+        now = p.get("in_progress")
+        held = f"{now['dataset']}: {now['prompts_done']} of {now['prompts']} prompts" if now else "finished sets only"
+        out.append(f"**partial**: {name} ({held}; still to run: {', '.join(p.get('datasets_left', [])) or 'none'})")
+    return out + [""] if out else []
+
+
+def markdown(results: dict, pairs: dict, notes: list[str] = ()) -> list[str]:
+    meta, cfg = results["meta"], results["config"]
+    picked = " (spread over categories)" if cfg.get("spread") else ""
+    lines = [*notes, f"T = {cfg['temperature']}, {meta['dtype']}, {cfg['max_new_tokens']} new "
+             f"tokens, {cfg['n']} prompts per dataset{picked}; {meta.get('cpu')}, {meta.get('torch_threads')} "
              f"thread(s), load {meta.get('load_average')}; {meta.get('date')}", "",
              "| pair | dataset | γ A | γ B | Δγ | 95 % paired bootstrap | prompts |", "|---|---|---|---|---|---|---|"]
     for (a, b), table in pairs.items():
@@ -222,7 +237,8 @@ def run(args) -> int:
     todo = parse_pairs(args.pair) if args.pair or not args.rows else []
     if args.out:
         check_out(args.out)
-    results = merge([read_results(f) for f in args.results], args.results)
+    parts = [read_results(f) for f in args.results]
+    results = merge(parts, args.results)
     missing = [m for pair in todo for m in pair if m not in results["methods"]]
     if missing and not args.pair:
         raise ValueError(f"no row {missing[0]!r} for the default pair {DEFAULT_PAIR} (rows: "
@@ -233,7 +249,7 @@ def run(args) -> int:
     if args.rows:
         print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")
     if todo:
-        print("\n".join(markdown(results, pairs)))
+        print("\n".join(markdown(results, pairs, partial_lines(parts, args.results))))
     if args.out:
         Path(args.out).write_text(json.dumps({f"{a} - {b}": v for (a, b), v in pairs.items()}, indent=1) + "\n")
     return 0

@@ -89,14 +89,15 @@ def test_runs_of_one_drafter_each_pool_to_the_single_run(tmp_path):
 
 @pytest.mark.parametrize("change, needle", [({"temperature": 1.0}, "temperature 1.0 differs"),
                                             ({"target": "tiny-random"}, "target tiny-random differs"),
-                                            ({"n": 8}, "n 8 differs from a.json's 2 on gsm8k"),
+                                            ({"n": 8}, r"n, spread \(8, False\) differ from a.json's \(2, False\)"),
+                                            ({"spread": True}, r"n, spread \(2, True\) differ from a.json's"),
                                             (None, "A on gsm8k is in a.json too")])
 def test_runs_that_do_not_pool_are_refused(change, needle):
     a, b = split_by_dataset(results())
     if change is None:
         b = a
     else:
-        if "n" in change:  # n is compared among the runs of one dataset: the other run holds B on gsm8k
+        if {"n", "spread"} & change.keys():  # compared among the runs of one dataset: the other holds B on gsm8k
             a, b = ({**a, "records": [r for r in a["records"] if (r["method"] == "B") == keep]}
                     for keep in (False, True))
         b = {**b, "config": {**b["config"], **change}}
@@ -317,3 +318,15 @@ def test_by_category_splits_a_set_by_hand_and_needs_categories(tmp_path, capsys)
     assert "| A − B | mtbench / writing | 3.000 | 1.667 | +1.333 | — (one prompt) | 1 |" in capsys.readouterr().out
     assert compare([str(path), "--rows", "--by-category"]) == 2
     assert "--by-category splits the --pair tables" in capsys.readouterr().err
+
+
+def test_partial_files_are_named_above_the_table(tmp_path, capsys):
+    """compare read an interrupted bench's results.json as if complete: its header gave the --n asked for."""
+    res = results()
+    res["partial"] = {"datasets_left": [], "shuffle_test": "off",
+                      "in_progress": {"dataset": "mtbench", "prompts_done": 2, "prompts": 5}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert compare([str(path), "--pair", "A,B"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"**partial**: {path} (mtbench: 2 of 5 prompts; still to run: none)"
