@@ -120,26 +120,64 @@ TEXT_KEYS = ("prompt", "problem", "question", "question_content", "instruction",
 
 
 def load_jsonl(path: str | Path, name: str) -> list[Prompt]:
-    """A user-supplied prompt set: one JSON object per line with `messages` (user turns are taken),
-    `turns`, or one of the text fields prompt / problem / question / question_content / instruction / text;
-    an optional `category` (`flashmap bench compare --by-category`)."""
+    """A user-supplied prompt set: one JSON object per line with `messages` (a list of {role, content}: its user
+    turns are taken), `turns` (a list of strings), or one of the text fields prompt / problem / question /
+    question_content / instruction / text; optional `id` and `category` (`flashmap bench --spread`,
+    `flashmap bench compare --by-category`). AssetError naming the file and line for anything else, and for a
+    file with no prompts."""
     path = Path(path)
     if not path.is_file():
         raise AssetError(f"{name}: no such JSONL file {path} (MATH-500 / MBPP / LiveCodeBench ship in no package)")
     out = []
-    for i, row in enumerate(_read_jsonl(path)):
-        if "messages" in row:
-            turns = tuple(m["content"] for m in row["messages"] if m.get("role") == "user")
-        elif "turns" in row:
-            turns = tuple(row["turns"])
-        else:
-            key = next((k for k in TEXT_KEYS if isinstance(row.get(k), str)), None)
-            if key is None:
-                raise AssetError(f"{path}:{i + 1}: no messages/turns/{'/'.join(TEXT_KEYS)} field in {sorted(row)}")
-            turns = (row[key] + (MATH_SUFFIX if name == "math500" else ""),)
-        pid = f"{name}/{row.get('id', row.get('task_id', i))}"
+    for i, row in _numbered_rows(path):
+        turns = _turns(row, name, f"{path}:{i}")
+        pid = f"{name}/{row.get('id', row.get('task_id', len(out)))}"
         out.append(Prompt(name, pid, turns, str(row.get("category", ""))))
+    if not out:
+        raise AssetError(f"{name}: {path} holds no prompts (one JSON object per line)")
     return out
+
+
+def _numbered_rows(path: Path):
+    """(line number, JSON object) of each non-blank line; AssetError naming the line otherwise."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise AssetError(f"{path}:{i}: not valid JSON ({err})") from None
+            if not isinstance(row, dict):
+                raise AssetError(f"{path}:{i}: a JSON {type(row).__name__}, not an object")
+            yield i, row
+
+
+def _is_text(x) -> bool:
+    return isinstance(x, str) and bool(x.strip())
+
+
+def _turns(row: dict, name: str, where: str) -> tuple[str, ...]:
+    """The user turns of one JSONL row (see load_jsonl); AssetError naming `where` and the field."""
+    if "messages" in row:
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise AssetError(f"{where}: 'messages' must be a list of {{role, content}} objects")
+        turns = tuple(m.get("content") for m in msgs if m.get("role") == "user")
+        if not turns or not all(map(_is_text, turns)):
+            raise AssetError(f"{where}: 'messages' needs at least one user turn, each with text content")
+        return turns
+    if "turns" in row:
+        if not isinstance(row["turns"], list) or not row["turns"] or not all(map(_is_text, row["turns"])):
+            raise AssetError(f"{where}: 'turns' must be a non-empty list of strings (one per user turn)")
+        return tuple(row["turns"])
+    key = next((k for k in TEXT_KEYS if k in row), None)
+    if key is None:
+        raise AssetError(f"{where}: no messages/turns/{'/'.join(TEXT_KEYS)} field in {sorted(row)}")
+    if not _is_text(row[key]):
+        raise AssetError(f"{where}: field {key!r} must be a non-empty string (got {type(row[key]).__name__})")
+    return (row[key] + (MATH_SUFFIX if name == "math500" else ""),)
 
 
 def load(spec: str, n: int | None = None, download: bool = True, spread: bool = False) -> list[Prompt] | None:

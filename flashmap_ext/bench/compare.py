@@ -187,7 +187,8 @@ def add_arguments(p) -> None:
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
     p.add_argument("--out", help="JSON file path for the pairs (its folder must exist)")
     p.add_argument("--by-category", action="store_true",
-                   help="after each pair's datasets, one line per dataset / category (MT-Bench's eight categories)")
+                   help="after each pair's datasets, one line per dataset / category (MT-Bench's eight, a JSONL's "
+                        "`category`)")
     p.add_argument("--rows", action="store_true",
                    help="first a table of every row's pooled γ per dataset, projected H200 speedup and lossless "
                         "check (bench/row_table.py); with --rows and no --pair, only that table")

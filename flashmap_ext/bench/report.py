@@ -164,9 +164,13 @@ RESULT_FILES = ("results.json", "results.md", "acceptance_by_slot.png", "gamma_b
 
 
 def write_tables(results: dict, out: Path) -> None:
-    """results.json and results.md, no plots (alone: a partial run's, after each dataset). Each file is
-    written whole to a temporary name and then renamed: an interrupt never leaves half a file."""
+    """results.json and results.md, no plots (alone: a partial run's, after each prompt, which also removes an
+    earlier run's plots: they would sit beside tables of other settings). Each file is written whole to a
+    temporary name and then renamed: an interrupt never leaves half a file."""
     out.mkdir(parents=True, exist_ok=True)
+    if results.get("partial") is not None:
+        for name in RESULT_FILES[2:]:
+            (out / name).unlink(missing_ok=True)
     for name, text in (("results.json", json.dumps(results, indent=1, default=str) + "\n"),
                        ("results.md", markdown(results))):
         tmp = out / f".{name}.tmp"

@@ -2,7 +2,9 @@
 HF peers on real prompt sets, written as JSON + Markdown + PNG plots (DESIGN.md §9)."""
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from flashmap_ext.bench.machine import add_threads_argument
@@ -32,11 +34,14 @@ def add_parser(subparsers) -> None:
                    help=f"tree shape of the EAGLE-3 tree row (default {DEFAULT_TREE}); 'none': chain row only")
     p.add_argument("--datasets", default=",".join(DEFAULT_DATASETS),
                    help="comma list of gsm8k,aime25,humaneval,mtbench,arena-hard,alpaca or NAME=FILE.jsonl "
-                        "(math500, mbpp, livecodebench)")
+                        "(math500, mbpp, livecodebench, your own): one JSON object per line with `messages` "
+                        "(its user turns), `turns` (a list of strings) or a text field prompt / problem / "
+                        "question / question_content / instruction / text; optional `id` and `category`")
     p.add_argument("--n", type=int, default=10, help="prompts per dataset (default 10): the first n")
     p.add_argument("--spread", action="store_true",
-                   help="the n prompts round-robin over the set's categories: with MT-Bench, --n 16 takes two "
-                        "questions of each of its eight categories, not the first 16 (writing and roleplay)")
+                   help="the n prompts round-robin over the set's categories (MT-Bench's eight, a JSONL's "
+                        "`category`): with MT-Bench, --n 16 takes two questions of each category, not the first "
+                        "16 (writing and roleplay)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0))
     p.add_argument("--seed", type=seed_arg, default=0)
@@ -89,7 +94,7 @@ def eagle3_tree(text: str | None, eagle3: str | None) -> TreeSpec | None:
 def check_args(args) -> None:
     """ValueError naming the option for counts out of range, a --batch-size above the prompts (--n per dataset of
     --datasets, pooled into batches) or an unknown or repeated dataset name."""
-    from flashmap_ext.assets.datasets import check_spec
+    from flashmap_ext.assets.datasets import check_spec, load_jsonl
     from flashmap_ext.assets.models import AssetError
     for opt, value, low in (("--n", args.n, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                             ("--shuffle-n", args.shuffle_n, 0), ("--batch-size", args.batch_size, 0)):
@@ -110,6 +115,9 @@ def check_args(args) -> None:
     for spec in names:
         try:
             check_spec(spec)
+            name, _, path = spec.partition("=")
+            if path:  # a user's file: read now, so a bad line costs no model load
+                load_jsonl(path, name)
         except AssetError as err:
             raise ValueError(f"--datasets: {err}") from None
     check_paths(args)
@@ -128,6 +136,13 @@ def check_paths(args) -> None:
             check_drafter(path, kind, flag=flag, kind_flag=None)
     if args.out:
         check_output_path("--out", args.out, folder=True)
+        there = Path(args.out).absolute()
+        while not there.exists():  # the folder, or the nearest one above it that exists, must take files
+            there = there.parent
+        try:  # a probe folder made and removed: permission bits do not tell (root, read-only mounts, /proc)
+            os.rmdir(tempfile.mkdtemp(dir=there))
+        except OSError as err:
+            raise ValueError(f"--out {args.out}: {there} does not take new folders ({err.strerror})") from None
 
 
 def note_replaced(out: str, batch_size: int) -> None:
@@ -137,7 +152,8 @@ def note_replaced(out: str, batch_size: int) -> None:
     names = (f"batch-{batch_size}.json", f"batch-{batch_size}.md") if batch_size else RESULT_FILES
     there = [name for name in names if (Path(out) / name).is_file()]
     if there:
-        print(f"flashmap bench: --out {out}: replacing the earlier {', '.join(there)}", file=sys.stderr, flush=True)
+        print(f"flashmap bench: --out {out}: this run will replace the earlier {', '.join(there)}", file=sys.stderr,
+              flush=True)
 
 
 def run(args) -> int:
@@ -152,7 +168,8 @@ def run(args) -> int:
     set_threads(args.threads)
     cfg = BenchConfig(target=args.target, drafter=args.drafter, dflash=args.dflash, eagle3=args.eagle3,
                       eagle3_tree=tree, datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
-                      n=args.n, spread=args.spread, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                      n=args.n, spread=args.spread, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, seed=args.seed,
                       dtype=args.dtype, peers=not args.no_peers, shuffle_n=args.shuffle_n, out=args.out,
                       shapes=args.shapes, auto=args.auto, recalibrate=args.recalibrate,
                       methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),

@@ -102,7 +102,11 @@ def _batches(records: Iterator[dict], skip: set[str], size: int, limit: int | No
         taken += 1
         if record["id"] in skip:
             continue
-        if _prompt_messages(record.get("messages", [])) is None:
+        msgs = record.get("messages", [])
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise ValueError(f"--data: record {record['id']!r}: 'messages' must be a list of {{role, content}} "
+                             f"objects (got {type(msgs).__name__})")
+        if _prompt_messages(msgs) is None:
             no_user += 1
             continue
         batch.append(record)

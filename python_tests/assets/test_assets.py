@@ -164,3 +164,27 @@ def test_spread_takes_prompts_round_robin_over_categories(tmp_path):
     plain = tmp_path / "plain.jsonl"
     plain.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(4)))
     assert datasets.load(f"y={plain}", spread=True) == datasets.load(f"y={plain}")  # no categories: same order
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("not json", r"x.jsonl:2: not valid JSON"),
+    ("[1, 2]", r"x.jsonl:2: a JSON list, not an object"),
+    ('{"messages": [{"role": "assistant", "content": "x"}]}', r"x.jsonl:2: 'messages' needs at least one user turn"),
+    ('{"messages": "hi"}', r"x.jsonl:2: 'messages' must be a list"),
+    ('{"turns": "abc"}', r"x.jsonl:2: 'turns' must be a non-empty list of strings"),
+    ('{"prompt": 5}', r"x.jsonl:2: field 'prompt' must be a non-empty string \(got int\)"),
+    ('{"answer": "4"}', r"x.jsonl:2: no messages/turns/prompt/.* field in \['answer'\]"),
+])
+def test_user_jsonl_bad_lines_are_refused_by_file_and_line(tmp_path, line, needle):
+    """Such lines ran as zero turns (then an IndexError), one turn per character, or Python's bare JSON error."""
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps({"prompt": "fine"}) + "\n" + line + "\n")
+    with pytest.raises(AssetError, match=needle):
+        datasets.load(f"mine={path}")
+
+
+def test_user_jsonl_without_prompts_is_refused(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(AssetError, match="empty.jsonl holds no prompts"):
+        datasets.load(f"mine={path}")

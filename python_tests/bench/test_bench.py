@@ -219,6 +219,8 @@ def test_bench_interrupted_mid_dataset_keeps_its_finished_prompts(byte_bench, mo
     from flashmap_ext.bench.run import BenchConfig, run
     tmp, dataset = byte_bench
     out = tmp / "bench"
+    out.mkdir()
+    (out / "gamma_hist.png").write_bytes(b"an earlier run's plot")
     cfg = BenchConfig(target="stub", drafter="random", datasets=(dataset, dataset.replace("tiny=", "twin=")), n=2,
                       max_new_tokens=6, dtype="fp32", peers=False, shuffle_n=0, out=str(out))
     real_run_turns, calls = bench_run.run_turns, []
@@ -237,7 +239,7 @@ def test_bench_interrupted_mid_dataset_keeps_its_finished_prompts(byte_bench, mo
     assert {r["prompt_id"] for r in saved["records"]} == {"tiny/0#1"}  # the first prompt, every method
     md = (out / "results.md").read_text()
     assert "datasets finished: none; in progress: tiny (1 of 2 prompts, kept); still to run: twin=" in md
-
+    assert not list(out.glob("*.png"))  # the earlier run's plot (planted above) does not sit beside these tables
 
 def test_bench_interrupted_after_a_dataset_keeps_its_rows(byte_bench, monkeypatch):
     """Bench wrote nothing until every dataset had finished, so an interrupt lost them all. Now
@@ -453,10 +455,10 @@ def test_bench_help_gives_the_out_default_and_a_rerun_names_the_results_it_repla
         (out / name).write_text("{}")
     assert cli.main(base) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"flashmap bench: --out {out}: replacing the earlier results.json, results.md, gamma_hist.png"
+    assert err[0] == f"flashmap bench: --out {out}: this run will replace the earlier results.json, results.md, gamma_hist.png"
     monkeypatch.setattr("flashmap_ext.bench.batch.load_target", stop)
     assert cli.main([*base, "--batch-size", "1"]) == 2
-    assert capsys.readouterr().err.splitlines()[0] == f"flashmap bench: --out {out}: replacing the earlier batch-1.json"
+    assert capsys.readouterr().err.splitlines()[0] == f"flashmap bench: --out {out}: this run will replace the earlier batch-1.json"
 
 
 @pytest.mark.parametrize("selector", [False, True])
@@ -502,3 +504,20 @@ def test_bench_spread_takes_one_prompt_per_category_and_records_it(byte_bench):
                       max_new_tokens=4, dtype="fp32", peers=False, shuffle_n=0, out=str(tmp / "spread"))
     records = run(cfg)["records"]
     assert {(r["prompt_id"], r["category"]) for r in records} == {("cats/0#1", "w"), ("cats/2#1", "r")}
+
+
+def test_bench_refuses_a_bad_prompt_file_and_an_unwritable_out_before_loading(tmp_path, capsys, monkeypatch):
+    """A bad JSONL line surfaced after the model load (or after the whole run); an --out under a file system
+    that takes no folders failed after every prompt had run."""
+    from flashmap_ext import cli
+    from flashmap_ext.bench import run as bench_run
+    monkeypatch.setattr(bench_run, "load_target", lambda *a: pytest.fail("the target was loaded"))
+    monkeypatch.delenv("FLASHMAP_DEBUG", raising=False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": "abc"}\n')
+    assert cli.main(["bench", "--target", "tiny-random", "--datasets", f"mine={bad}", "--out", str(tmp_path / "o")]) == 2
+    assert f"--datasets: {bad}:1: 'turns' must be a non-empty list" in capsys.readouterr().err
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "hi"}\n')
+    assert cli.main(["bench", "--target", "tiny-random", "--datasets", f"mine={good}", "--out", "/proc/flashmap-x"]) == 2
+    assert "--out /proc/flashmap-x: /proc does not take new folders" in capsys.readouterr().err

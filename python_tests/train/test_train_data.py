@@ -162,3 +162,12 @@ def test_regenerate_ends_answers_at_the_context(tok, tmp_path):
         *a, max_new_tokens=max_new_tokens, **kw)
     regenerate(model, tok, str(src), str(out), max_new_tokens=100_000_000, progress=False)
     assert seen == [2] and next(read_jsonl(str(out)))["finish"] == "length"
+
+
+def test_regenerate_refuses_messages_that_are_not_a_list_of_turns(tok, tmp_path):
+    """`"messages": "hi"` died in an AttributeError ('str' object has no attribute 'get')."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "q", "messages": "hi"}) + "\n")
+    model = CountingLM(encode(tok, "ok"), tok.eos_token_id)
+    with pytest.raises(ValueError, match=r"--data: record 'q': 'messages' must be a list of \{role, content\}"):
+        regenerate(model, tok, str(src), str(tmp_path / "out.jsonl"), progress=False)
