@@ -46,7 +46,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=0.0, choices=(0.0, 1.0))
     p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="auto: bf16 on a GPU or a CPU with avx512_bf16, else fp32")
+                   help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
     p.add_argument("--shuffle-n", type=int, default=2,
                    help="prompts per dataset for the shuffle test, capped at --n; it probes their first turn "
                         "only (on multi-turn sets such as mtbench, the later turns are not probed): the main runs' "

@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--steps", type=int, choices=(1, 2), default=1, help="flow-map steps per draft")
     p.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
-                   help="auto: bf16 where the CPU has avx512_bf16 (or on a GPU), else fp32")
+                   help="auto: bf16 on a GPU or a CPU with native bf16 (avx512_bf16/amx), else fp32")
     p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
                    help="pick the draft shape per round from this machine's measured costs (default; "
                         "--no-auto: always the FlashMap chain)")
