@@ -48,8 +48,9 @@ def pair_delta(results: dict, a: str, b: str, by_category: bool = False) -> dict
         cats = _deltas(*(prompt_counts(results["records"], m, by_category=True) for m in (a, b)), with_all=False)
         cats = {g: v for g, v in cats.items() if " / " in g}
         if not cats:
-            raise ValueError(f"--by-category: no record of rows {a!r} and {b!r} has a category (MT-Bench's records "
-                             "carry one from the bench that writes categories on; other sets have none)")
+            raise ValueError(f"--by-category: no record of rows {a!r} and {b!r} has a category (a record has one "
+                             "when its prompt set does: MT-Bench, a JSONL with `category`; results of a bench "
+                             "older than the option have none)")
         out |= cats
     return out
 
