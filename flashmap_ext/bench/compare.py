@@ -5,6 +5,7 @@ shuffle-test Δγ, as Markdown.
     flashmap bench compare runs/gsm8k/results.json runs/mtbench/results.json ...   # one set each
     flashmap bench compare runs/*/results.json --rows      # every row's γ per set (bench/row_table.py)
     flashmap bench compare runs/x/results.json --pair DFlash,FlashMap-1 --by-category   # + MT-Bench's categories
+    flashmap bench compare runs/x/results.json --gamma FlashMap-1       # a row's own γ with its interval
 
 Several results files (one dataset, or one drafter, per core) are pooled when their settings agree and no row
 (method, dataset) is in two; AR, which every run has, is kept from the first file holding each dataset.
@@ -52,6 +53,27 @@ def pair_delta(results: dict, a: str, b: str, by_category: bool = False) -> dict
                              "when its prompt set does: MT-Bench, a JSONL with `category`; results of a bench "
                              "older than the option have none)")
         out |= cats
+    return out
+
+
+def gamma_table(results: dict, row: str, by_category: bool = False) -> dict:
+    """{dataset, ..., "all datasets"(, "dataset / category", ...)}: {gamma, interval [lo, hi] or None, prompts} of
+    one row: its pooled γ with the same percentile bootstrap over prompts as Δγ (bench/interval.py), taken as
+    the Δγ against an arm whose every prompt has γ = 1, plus 1. ValueError naming --gamma for a row that is not
+    in the results or has no γ."""
+    if row not in results["methods"] or row == "AR":
+        raise ValueError(f"--gamma: no drafter row {row!r} in these results (rows: {', '.join(results['methods'])})")
+    out = {}
+    for split in (False, True) if by_category else (False,):
+        counts = prompt_counts(results["records"], row, by_category=split)
+        ones = {k: [0, 1] for k in counts}  # 0 accepted over 1 round: γ = 1 in every resample
+        for group, v in _deltas(counts, ones, with_all=not split).items():
+            if not split or " / " in group:
+                iv = v["interval"]
+                out[group] = {"gamma": v["gamma_a"], "interval": [iv[0] + 1, iv[1] + 1] if iv else None,
+                              "prompts": v["prompts"]}
+    if not out:
+        raise ValueError(f"--gamma {row}: the row has no γ (no drafting rounds)")
     return out
 
 
@@ -183,13 +205,23 @@ def markdown(results: dict, pairs: dict, notes: list[str] = ()) -> list[str]:
     return lines
 
 
+def gamma_markdown(gammas: dict) -> list[str]:
+    lines = ["| row | dataset | γ | 95 % bootstrap | prompts |", "|---|---|---|---|---|"]
+    for row, table in gammas.items():
+        lines += [f"| {row} | {d} | {v['gamma']:.3f} | {fmt(v['interval']).replace('+', '')} | {v['prompts']} |"
+                  for d, v in table.items()]
+    return lines
+
+
 def add_arguments(p) -> None:
     p.add_argument("results", nargs="+", help="`flashmap bench` results.json files (pooled: see above)")
     p.add_argument("--pair", action="append", metavar="A,B", help="rows A,B (repeatable; default FlashMap-2,FlashMap-1)")
     p.add_argument("--out", help="JSON file path for the pairs (its folder must exist)")
     p.add_argument("--by-category", action="store_true",
-                   help="after each pair's datasets, one line per dataset / category (MT-Bench's eight, a JSONL's "
-                        "`category`)")
+                   help="after each pair's (and --gamma row's) datasets, one line per dataset / category "
+                        "(MT-Bench's eight, a JSONL's `category`)")
+    p.add_argument("--gamma", action="append", metavar="ROW",
+                   help="a row's own γ with its 95 %% bootstrap interval over prompts, per dataset (repeatable)")
     p.add_argument("--rows", action="store_true",
                    help="first a table of every row's pooled γ per dataset, projected H200 speedup and lossless "
                         "check (bench/row_table.py); with --rows and no --pair, only that table")
@@ -236,7 +268,7 @@ def check_out(path: str) -> None:
 
 def run(args) -> int:
     """Prints the Markdown table of every --pair (and the shuffle rows); writes --out when given."""
-    todo = parse_pairs(args.pair) if args.pair or not args.rows else []
+    todo = parse_pairs(args.pair) if args.pair or not (args.rows or args.gamma) else []
     if args.out:
         check_out(args.out)
     parts = [read_results(f) for f in args.results]
@@ -245,13 +277,17 @@ def run(args) -> int:
     if missing and not args.pair:
         raise ValueError(f"no row {missing[0]!r} for the default pair {DEFAULT_PAIR} (rows: "
                          f"{', '.join(results['methods'])}): give --pair A,B, or --rows for every row's γ")
-    if args.by_category and not todo:
-        raise ValueError("--by-category splits the --pair tables: give --pair A,B")
+    if args.by_category and not (todo or args.gamma):
+        raise ValueError("--by-category splits the --pair and --gamma tables: give --pair A,B or --gamma ROW")
     pairs = {(a, b): pair_delta(results, a, b, args.by_category) for a, b in todo}
+    gammas = {row: gamma_table(results, row, args.by_category) for row in args.gamma or []}
     if args.rows:
         print("\n".join(markdown_rows(results)), end="\n\n" if todo else "\n")
     if todo:
         print("\n".join(markdown(results, pairs, partial_lines(parts, args.results))))
+    if gammas:
+        print(("\n" if todo else "") + "\n".join(gamma_markdown(gammas)))
     if args.out:
-        Path(args.out).write_text(json.dumps({f"{a} - {b}": v for (a, b), v in pairs.items()}, indent=1) + "\n")
+        out = {f"{a} - {b}": v for (a, b), v in pairs.items()} | {f"{row} gamma": v for row, v in gammas.items()}
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0

@@ -317,7 +317,7 @@ def test_by_category_splits_a_set_by_hand_and_needs_categories(tmp_path, capsys)
     assert compare([str(path), "--pair", "A,B", "--by-category"]) == 0
     assert "| A − B | mtbench / writing | 3.000 | 1.667 | +1.333 | — (one prompt) | 1 |" in capsys.readouterr().out
     assert compare([str(path), "--rows", "--by-category"]) == 2
-    assert "--by-category splits the --pair tables" in capsys.readouterr().err
+    assert "--by-category splits the --pair and --gamma tables" in capsys.readouterr().err
 
 
 def test_partial_files_are_named_above_the_table(tmp_path, capsys):
@@ -330,3 +330,29 @@ def test_partial_files_are_named_above_the_table(tmp_path, capsys):
     assert compare([str(path), "--pair", "A,B"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"**partial**: {path} (mtbench: 2 of 5 prompts; still to run: none)"
+
+
+def test_gamma_interval_matches_a_float64_bootstrap_loop_and_constant_rows(tmp_path, capsys):
+    """A row's own γ: pooled by hand, its interval equal to a direct percentile bootstrap of the pooled ratio
+    (prompts drawn with replacement within each dataset, numpy PCG64 seeded 0, 10,000 resamples)."""
+    res = results()
+    out = bench_delta.gamma_table(res, "A")
+    assert out["gsm8k"]["gamma"] == pytest.approx(2.0) and out["mtbench"]["gamma"] == pytest.approx(3.0)
+    # the reference: per prompt [accepted, rounds] of A (turns merged), strata in np.unique order
+    counts = {"gsm8k": np.array([[5.0, 3], [0, 2]]), "mtbench": np.array([[6.0, 3], [4, 2]])}
+    rng, sums = np.random.default_rng(0), np.zeros((10_000, 2))
+    for name in sorted(counts):
+        rows = counts[name]
+        for i, draw in enumerate(rng.integers(0, len(rows), size=(10_000, len(rows)))):
+            sums[i] += rows[draw].sum(axis=0)
+    gamma = (sums[:, 0] + sums[:, 1]) / sums[:, 1]
+    assert out["all datasets"]["interval"] == pytest.approx(list(np.quantile(gamma, [0.025, 0.975])), abs=1e-12)
+    # every prompt of a row with the same γ: the interval is that γ
+    flat = {**res, "records": [rec("C", "gsm8k", f"g{i}#1", [1, 1]) for i in range(4)], "methods": ["C"]}
+    assert bench_delta.gamma_table(flat, "C")["gsm8k"]["interval"] == pytest.approx([2.0, 2.0])
+    with pytest.raises(ValueError, match="--gamma: no drafter row 'AR'"):
+        bench_delta.gamma_table(res, "AR")
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert compare([str(path), "--gamma", "B"]) == 0
+    assert "| B | gsm8k | 1.800 |" in capsys.readouterr().out
